@@ -1,0 +1,1 @@
+//! vPMU model (filled in by the vPMU issue).
