@@ -1,1 +1,46 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use vmm::cli::{Cli, Command};
+use vmm::end::code;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { code::USAGE as u8 } else { 0 });
+        }
+    };
+    let level = match cli.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_timestamp(None)
+        .format_target(false)
+        .init();
+
+    match cli.command {
+        Command::Run(args) => {
+            let cfg = match args.to_config() {
+                Ok(c) => c,
+                Err(msg) => {
+                    eprintln!("error: {msg}");
+                    return ExitCode::from(code::USAGE as u8);
+                }
+            };
+            match vmm::vm::run(&cfg) {
+                Ok(report) => {
+                    vmm::report::print(&report);
+                    ExitCode::from(report.end.exit_code() as u8)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(code::ERROR as u8)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Guest physical memory layout used by the direct (64-bit boot protocol) kernel boot.
+//!
+//! ```text
+//! 0x0000_0500  GDT                      0x0000_7000  zero page (boot_params)
+//! 0x0000_8ff0  boot stack (grows down)  0x0000_9000  PML4, 0xa000 PDPT, 0xb000 PD (1 GiB identity map)
+//! 0x0002_0000  kernel command line      0x0009_fc00  end of low RAM (EBDA above)
+//! 0x000e_0000  ACPI tables (RSDP first) 0x0010_0000  high RAM starts; the kernel loads where its ELF says
+//! top of RAM   initramfs, page-aligned, as high as the kernel allows
+//! 0xfec0_0000  IOAPIC                   0xfee0_0000  local APIC
+//! ```
+
+pub const GDT_ADDR: u64 = 0x500;
+pub const ZERO_PAGE_ADDR: u64 = 0x7000;
+pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
+pub const PML4_ADDR: u64 = 0x9000;
+pub const PDPT_ADDR: u64 = 0xa000;
+pub const PD_ADDR: u64 = 0xb000;
+pub const CMDLINE_ADDR: u64 = 0x20000;
+pub const CMDLINE_MAX_SIZE: usize = 4096;
+pub const EBDA_START: u64 = 0x9fc00;
+pub const HIMEM_START: u64 = 0x100000;
+/// KVM needs three pages for the TSS somewhere the guest does not use (below 4 GiB).
+pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
+pub const KVM_IDENTITY_MAP_ADDR: u64 = 0xfffb_c000;
+pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
+pub const LAPIC_ADDR: u32 = 0xfee0_0000;
+/// Guest RAM must stay below the 32-bit MMIO hole.
+pub const MMIO_HOLE_START: u64 = 0xc000_0000;

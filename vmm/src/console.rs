@@ -1,0 +1,120 @@
+//! The guest console as the VMM sees it: bytes go to our stdout (or a file) as they come, and the
+//! last lines are kept so an abnormal end can show them. It also notices a guest kernel panic,
+//! because with `panic=-1` a panicking Linux resets the machine just like a clean `reboot`.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+const KEPT_LINES: usize = 40;
+const PANIC_MARKER: &str = "Kernel panic - not syncing";
+
+#[derive(Default)]
+pub struct ConsoleLog {
+    lines: VecDeque<String>,
+    current: Vec<u8>,
+    panic_line: Option<String>,
+}
+
+impl ConsoleLog {
+    pub fn push(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b == b'\n' {
+                let line = String::from_utf8_lossy(&self.current)
+                    .trim_end_matches('\r')
+                    .to_string();
+                self.current.clear();
+                if self.panic_line.is_none() && line.contains(PANIC_MARKER) {
+                    self.panic_line = Some(line.clone());
+                }
+                if self.lines.len() == KEPT_LINES {
+                    self.lines.pop_front();
+                }
+                self.lines.push_back(line);
+            } else if self.current.len() < 4096 {
+                self.current.push(b);
+            }
+        }
+    }
+
+    /// The kernel's panic line, if the guest panicked.
+    pub fn panic_line(&self) -> Option<&str> {
+        self.panic_line.as_deref()
+    }
+
+    /// The last `n` lines printed (an unfinished last line counts as one).
+    pub fn tail(&self, n: usize) -> Vec<String> {
+        let partial =
+            (!self.current.is_empty()).then(|| String::from_utf8_lossy(&self.current).into_owned());
+        let full = n.saturating_sub(usize::from(partial.is_some()));
+        let mut v: Vec<String> = self
+            .lines
+            .iter()
+            .skip(self.lines.len().saturating_sub(full))
+            .cloned()
+            .collect();
+        v.extend(partial);
+        v
+    }
+}
+
+/// A `Write` that copies guest console output to `out` and into a shared [`ConsoleLog`].
+pub struct Tee<W: Write> {
+    out: W,
+    log: Arc<Mutex<ConsoleLog>>,
+}
+
+impl<W: Write> Tee<W> {
+    pub fn new(out: W, log: Arc<Mutex<ConsoleLog>>) -> Self {
+        Tee { out, log }
+    }
+}
+
+impl<W: Write> Write for Tee<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.log.lock().unwrap().push(buf);
+        self.out.write_all(buf)?;
+        if buf.contains(&b'\n') {
+            self.out.flush()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_tail_and_spots_panic() {
+        let log = Arc::new(Mutex::new(ConsoleLog::default()));
+        let mut tee = Tee::new(Vec::new(), log.clone());
+        for i in 0..100 {
+            writeln!(tee, "line {i}\r").unwrap();
+        }
+        write!(
+            tee,
+            "[ 1.0] Kernel panic - not syncing: VFS: Unable to mount root fs\npartial"
+        )
+        .unwrap();
+        let l = log.lock().unwrap();
+        assert_eq!(
+            l.panic_line(),
+            Some("[ 1.0] Kernel panic - not syncing: VFS: Unable to mount root fs")
+        );
+        let tail = l.tail(3);
+        assert_eq!(
+            tail,
+            vec![
+                "line 99",
+                "[ 1.0] Kernel panic - not syncing: VFS: Unable to mount root fs",
+                "partial"
+            ]
+        );
+        assert_eq!(l.lines.len(), KEPT_LINES);
+    }
+}

@@ -1,0 +1,77 @@
+//! How a VM run ends, and the process exit code for each ending (documented in `--help`).
+
+use std::time::Duration;
+
+/// Exit codes of `vpmu-vmm run`.
+pub mod code {
+    /// The guest powered off or rebooted.
+    pub const CLEAN: i32 = 0;
+    /// Bad input (unreadable or invalid kernel/initrd, ...) or a VMM setup failure.
+    pub const ERROR: i32 = 1;
+    /// Command-line usage error.
+    pub const USAGE: i32 = 2;
+    /// The guest kernel panicked.
+    pub const GUEST_PANIC: i32 = 3;
+    /// The guest triple-faulted (KVM_EXIT_SHUTDOWN).
+    pub const TRIPLE_FAULT: i32 = 4;
+    /// A KVM ioctl failed or KVM reported an exit the VMM cannot handle.
+    pub const KVM_FAILURE: i32 = 5;
+    /// The host could not emulate a guest instruction and the VMM had no fix-up for it.
+    pub const EMULATION_FAILURE: i32 = 6;
+    /// `--timeout` expired before the guest ended.
+    pub const TIMEOUT: i32 = 7;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmEnd {
+    PowerOff,
+    Reboot,
+    /// The kernel's panic line.
+    GuestPanic(String),
+    TripleFault,
+    KvmFailure(String),
+    EmulationFailure(String),
+    Timeout(Duration),
+}
+
+impl VmEnd {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            VmEnd::PowerOff | VmEnd::Reboot => code::CLEAN,
+            VmEnd::GuestPanic(_) => code::GUEST_PANIC,
+            VmEnd::TripleFault => code::TRIPLE_FAULT,
+            VmEnd::KvmFailure(_) => code::KVM_FAILURE,
+            VmEnd::EmulationFailure(_) => code::EMULATION_FAILURE,
+            VmEnd::Timeout(_) => code::TIMEOUT,
+        }
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.exit_code() == code::CLEAN
+    }
+}
+
+impl std::fmt::Display for VmEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmEnd::PowerOff => write!(f, "guest powered off"),
+            VmEnd::Reboot => write!(f, "guest rebooted"),
+            VmEnd::GuestPanic(line) => write!(f, "guest kernel panic: {line}"),
+            VmEnd::TripleFault => write!(f, "guest triple fault (KVM_EXIT_SHUTDOWN)"),
+            VmEnd::KvmFailure(what) => write!(f, "KVM failure: {what}"),
+            VmEnd::EmulationFailure(what) => write!(f, "unhandled emulation failure: {what}"),
+            VmEnd::Timeout(d) => write!(f, "timed out after {:.1} s", d.as_secs_f64()),
+        }
+    }
+}
+
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  the guest powered off or rebooted
+  1  bad input (kernel, initrd, ...) or VMM setup failure
+  2  command-line usage error
+  3  the guest kernel panicked
+  4  the guest triple-faulted
+  5  KVM failure
+  6  a guest instruction the host could not emulate and the VMM could not complete
+  7  --timeout expired";

@@ -1,0 +1,321 @@
+//! Handling one VM exit: a plain function of the exit and the devices it touches, so every
+//! branch is unit-tested without /dev/kvm. What needs the vCPU itself (emulation fix-ups) is
+//! returned to the vCPU loop as an [`Outcome`].
+
+use kvm_ioctls::VcpuExit;
+
+use crate::devices::{DeviceEvent, PioBus};
+use crate::end::VmEnd;
+
+/// Answers the MSR accesses that KVM sends to user space (through the MSR filter).
+pub trait MsrHandler {
+    /// `Ok(value)`, or `Err(())` to make the guest take #GP.
+    fn rdmsr(&mut self, index: u32) -> Result<u64, ()>;
+    fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), ()>;
+}
+
+/// No MSRs are handled in user space: every access that reaches us takes #GP.
+pub struct NoMsrs;
+
+impl MsrHandler for NoMsrs {
+    fn rdmsr(&mut self, _index: u32) -> Result<u64, ()> {
+        Err(())
+    }
+    fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), ()> {
+        Err(())
+    }
+}
+
+/// Per-vCPU exit counts by kind.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ExitCounts {
+    pub io_in: u64,
+    pub io_out: u64,
+    pub unclaimed_io: u64,
+    pub mmio: u64,
+    pub msr: u64,
+    pub hlt: u64,
+    pub interrupted: u64,
+    pub internal_error: u64,
+    pub other: u64,
+}
+
+impl ExitCounts {
+    pub fn add(&mut self, o: &ExitCounts) {
+        self.io_in += o.io_in;
+        self.io_out += o.io_out;
+        self.unclaimed_io += o.unclaimed_io;
+        self.mmio += o.mmio;
+        self.msr += o.msr;
+        self.hlt += o.hlt;
+        self.interrupted += o.interrupted;
+        self.internal_error += o.internal_error;
+        self.other += o.other;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.io_in
+            + self.io_out
+            + self.mmio
+            + self.msr
+            + self.hlt
+            + self.interrupted
+            + self.internal_error
+            + self.other
+    }
+}
+
+/// What the vCPU loop does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Continue,
+    /// KVM_RUN returned EINTR/EAGAIN: a kick (stop request, overflow signal). The loop clears
+    /// `immediate_exit` and looks at why it was kicked.
+    Interrupted,
+    /// KVM could not emulate a guest instruction: the loop asks the host-quirk code to complete it.
+    InternalError,
+    Stop(VmEnd),
+}
+
+pub struct ExitContext<'a> {
+    pub pio: &'a PioBus,
+    pub msrs: &'a mut dyn MsrHandler,
+    pub counts: &'a mut ExitCounts,
+}
+
+fn device_event(e: DeviceEvent) -> Outcome {
+    match e {
+        DeviceEvent::Reset => Outcome::Stop(VmEnd::Reboot),
+        DeviceEvent::PowerOff => Outcome::Stop(VmEnd::PowerOff),
+    }
+}
+
+pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitContext<'_>) -> Outcome {
+    let exit = match exit {
+        Ok(e) => e,
+        Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+            ctx.counts.interrupted += 1;
+            return Outcome::Interrupted;
+        }
+        Err(e) => return Outcome::Stop(VmEnd::KvmFailure(format!("KVM_RUN: {e}"))),
+    };
+    match exit {
+        VcpuExit::IoIn(port, data) => {
+            ctx.counts.io_in += 1;
+            if !ctx.pio.read(port, data) {
+                ctx.counts.unclaimed_io += 1;
+            }
+            Outcome::Continue
+        }
+        VcpuExit::IoOut(port, data) => {
+            ctx.counts.io_out += 1;
+            match ctx.pio.write(port, data) {
+                Ok(Some(e)) => device_event(e),
+                Ok(None) => Outcome::Continue,
+                Err(()) => {
+                    ctx.counts.unclaimed_io += 1;
+                    Outcome::Continue
+                }
+            }
+        }
+        VcpuExit::MmioRead(_, data) => {
+            // No MMIO devices: reads float high, as on a bus with nothing there.
+            ctx.counts.mmio += 1;
+            data.fill(0xff);
+            Outcome::Continue
+        }
+        VcpuExit::MmioWrite(..) => {
+            ctx.counts.mmio += 1;
+            Outcome::Continue
+        }
+        VcpuExit::X86Rdmsr(exit) => {
+            ctx.counts.msr += 1;
+            match ctx.msrs.rdmsr(exit.index) {
+                Ok(v) => *exit.data = v,
+                Err(()) => *exit.error = 1,
+            }
+            Outcome::Continue
+        }
+        VcpuExit::X86Wrmsr(exit) => {
+            ctx.counts.msr += 1;
+            if ctx.msrs.wrmsr(exit.index, exit.data).is_err() {
+                *exit.error = 1;
+            }
+            Outcome::Continue
+        }
+        VcpuExit::Hlt => {
+            // With the in-kernel irqchip KVM handles HLT itself; an exit here means the vCPU
+            // halted with nothing that could wake it.
+            ctx.counts.hlt += 1;
+            Outcome::Stop(VmEnd::PowerOff)
+        }
+        VcpuExit::Shutdown => Outcome::Stop(VmEnd::TripleFault),
+        VcpuExit::SystemEvent(kind, _) => match kind {
+            kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => Outcome::Stop(VmEnd::PowerOff),
+            kvm_bindings::KVM_SYSTEM_EVENT_RESET => Outcome::Stop(VmEnd::Reboot),
+            kvm_bindings::KVM_SYSTEM_EVENT_CRASH => {
+                Outcome::Stop(VmEnd::GuestPanic("KVM system event: crash".into()))
+            }
+            k => Outcome::Stop(VmEnd::KvmFailure(format!("unknown KVM system event {k}"))),
+        },
+        VcpuExit::InternalError => {
+            ctx.counts.internal_error += 1;
+            Outcome::InternalError
+        }
+        VcpuExit::FailEntry(reason, cpu) => Outcome::Stop(VmEnd::KvmFailure(format!(
+            "VM entry failed: hardware reason {reason:#x} on CPU {cpu}"
+        ))),
+        VcpuExit::Intr => {
+            ctx.counts.interrupted += 1;
+            Outcome::Interrupted
+        }
+        VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => {
+            ctx.counts.other += 1;
+            Outcome::Continue
+        }
+        other => Outcome::Stop(VmEnd::KvmFailure(format!("unexpected VM exit {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::i8042::I8042;
+    use std::sync::{Arc, Mutex};
+
+    struct Msrs(Vec<(u32, u64)>);
+    impl MsrHandler for Msrs {
+        fn rdmsr(&mut self, index: u32) -> Result<u64, ()> {
+            self.0
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map(|(_, v)| *v)
+                .ok_or(())
+        }
+        fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), ()> {
+            if index == 0x10 {
+                return Err(());
+            }
+            self.0.push((index, value));
+            Ok(())
+        }
+    }
+
+    fn run(
+        exit: Result<VcpuExit<'_>, kvm_ioctls::Error>,
+        msrs: &mut Msrs,
+        counts: &mut ExitCounts,
+    ) -> Outcome {
+        let pio = PioBus::builder()
+            .add(0x60, 5, Arc::new(Mutex::new(I8042)))
+            .build();
+        handle(
+            exit,
+            &mut ExitContext {
+                pio: &pio,
+                msrs,
+                counts,
+            },
+        )
+    }
+
+    #[test]
+    fn port_io_goes_to_devices_and_reset_stops() {
+        let (mut m, mut c) = (Msrs(vec![]), ExitCounts::default());
+        let mut data = [0u8; 1];
+        assert_eq!(
+            run(Ok(VcpuExit::IoIn(0x64, &mut data)), &mut m, &mut c),
+            Outcome::Continue
+        );
+        assert_eq!(data[0], 0);
+        assert_eq!(
+            run(Ok(VcpuExit::IoIn(0x80, &mut data)), &mut m, &mut c),
+            Outcome::Continue
+        );
+        assert_eq!(data[0], 0xff);
+        assert_eq!(
+            run(Ok(VcpuExit::IoOut(0x80, &[1])), &mut m, &mut c),
+            Outcome::Continue
+        );
+        assert_eq!(
+            run(Ok(VcpuExit::IoOut(0x64, &[0xfe])), &mut m, &mut c),
+            Outcome::Stop(VmEnd::Reboot)
+        );
+        assert_eq!((c.io_in, c.io_out, c.unclaimed_io), (2, 2, 2));
+    }
+
+    #[test]
+    fn msr_exits_answer_or_raise_gp() {
+        let (mut m, mut c) = (Msrs(vec![(0xc001_0004, 42)]), ExitCounts::default());
+        let (mut err, mut data) = (0u8, 0u64);
+        let exit = kvm_ioctls::ReadMsrExit {
+            error: &mut err,
+            reason: kvm_ioctls::MsrExitReason::Filter,
+            index: 0xc001_0004,
+            data: &mut data,
+        };
+        assert_eq!(
+            run(Ok(VcpuExit::X86Rdmsr(exit)), &mut m, &mut c),
+            Outcome::Continue
+        );
+        assert_eq!((err, data), (0, 42));
+        let exit = kvm_ioctls::ReadMsrExit {
+            error: &mut err,
+            reason: kvm_ioctls::MsrExitReason::Filter,
+            index: 0x1234,
+            data: &mut data,
+        };
+        run(Ok(VcpuExit::X86Rdmsr(exit)), &mut m, &mut c);
+        assert_eq!(err, 1);
+        let mut err = 0u8;
+        let exit = kvm_ioctls::WriteMsrExit {
+            error: &mut err,
+            reason: kvm_ioctls::MsrExitReason::Filter,
+            index: 0x10,
+            data: 5,
+        };
+        run(Ok(VcpuExit::X86Wrmsr(exit)), &mut m, &mut c);
+        assert_eq!(err, 1);
+        assert_eq!(c.msr, 3);
+    }
+
+    #[test]
+    fn endings_map_to_vm_ends() {
+        let (mut m, mut c) = (Msrs(vec![]), ExitCounts::default());
+        assert_eq!(
+            run(Ok(VcpuExit::Shutdown), &mut m, &mut c),
+            Outcome::Stop(VmEnd::TripleFault)
+        );
+        assert_eq!(
+            run(Ok(VcpuExit::Hlt), &mut m, &mut c),
+            Outcome::Stop(VmEnd::PowerOff)
+        );
+        assert_eq!(
+            run(Ok(VcpuExit::InternalError), &mut m, &mut c),
+            Outcome::InternalError
+        );
+        assert_eq!(
+            run(Err(kvm_ioctls::Error::new(libc::EINTR)), &mut m, &mut c),
+            Outcome::Interrupted
+        );
+        assert!(matches!(
+            run(Err(kvm_ioctls::Error::new(libc::EFAULT)), &mut m, &mut c),
+            Outcome::Stop(VmEnd::KvmFailure(_))
+        ));
+        assert!(matches!(
+            run(Ok(VcpuExit::FailEntry(7, 0)), &mut m, &mut c),
+            Outcome::Stop(VmEnd::KvmFailure(_))
+        ));
+        assert_eq!(
+            run(
+                Ok(VcpuExit::SystemEvent(
+                    kvm_bindings::KVM_SYSTEM_EVENT_RESET,
+                    &[]
+                )),
+                &mut m,
+                &mut c
+            ),
+            Outcome::Stop(VmEnd::Reboot)
+        );
+    }
+}

@@ -1,0 +1,68 @@
+//! Work-arounds for hosts whose KVM does not run guest kernel code on hardware but emulates it
+//! (the `kvm_pvm` pagetable-based virtualization on this project's build machines; see
+//! shared/HOST-FACTS.md). Everything host-specific lives here, and none of it is on the normal
+//! path of a VT-x/SVM host:
+//!
+//! * before boot, when the host is detected: CPUID hides CMPXCHG16B and hypercall-based KVM PV
+//!   features, and the kernel command line gets options that keep Linux off instructions the
+//!   host's emulator lacks (see [`KERNEL_OPTIONS`]);
+//! * at run time, only on `KVM_EXIT_INTERNAL_ERROR` / emulation failure: [`emulate`] decodes the
+//!   guest instruction and does what the CPU would have done, where that is simple and safe.
+//!   Each kind of fix-up is logged once and counted; the counts are printed when the VM ends.
+
+pub mod emulate;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+pub use emulate::{EmulationFailure, GuestCpu};
+
+/// Kernel options that keep Linux off instructions this host's emulator cannot run:
+/// * `noxsave`: XSAVE stays visible in CPUID.1:ECX whatever the VMM writes, and `xrstor64` hangs;
+/// * `clearcpuid=popcnt,smap` + `nosmap`: POPCNT cannot be hidden in CPUID; CLAC/STAC fail to emulate;
+/// * `nofsgsbase`: with FSGSBASE the NMI entry reads the CPU number with LSL, which fails to emulate.
+pub const KERNEL_OPTIONS: &str = "noxsave clearcpuid=popcnt,smap nosmap nofsgsbase";
+
+/// How the user asked quirks to be chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuirkSetting {
+    /// Enable when the host is detected (the `kvm_pvm` module is loaded).
+    Auto,
+    On,
+    Off,
+}
+
+/// Why the quirks are on, for the log.
+pub fn detect(setting: QuirkSetting) -> Option<&'static str> {
+    match setting {
+        QuirkSetting::On => Some("forced with --host-quirks=on"),
+        QuirkSetting::Off => None,
+        QuirkSetting::Auto => Path::new("/sys/module/kvm_pvm")
+            .exists()
+            .then_some("the kvm_pvm module is loaded: guest kernel code is emulated by the host"),
+    }
+}
+
+/// Fix-up counts per kind, shared by all vCPUs.
+#[derive(Default)]
+pub struct FixupCounts(Mutex<BTreeMap<&'static str, u64>>);
+
+impl FixupCounts {
+    /// Counts one fix-up; returns true the first time this kind is seen (so it is logged once).
+    pub fn record(&self, kind: &'static str) -> bool {
+        let mut m = self.0.lock().unwrap();
+        let c = m.entry(kind).or_insert(0);
+        *c += 1;
+        *c == 1
+    }
+
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
+    }
+}

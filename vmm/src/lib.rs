@@ -1,0 +1,22 @@
+//! vpmu-vmm: a minimal KVM virtual machine monitor with a virtual PMU.
+//!
+//! Map of the crate (see docs/architecture.md):
+//! * [`cli`], `main.rs`: command line and exit codes ([`end`]);
+//! * [`vm`]: builds the VM (memory, irqchip, devices, vCPUs) and waits for its end;
+//! * [`boot`]: memory layout, kernel/bzImage/initramfs loading, ACPI tables;
+//! * [`vcpu`]: CPUID, boot registers, the per-vCPU thread and its KVM_RUN loop;
+//! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
+//! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
+//! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
+//! * [`console`]: guest console tee, last lines, panic detection.
+
+pub mod boot;
+pub mod cli;
+pub mod console;
+pub mod devices;
+pub mod end;
+pub mod exit;
+pub mod host_quirks;
+pub mod report;
+pub mod vcpu;
+pub mod vm;

@@ -1,0 +1,39 @@
+//! What `vpmu-vmm run` prints (to stderr) when the VM ends.
+
+use crate::exit::ExitCounts;
+use crate::vm::RunReport;
+
+pub fn print(r: &RunReport) {
+    let mut total = ExitCounts::default();
+    for c in &r.exits {
+        total.add(c);
+    }
+    eprintln!();
+    eprintln!(
+        "[vpmu-vmm] {} after {:.2} s (exit code {})",
+        r.end,
+        r.run_time.as_secs_f64(),
+        r.end.exit_code()
+    );
+    eprintln!(
+        "[vpmu-vmm] exits: {} total: {} port in, {} port out ({} unclaimed), {} mmio, {} msr, {} interrupted, {} emulation failures",
+        total.total(),
+        total.io_in,
+        total.io_out,
+        total.unclaimed_io,
+        total.mmio,
+        total.msr,
+        total.interrupted,
+        total.internal_error
+    );
+    if !r.fixups.is_empty() {
+        let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+        eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));
+    }
+    if !r.end.is_clean() && !r.console_tail.is_empty() {
+        eprintln!("[vpmu-vmm] last guest console lines:");
+        for l in &r.console_tail {
+            eprintln!("  | {l}");
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Guest CPUID: KVM's supported table, normalised per vCPU (APIC ids, topology, hypervisor bit),
+//! with the PMU leaves decided by the vPMU configuration and the host-quirk adjustments applied.
+//! A pure function over the entries so it is unit-tested without /dev/kvm.
+
+use kvm_bindings::kvm_cpuid_entry2;
+
+/// What to change, besides topology.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuidPolicy {
+    /// Hide every PMU feature (`--vpmu=off`).
+    pub hide_pmu: bool,
+    /// Hide CMPXCHG16B (the host emulator hangs on `lock cmpxchg16b`).
+    pub hide_cx16: bool,
+    /// Clear KVM paravirt features that are used through hypercalls (VMCALL never returns on
+    /// hosts that emulate guest kernel code).
+    pub hide_hypercall_features: bool,
+}
+
+const LEAF1_ECX_CX16: u32 = 1 << 13;
+const LEAF1_ECX_PDCM: u32 = 1 << 15;
+const LEAF1_ECX_X2APIC: u32 = 1 << 21;
+const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
+const LEAF1_EDX_HTT: u32 = 1 << 28;
+const EXT1_ECX_TOPOEXT: u32 = 1 << 22;
+const EXT1_ECX_PERFCTR_CORE: u32 = 1 << 23;
+const EXT1_ECX_PERFCTR_NB: u32 = 1 << 24;
+const EXT1_ECX_PERFCTR_LLC: u32 = 1 << 28;
+const KVM_FEATURE_PV_UNHALT: u32 = 1 << 7;
+const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
+const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
+const KVM_FEATURE_HC_MAP_GPA_RANGE: u32 = 1 << 16;
+
+/// Number of bits needed to hold `n - 1` (ids of n threads).
+fn id_bits(n: u32) -> u32 {
+    32 - n.saturating_sub(1).leading_zeros()
+}
+
+/// Returns vCPU `id`'s CPUID table (of `n` vCPUs, one core each in one package).
+pub fn for_vcpu(
+    supported: &[kvm_cpuid_entry2],
+    id: u32,
+    n: u32,
+    policy: CpuidPolicy,
+) -> Vec<kvm_cpuid_entry2> {
+    let mut out = Vec::with_capacity(supported.len());
+    for e in supported {
+        let mut e = *e;
+        match (e.function, e.index) {
+            (1, _) => {
+                e.ebx = (e.ebx & 0x0000_ffff) | (id << 24) | (n.next_power_of_two().max(1) << 16);
+                e.ecx |= LEAF1_ECX_HYPERVISOR;
+                e.ecx &= !LEAF1_ECX_X2APIC; // the in-kernel LAPIC is used in xAPIC mode
+                if n > 1 {
+                    e.edx |= LEAF1_EDX_HTT;
+                }
+                if policy.hide_cx16 {
+                    e.ecx &= !LEAF1_ECX_CX16;
+                }
+                if policy.hide_pmu {
+                    e.ecx &= !LEAF1_ECX_PDCM;
+                }
+            }
+            (4, _) => {
+                // Intel deterministic cache parameters: cores per package in EAX[31:26].
+                e.eax = (e.eax & 0x03ff_ffff) | ((n.next_power_of_two() - 1) << 26);
+            }
+            (0xa, _) if policy.hide_pmu => {
+                e.eax = 0;
+                e.ebx = 0;
+                e.ecx = 0;
+                e.edx = 0;
+            }
+            (0xb, sub) | (0x1f, sub) => {
+                // Extended topology: one thread per core, n cores.
+                e.edx = id;
+                match sub {
+                    0 => {
+                        e.eax = 0;
+                        e.ebx = 1;
+                        e.ecx = 1 << 8;
+                    }
+                    1 => {
+                        e.eax = id_bits(n);
+                        e.ebx = n;
+                        e.ecx = (2 << 8) | 1;
+                    }
+                    _ => {
+                        e.eax = 0;
+                        e.ebx = 0;
+                        e.ecx = sub;
+                    }
+                }
+            }
+            (0x4000_0001, _) if policy.hide_hypercall_features => {
+                e.eax &= !(KVM_FEATURE_PV_UNHALT
+                    | KVM_FEATURE_PV_SEND_IPI
+                    | KVM_FEATURE_PV_SCHED_YIELD
+                    | KVM_FEATURE_HC_MAP_GPA_RANGE);
+            }
+            (0x8000_0001, _) => {
+                // No TOPOEXT: Linux then takes the core count from 0x80000008.
+                e.ecx &= !EXT1_ECX_TOPOEXT;
+                if policy.hide_pmu {
+                    e.ecx &= !(EXT1_ECX_PERFCTR_CORE | EXT1_ECX_PERFCTR_NB | EXT1_ECX_PERFCTR_LLC);
+                }
+            }
+            (0x8000_0008, _) => {
+                e.ecx = (e.ecx & !0xf0ff) | (id_bits(n) << 12) | (n - 1);
+            }
+            (0x8000_001e, _) => continue,
+            (0x8000_0022, _) if policy.hide_pmu => {
+                e.eax = 0;
+                e.ebx = 0;
+            }
+            _ => {}
+        }
+        out.push(e);
+    }
+    out
+}
+
+/// Looks an entry up (for callers and tests).
+pub fn find(entries: &[kvm_cpuid_entry2], function: u32, index: u32) -> Option<&kvm_cpuid_entry2> {
+    entries
+        .iter()
+        .find(|e| e.function == function && e.index == index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(
+        function: u32,
+        index: u32,
+        eax: u32,
+        ebx: u32,
+        ecx: u32,
+        edx: u32,
+    ) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            eax,
+            ebx,
+            ecx,
+            edx,
+            ..Default::default()
+        }
+    }
+
+    fn host() -> Vec<kvm_cpuid_entry2> {
+        vec![
+            entry(
+                1,
+                0,
+                0xa10f11,
+                0x0008_0800,
+                LEAF1_ECX_CX16 | LEAF1_ECX_PDCM | LEAF1_ECX_X2APIC,
+                0,
+            ),
+            entry(0xa, 0, 0x0730_0402, 0, 0, 0x603),
+            entry(0xb, 0, 1, 2, 0x100, 7),
+            entry(0xb, 1, 4, 16, 0x201, 7),
+            entry(0x4000_0001, 0, 0xffff_ffff, 0, 0, 0),
+            entry(
+                0x8000_0001,
+                0,
+                0,
+                0,
+                EXT1_ECX_TOPOEXT | EXT1_ECX_PERFCTR_CORE,
+                0,
+            ),
+            entry(0x8000_0008, 0, 0x3030, 0, 0x700f, 0),
+            entry(0x8000_001e, 0, 0, 0, 0, 0),
+            entry(0x8000_0022, 0, 1, 6, 0, 0),
+        ]
+    }
+
+    #[test]
+    fn topology_and_apic_ids_follow_vcpu_count() {
+        for n in [1u32, 2, 3, 8] {
+            for id in 0..n {
+                let t = for_vcpu(&host(), id, n, CpuidPolicy::default());
+                let l1 = find(&t, 1, 0).unwrap();
+                assert_eq!(l1.ebx >> 24, id);
+                assert_ne!(l1.ecx & LEAF1_ECX_HYPERVISOR, 0);
+                assert_eq!(l1.ecx & LEAF1_ECX_X2APIC, 0);
+                assert_eq!(l1.edx & LEAF1_EDX_HTT != 0, n > 1);
+                assert_eq!(find(&t, 0xb, 1).unwrap().ebx, n);
+                assert_eq!(find(&t, 0xb, 0).unwrap().edx, id);
+                assert_eq!(find(&t, 0x8000_0008, 0).unwrap().ecx & 0xff, n - 1);
+                assert!(find(&t, 0x8000_001e, 0).is_none());
+                assert_eq!(find(&t, 0x8000_0001, 0).unwrap().ecx & EXT1_ECX_TOPOEXT, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn policy_hides_what_it_says() {
+        let t = for_vcpu(&host(), 0, 1, CpuidPolicy::default());
+        assert_ne!(find(&t, 1, 0).unwrap().ecx & LEAF1_ECX_CX16, 0);
+        assert_eq!(find(&t, 0xa, 0).unwrap().eax, 0x0730_0402);
+        let p = CpuidPolicy {
+            hide_pmu: true,
+            hide_cx16: true,
+            hide_hypercall_features: true,
+        };
+        let t = for_vcpu(&host(), 0, 1, p);
+        assert_eq!(
+            find(&t, 1, 0).unwrap().ecx & (LEAF1_ECX_CX16 | LEAF1_ECX_PDCM),
+            0
+        );
+        assert_eq!(find(&t, 0xa, 0).unwrap().eax, 0);
+        assert_eq!(
+            find(&t, 0x8000_0001, 0).unwrap().ecx & EXT1_ECX_PERFCTR_CORE,
+            0
+        );
+        assert_eq!(find(&t, 0x8000_0022, 0).unwrap().eax, 0);
+        assert_eq!(
+            find(&t, 0x4000_0001, 0).unwrap().eax & KVM_FEATURE_PV_UNHALT,
+            0
+        );
+    }
+}

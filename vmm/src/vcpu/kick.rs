@@ -1,0 +1,53 @@
+//! Kicking a vCPU out of KVM_RUN without lost wake-ups: a real-time signal whose handler sets
+//! `kvm_run.immediate_exit` for the thread it lands on. A signal that arrives while the thread
+//! is outside KVM_RUN makes the next KVM_RUN return at once with EINTR, so the loop always sees
+//! a stop request (or, later, an overflow notification) promptly.
+
+use std::cell::Cell;
+use std::ptr::null_mut;
+
+use kvm_bindings::kvm_run;
+use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
+
+thread_local! {
+    static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(null_mut()) };
+}
+
+/// The signal used to kick vCPU threads.
+pub fn kick_signal() -> i32 {
+    SIGRTMIN()
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let run = KVM_RUN.with(|p| p.get());
+    if !run.is_null() {
+        // SAFETY: the pointer is this thread's own mmap'd kvm_run, set by `bind` before the first
+        // KVM_RUN and valid until the vCPU fd is dropped after `unbind`. A single byte store is
+        // async-signal-safe.
+        unsafe { std::ptr::write_volatile(&mut (*run).immediate_exit, 1) };
+    }
+}
+
+/// Installs the kick handler (once per process).
+pub fn install_handler() -> Result<(), vmm_sys_util::errno::Error> {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let mut res = Ok(());
+    ONCE.call_once(|| res = register_signal_handler(kick_signal(), on_kick));
+    res
+}
+
+/// Binds the calling thread to its vCPU's kvm_run area.
+pub fn bind(run: *mut kvm_run) {
+    KVM_RUN.with(|p| p.set(run));
+}
+
+pub fn unbind() {
+    KVM_RUN.with(|p| p.set(null_mut()));
+}
+
+/// Sends the kick signal to a thread.
+pub fn kick(thread: libc::pthread_t) {
+    // SAFETY: pthread_kill with a valid signal number; the thread id comes from pthread_self of a
+    // vCPU thread that is joined only after it stopped being kicked.
+    unsafe { libc::pthread_kill(thread, kick_signal()) };
+}

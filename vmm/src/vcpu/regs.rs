@@ -1,0 +1,244 @@
+//! Boot-time vCPU state for the 64-bit boot protocol: GDT, identity page tables, long mode
+//! segment registers, general registers, FPU, boot MSRs and the local APIC's LINT pins.
+//! (The same state Firecracker and the Linux boot protocol document; APs are left to KVM,
+//! which holds them until the BSP sends INIT/SIPI.)
+
+use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msrs};
+use kvm_ioctls::VcpuFd;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::boot::layout::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegsError {
+    #[error("writing boot structures to guest memory: {0}")]
+    Memory(#[from] vm_memory::GuestMemoryError),
+    #[error("{what}: {source}")]
+    Kvm {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RegsError {
+    move |source| RegsError::Kvm { what, source }
+}
+
+const X86_CR0_PE: u64 = 1 << 0;
+const X86_CR0_ET: u64 = 1 << 4;
+const X86_CR0_PG: u64 = 1 << 31;
+const X86_CR4_PAE: u64 = 1 << 5;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+
+/// GDT entry from (flags, base, limit) as in the Linux `GDT_ENTRY` macro.
+const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
+    ((base as u64 & 0xff00_0000) << (56 - 24))
+        | ((flags as u64 & 0x0000_f0ff) << 40)
+        | ((limit as u64 & 0x000f_0000) << (48 - 16))
+        | ((base as u64 & 0x00ff_ffff) << 16)
+        | (limit as u64 & 0x0000_ffff)
+}
+
+fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
+    let get = |shift: u32, bits: u32| ((entry >> shift) & ((1 << bits) - 1)) as u8;
+    kvm_segment {
+        base: ((entry >> 16) & 0xff_ffff) | (((entry >> 56) & 0xff) << 24),
+        limit: {
+            let l = ((entry & 0xffff) | (((entry >> 48) & 0xf) << 16)) as u32;
+            if get(55, 1) == 1 {
+                (l << 12) | 0xfff
+            } else {
+                l
+            }
+        },
+        selector: u16::from(index) * 8,
+        type_: get(40, 4),
+        present: get(47, 1),
+        dpl: get(45, 2),
+        db: get(54, 1),
+        s: get(44, 1),
+        l: get(53, 1),
+        g: get(55, 1),
+        avl: get(52, 1),
+        unusable: u8::from(get(47, 1) == 0),
+        padding: 0,
+    }
+}
+
+/// Writes GDT and identity-mapped page tables (first 1 GiB, 2 MiB pages) and returns the
+/// special registers for 64-bit long mode.
+pub fn long_mode_sregs(
+    mem: &GuestMemoryMmap,
+    mut sregs: kvm_sregs,
+) -> Result<kvm_sregs, RegsError> {
+    let gdt = [
+        gdt_entry(0, 0, 0),            // null
+        gdt_entry(0xa09b, 0, 0xfffff), // 64-bit code
+        gdt_entry(0xc093, 0, 0xfffff), // data
+        gdt_entry(0x808b, 0, 0xfffff), // TSS
+    ];
+    for (i, e) in gdt.iter().enumerate() {
+        mem.write_obj(*e, GuestAddress(GDT_ADDR + 8 * i as u64))?;
+    }
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    let code = segment_from_gdt(gdt[1], 1);
+    let data = segment_from_gdt(gdt[2], 2);
+    sregs.cs = code;
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = segment_from_gdt(gdt[3], 3);
+
+    mem.write_obj(PDPT_ADDR | 0x03, GuestAddress(PML4_ADDR))?;
+    mem.write_obj(PD_ADDR | 0x03, GuestAddress(PDPT_ADDR))?;
+    for i in 0..512u64 {
+        mem.write_obj((i << 21) | 0x83, GuestAddress(PD_ADDR + i * 8))?;
+    }
+    sregs.cr3 = PML4_ADDR;
+    sregs.cr4 |= X86_CR4_PAE;
+    sregs.cr0 |= X86_CR0_PE | X86_CR0_ET | X86_CR0_PG;
+    sregs.efer |= EFER_LME | EFER_LMA;
+    Ok(sregs)
+}
+
+/// Sets up the boot vCPU to enter a 64-bit kernel at `entry` with RSI pointing at the zero page.
+pub fn setup_boot_vcpu(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: u64) -> Result<(), RegsError> {
+    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    let sregs = long_mode_sregs(mem, sregs)?;
+    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    let regs = kvm_regs {
+        rflags: 0x2,
+        rip: entry,
+        rsp: BOOT_STACK_POINTER,
+        rbp: BOOT_STACK_POINTER,
+        rsi: ZERO_PAGE_ADDR,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    Ok(())
+}
+
+/// State every vCPU gets: FPU defaults, boot MSRs, LAPIC LINT0 = ExtINT and LINT1 = NMI.
+pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
+    let fpu = kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vcpu.set_fpu(&fpu).map_err(kvm("KVM_SET_FPU"))?;
+
+    const MSR_IA32_SYSENTER_CS: u32 = 0x174;
+    const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
+    const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+    const MSR_STAR: u32 = 0xc000_0081;
+    const MSR_LSTAR: u32 = 0xc000_0082;
+    const MSR_CSTAR: u32 = 0xc000_0083;
+    const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+    const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+    const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
+    const MISC_ENABLE_FAST_STRING: u64 = 1;
+    let entries: Vec<kvm_msr_entry> = [
+        (MSR_IA32_SYSENTER_CS, 0),
+        (MSR_IA32_SYSENTER_ESP, 0),
+        (MSR_IA32_SYSENTER_EIP, 0),
+        (MSR_STAR, 0),
+        (MSR_CSTAR, 0),
+        (MSR_KERNEL_GS_BASE, 0),
+        (MSR_SYSCALL_MASK, 0),
+        (MSR_LSTAR, 0),
+        (MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
+    ]
+    .into_iter()
+    .map(|(index, data)| kvm_msr_entry {
+        index,
+        data,
+        ..Default::default()
+    })
+    .collect();
+    let msrs = Msrs::from_entries(&entries).expect("fixed small MSR list");
+    let n = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+    if n != entries.len() {
+        log::debug!("KVM accepted {n} of {} boot MSRs", entries.len());
+    }
+
+    const APIC_LVT0: usize = 0x350;
+    const APIC_LVT1: usize = 0x360;
+    const APIC_MODE_NMI: u32 = 0x4;
+    const APIC_MODE_EXTINT: u32 = 0x7;
+    let mut lapic = vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?;
+    let set_lvt = |regs: &mut [std::os::raw::c_char; 1024], off: usize, mode: u32| {
+        let mut v = [0u8; 4];
+        for (i, b) in v.iter_mut().enumerate() {
+            *b = regs[off + i] as u8;
+        }
+        let val = (u32::from_le_bytes(v) & !0x700) | (mode << 8);
+        for (i, b) in val.to_le_bytes().iter().enumerate() {
+            regs[off + i] = *b as std::os::raw::c_char;
+        }
+    };
+    set_lvt(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
+    set_lvt(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
+    vcpu.set_lapic(&lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryBackend;
+
+    #[test]
+    fn gdt_entries_decode_to_long_mode_segments() {
+        let code = segment_from_gdt(gdt_entry(0xa09b, 0, 0xfffff), 1);
+        assert_eq!(
+            (code.l, code.db, code.present, code.type_, code.selector),
+            (1, 0, 1, 0xb, 8)
+        );
+        assert_eq!(code.limit, 0xffff_ffff);
+        let data = segment_from_gdt(gdt_entry(0xc093, 0, 0xfffff), 2);
+        assert_eq!((data.l, data.db, data.type_, data.selector), (0, 1, 3, 16));
+        assert_eq!(segment_from_gdt(0, 0).unusable, 1);
+    }
+
+    #[test]
+    fn page_tables_identity_map_first_gib() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+        let sregs = long_mode_sregs(&mem, kvm_sregs::default()).unwrap();
+        assert_eq!(sregs.cr3, PML4_ADDR);
+        assert_ne!(sregs.efer & EFER_LMA, 0);
+        let pde: u64 = mem.read_obj(GuestAddress(PD_ADDR + 8 * 8)).unwrap();
+        assert_eq!(pde, (8 << 21) | 0x83);
+        assert!(mem.address_in_range(GuestAddress(PD_ADDR + 4095)));
+    }
+}
+
+/// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
+pub fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
+    let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    for s in [
+        &mut sregs.cs,
+        &mut sregs.ds,
+        &mut sregs.es,
+        &mut sregs.fs,
+        &mut sregs.gs,
+        &mut sregs.ss,
+    ] {
+        s.base = 0;
+        s.selector = 0;
+    }
+    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    let regs = kvm_regs {
+        rflags: 0x2,
+        rip: entry,
+        rsp: 0x7000,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    Ok(())
+}

@@ -1,0 +1,404 @@
+//! Building a VM (memory, in-kernel irqchip and PIT, devices, vCPUs), running it until it ends,
+//! and the [`VmControl`] the vCPU threads and the main thread share.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::Kvm;
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::boot::{self, layout};
+use crate::console::{ConsoleLog, Tee};
+use crate::devices::{acpi_shutdown::AcpiShutdown, i8042, serial, PioBus, PioDevice};
+use crate::end::VmEnd;
+use crate::exit::ExitCounts;
+use crate::host_quirks::{self, FixupCounts, QuirkSetting};
+use crate::vcpu::{cpuid, kick, regs, VcpuRunner};
+
+pub const MIN_MEMORY_MIB: u64 = 32;
+pub const MAX_MEMORY_MIB: u64 = layout::MMIO_HOLE_START >> 20;
+pub const MAX_VCPUS: u32 = 8;
+
+/// Base kernel command line; host-quirk options and the user's `--cmdline` are appended.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum VpmuSetting {
+    /// No PMU in the guest.
+    #[default]
+    Off,
+    /// Counters run only while the vCPU executes guest code.
+    CpuSwitch,
+    /// Counters run whenever the vCPU thread runs, VMM exit handling included.
+    DomainSwitch,
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub enum Boot {
+    /// A Linux kernel (ELF vmlinux or bzImage) through the 64-bit boot protocol.
+    Linux {
+        kernel: PathBuf,
+        initrd: Option<PathBuf>,
+        cmdline: String,
+    },
+    /// A flat binary (tiny test guests) copied to `load_addr` and entered at `entry`, in real
+    /// mode (CS base 0) or 64-bit long mode (identity-mapped first GiB).
+    Flat {
+        image: Vec<u8>,
+        load_addr: u64,
+        entry: u64,
+        long_mode: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub boot: Boot,
+    pub memory_mib: u64,
+    pub vcpus: u32,
+    pub vpmu: VpmuSetting,
+    pub serial2: Option<PathBuf>,
+    pub host_quirks: QuirkSetting,
+    pub timeout: Option<Duration>,
+    /// Where guest console output goes (stdout when None).
+    pub console_out: Option<PathBuf>,
+    /// Feed our stdin to the guest console.
+    pub console_in: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
+    OpenKvm(kvm_ioctls::Error),
+    #[error("{what}: {source}")]
+    Kvm {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
+    #[error("guest memory: {0}")]
+    Memory(String),
+    #[error(transparent)]
+    Kernel(#[from] boot::kernel::KernelError),
+    #[error(transparent)]
+    Acpi(#[from] boot::acpi::AcpiError),
+    #[error(transparent)]
+    Regs(#[from] regs::RegsError),
+    #[error("cannot create {path}: {source}")]
+    Output {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+/// Shared between the vCPU threads and the thread waiting for the VM to end.
+#[derive(Default)]
+pub struct VmControl {
+    end: Mutex<Option<VmEnd>>,
+    ended: Condvar,
+    stopping: AtomicBool,
+    threads: Mutex<Vec<libc::pthread_t>>,
+}
+
+impl VmControl {
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    pub fn register_thread(&self, t: libc::pthread_t) {
+        self.threads.lock().unwrap().push(t);
+    }
+
+    /// Records why the VM ends (the first reason wins) and kicks every vCPU out of KVM_RUN.
+    pub fn request_end(&self, end: VmEnd) {
+        let mut e = self.end.lock().unwrap();
+        if e.is_none() {
+            *e = Some(end);
+        }
+        self.stopping.store(true, Ordering::Release);
+        for &t in self.threads.lock().unwrap().iter() {
+            kick::kick(t);
+        }
+        self.ended.notify_all();
+    }
+
+    /// Waits for the end, or ends the VM with `Timeout` after `timeout`.
+    pub fn wait(&self, timeout: Option<Duration>) -> VmEnd {
+        let start = Instant::now();
+        let mut e = self.end.lock().unwrap();
+        while e.is_none() {
+            match timeout {
+                Some(t) => {
+                    let left = t.saturating_sub(start.elapsed());
+                    if left.is_zero() {
+                        drop(e);
+                        self.request_end(VmEnd::Timeout(t));
+                        e = self.end.lock().unwrap();
+                        continue;
+                    }
+                    e = self.ended.wait_timeout(e, left).unwrap().0;
+                }
+                None => e = self.ended.wait(e).unwrap(),
+            }
+        }
+        e.clone().unwrap()
+    }
+}
+
+/// What a run produced.
+pub struct RunReport {
+    pub end: VmEnd,
+    pub exits: Vec<ExitCounts>,
+    pub fixups: Vec<(&'static str, u64)>,
+    pub console_tail: Vec<String>,
+    pub cmdline: Option<String>,
+    /// Process start (or `run` call) to the first KVM_RUN being possible.
+    pub setup_time: Duration,
+    pub run_time: Duration,
+}
+
+/// Builds the VM described by `cfg`, runs it to the end and reports.
+pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
+    let t0 = Instant::now();
+    if cfg.vpmu != VpmuSetting::Off {
+        return Err(VmError::Unsupported(format!(
+            "--vpmu={}: the virtual PMU is not implemented yet; use --vpmu=off",
+            clap::ValueEnum::to_possible_value(&cfg.vpmu)
+                .unwrap()
+                .get_name()
+        )));
+    }
+    let quirks = host_quirks::detect(cfg.host_quirks);
+    if let Some(why) = quirks {
+        log::info!("host quirks on: {why}");
+    }
+
+    let hv = Kvm::new().map_err(VmError::OpenKvm)?;
+    let vm = hv.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
+    vm.set_tss_address(layout::KVM_TSS_ADDR as usize)
+        .map_err(kvm("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    })
+    .map_err(kvm("KVM_CREATE_PIT2"))?;
+
+    let mem_size = cfg.memory_mib << 20;
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), mem_size as usize)])
+        .map_err(|e| VmError::Memory(e.to_string()))?;
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().raw_value(),
+            memory_size: region.len(),
+            userspace_addr: mem.get_host_address(region.start_addr()).unwrap() as u64,
+            flags: 0,
+        };
+        // SAFETY: the region is a live mmap owned by `mem`, which outlives the VM (both are
+        // dropped at the end of this function, the vCPU threads having been joined).
+        unsafe { vm.set_user_memory_region(r) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+
+    let (entry, cmdline) = match &cfg.boot {
+        Boot::Linux {
+            kernel,
+            initrd,
+            cmdline,
+        } => {
+            let rsdp = boot::acpi::create_acpi_tables(
+                &mem,
+                cfg.vcpus as u8,
+                layout::IOAPIC_ADDR,
+                layout::LAPIC_ADDR,
+            )?;
+            let mut full = DEFAULT_CMDLINE.to_string();
+            if quirks.is_some() {
+                full.push(' ');
+                full.push_str(host_quirks::KERNEL_OPTIONS);
+            }
+            if !cmdline.trim().is_empty() {
+                full.push(' ');
+                full.push_str(cmdline.trim());
+            }
+            let loaded = boot::kernel::load(&mem, kernel, initrd.as_deref(), &full, Some(rsdp))?;
+            log::info!(
+                "kernel {} entry {:#x}, ends {:#x}{}",
+                kernel.display(),
+                loaded.entry.raw_value(),
+                loaded.kernel_end,
+                loaded
+                    .initrd
+                    .map(|(a, s)| format!(", initrd {s} bytes at {:#x}", a.raw_value()))
+                    .unwrap_or_default()
+            );
+            log::info!("kernel command line: {full}");
+            (loaded.entry.raw_value(), Some(full))
+        }
+        Boot::Flat {
+            image,
+            load_addr,
+            entry,
+            ..
+        } => {
+            let end = load_addr
+                .checked_add(image.len() as u64)
+                .filter(|&e| e <= mem_size);
+            if end.is_none() {
+                return Err(VmError::Memory(format!(
+                    "image of {} bytes does not fit at {load_addr:#x}",
+                    image.len()
+                )));
+            }
+            mem.write_slice(image, GuestAddress(*load_addr))
+                .map_err(|e| VmError::Memory(e.to_string()))?;
+            (*entry, None)
+        }
+    };
+
+    // Devices.
+    let console_log = Arc::new(Mutex::new(ConsoleLog::default()));
+    let console_out: Box<dyn std::io::Write + Send> = match &cfg.console_out {
+        Some(p) => Box::new(File::create(p).map_err(|source| VmError::Output {
+            path: p.clone(),
+            source,
+        })?),
+        None => Box::new(std::io::stdout()),
+    };
+    let com2_out: Box<dyn std::io::Write + Send> = match &cfg.serial2 {
+        Some(p) => Box::new(File::create(p).map_err(|source| VmError::Output {
+            path: p.clone(),
+            source,
+        })?),
+        None => Box::new(std::io::sink()),
+    };
+    let irq = |gsi: u32| -> Result<EventFd, VmError> {
+        let evt = EventFd::new(libc::EFD_NONBLOCK)
+            .map_err(|e| VmError::Memory(format!("eventfd: {e}")))?;
+        vm.register_irqfd(&evt, gsi).map_err(kvm("KVM_IRQFD"))?;
+        Ok(evt)
+    };
+    let com1 = Arc::new(Mutex::new(serial::Uart::new(
+        irq(serial::COM1_GSI)?,
+        Tee::new(console_out, console_log.clone()),
+    )));
+    let com2: Arc<Mutex<dyn PioDevice>> = Arc::new(Mutex::new(serial::Uart::new(
+        irq(serial::COM2_GSI)?,
+        com2_out,
+    )));
+    let pio = PioBus::builder()
+        .add(serial::COM1_BASE, serial::UART_LEN, com1.clone())
+        .add(serial::COM2_BASE, serial::UART_LEN, com2)
+        .add(
+            i8042::I8042_BASE,
+            i8042::I8042_LEN,
+            Arc::new(Mutex::new(i8042::I8042)),
+        )
+        .add(
+            boot::acpi::SHUTDOWN_PORT,
+            2,
+            Arc::new(Mutex::new(AcpiShutdown)),
+        )
+        .build();
+    if cfg.console_in {
+        serial::spawn_stdin_reader(com1);
+    }
+
+    // vCPUs.
+    let supported = hv
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+    let policy = cpuid::CpuidPolicy {
+        hide_pmu: cfg.vpmu == VpmuSetting::Off,
+        hide_cx16: quirks.is_some(),
+        hide_hypercall_features: quirks.is_some(),
+    };
+    kick::install_handler().map_err(|e| VmError::Kvm {
+        what: "installing the vCPU kick signal handler",
+        source: e,
+    })?;
+    let control = Arc::new(VmControl::default());
+    let fixups = Arc::new(FixupCounts::default());
+    let mut runners = Vec::new();
+    for id in 0..cfg.vcpus {
+        let fd = vm
+            .create_vcpu(u64::from(id))
+            .map_err(kvm("KVM_CREATE_VCPU"))?;
+        let table = cpuid::for_vcpu(supported.as_slice(), id, cfg.vcpus, policy);
+        let table = CpuId::from_entries(&table)
+            .map_err(|e| VmError::Unsupported(format!("CPUID table: {e:?}")))?;
+        fd.set_cpuid2(&table).map_err(kvm("KVM_SET_CPUID2"))?;
+        regs::setup_common(&fd)?;
+        if id == 0 {
+            match &cfg.boot {
+                Boot::Flat {
+                    long_mode: false, ..
+                } => regs::setup_real_mode(&fd, entry)?,
+                _ => regs::setup_boot_vcpu(&fd, &mem, entry)?,
+            }
+        }
+        runners.push(VcpuRunner {
+            id,
+            fd,
+            mem: mem.clone(),
+            pio: pio.clone(),
+            control: control.clone(),
+            fixups: fixups.clone(),
+            quirks_expected: quirks.is_some(),
+        });
+    }
+    let setup_time = t0.elapsed();
+    log::info!(
+        "VM set up in {:.1} ms: {} vCPU(s), {} MiB",
+        setup_time.as_secs_f64() * 1e3,
+        cfg.vcpus,
+        cfg.memory_mib
+    );
+
+    let t1 = Instant::now();
+    let mut handles = Vec::new();
+    for r in runners {
+        let name = format!("vcpu{}", r.id);
+        handles.push(
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || r.run())
+                .map_err(|e| VmError::Memory(e.to_string()))?,
+        );
+    }
+    let mut end = control.wait(cfg.timeout);
+    let exits: Vec<ExitCounts> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_default())
+        .collect();
+    let run_time = t1.elapsed();
+    let log = console_log.lock().unwrap();
+    if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
+        end = VmEnd::GuestPanic(line.to_string());
+    }
+    Ok(RunReport {
+        end,
+        exits,
+        fixups: fixups.snapshot(),
+        console_tail: log.tail(15),
+        cmdline,
+        setup_time,
+        run_time,
+    })
+}
