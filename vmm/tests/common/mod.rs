@@ -1,0 +1,58 @@
+//! Shared helpers for tests that need /dev/kvm.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use tiny_guests::TinyGuest;
+use vmm::host_quirks::QuirkSetting;
+use vmm::vm::{Boot, RunReport, VmConfig, VpmuSetting};
+
+/// Returns false (after saying so loudly) when this tier cannot run here. Without /dev/kvm the
+/// test fails unless VPMU_ALLOW_NO_KVM=1 is set, so a machine without KVM never passes silently.
+pub fn kvm_available() -> bool {
+    if Path::new("/dev/kvm").exists() {
+        return true;
+    }
+    let msg = "*** /dev/kvm is missing: the KVM test tier CANNOT RUN on this machine ***";
+    if std::env::var("VPMU_ALLOW_NO_KVM").as_deref() == Ok("1") {
+        eprintln!("{msg} (skipped because VPMU_ALLOW_NO_KVM=1)");
+        return false;
+    }
+    panic!("{msg}; set VPMU_ALLOW_NO_KVM=1 to skip it knowingly");
+}
+
+pub struct TinyRun {
+    pub report: RunReport,
+    pub console: String,
+    pub serial2: Vec<u8>,
+}
+
+pub fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
+    let dir = tempfile::tempdir().unwrap();
+    let console = dir.path().join("console");
+    let serial2 = dir.path().join("serial2");
+    let cfg = VmConfig {
+        boot: Boot::Flat {
+            image: guest.image.to_vec(),
+            load_addr: guest.load_addr,
+            entry: guest.load_addr,
+            long_mode: guest.long_mode,
+        },
+        memory_mib: 64,
+        vcpus: 1,
+        vpmu: VpmuSetting::Off,
+        serial2: Some(serial2.clone()),
+        host_quirks: QuirkSetting::Auto,
+        timeout: Some(timeout),
+        console_out: Some(console.clone()),
+        console_in: false,
+    };
+    let report = vmm::vm::run(&cfg).unwrap_or_else(|e| panic!("{}: {e}", guest.name));
+    TinyRun {
+        report,
+        console: std::fs::read_to_string(console).unwrap(),
+        serial2: std::fs::read(serial2).unwrap(),
+    }
+}
