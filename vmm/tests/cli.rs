@@ -1,0 +1,158 @@
+//! Bad input on the command line: a one-line error naming the problem, exit code 2 for usage
+//! errors and 1 otherwise, never a panic or backtrace.
+
+use std::io::Write;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
+
+struct Outcome {
+    code: i32,
+    stderr: String,
+}
+
+fn vmm(args: &[&str]) -> Outcome {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("stack backtrace"),
+        "{args:?}: {stderr}"
+    );
+    Outcome {
+        code: out.status.code().expect("exited by signal"),
+        stderr,
+    }
+}
+
+fn error_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.starts_with("error")).collect()
+}
+
+/// A minimal ELF64 x86-64 executable: one PT_LOAD segment of `size` bytes at 16 MiB.
+fn tiny_elf(size: u64) -> Vec<u8> {
+    let mut f = vec![0u8; 0x78];
+    f[..4].copy_from_slice(b"\x7fELF");
+    f[4] = 2; // 64-bit
+    f[5] = 1; // little endian
+    f[6] = 1; // version
+    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    f[20..24].copy_from_slice(&1u32.to_le_bytes());
+    f[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // entry
+    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
+    f[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
+    f[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
+    f[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
+    let ph = &mut f[64..120];
+    ph[0..4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    ph[4..8].copy_from_slice(&5u32.to_le_bytes()); // R+X
+    ph[8..16].copy_from_slice(&0x78u64.to_le_bytes()); // offset
+    ph[16..24].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes()); // vaddr
+    ph[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // paddr
+    ph[32..40].copy_from_slice(&size.to_le_bytes()); // filesz
+    ph[40..48].copy_from_slice(&size.to_le_bytes()); // memsz
+    f.resize(0x78 + size as usize, 0xf4);
+    f
+}
+
+fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
+    let p = dir.path().join(name);
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_file(&dir, "vmlinux", &tiny_elf(16));
+    for (args, needle) in [
+        (vec!["run", "--kernel", &k, "--cpus", "0"], "--cpus"),
+        (vec!["run", "--kernel", &k, "--cpus", "100"], "--cpus"),
+        (vec!["run", "--kernel", &k, "--memory", "1"], "--memory"),
+        (vec!["run", "--kernel", &k, "--vpmu", "fast"], "--vpmu"),
+        (vec!["run", "--kernel", &k, "--timeout=-3"], "--timeout"),
+        (vec!["run", "--kernel", &k, "--timeout", "0"], "--timeout"),
+        (vec!["run"], "--kernel"),
+        (vec!["frobnicate"], "frobnicate"),
+    ] {
+        let o = vmm(&args);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+        assert_eq!(error_lines(&o.stderr).len(), 1, "{args:?}: {}", o.stderr);
+    }
+}
+
+#[test]
+fn bad_files_exit_1_with_one_line() {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("*** /dev/kvm missing: file errors are still checked, after KVM setup fails ***");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = write_file(&dir, "vmlinux", &tiny_elf(4096));
+    let text = write_file(&dir, "notes.txt", b"just some text, not a kernel at all");
+    // A bzImage whose gzip payload is corrupt.
+    let mut bz = vec![0u8; 1024];
+    bz[0x1f1] = 1;
+    bz[0x201] = 0x6a;
+    bz[0x202..0x206].copy_from_slice(b"HdrS");
+    bz[0x206..0x208].copy_from_slice(&0x20fu16.to_le_bytes());
+    bz[0x24c..0x250].copy_from_slice(&64u32.to_le_bytes());
+    bz.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3]);
+    bz.extend_from_slice(&[0x55; 54]);
+    let corrupt = write_file(&dir, "bzImage", &bz);
+    let big_initrd = write_file(&dir, "initrd", &vec![0u8; 40 << 20]);
+    let missing = dir.path().join("nope").to_str().unwrap().to_string();
+    for (args, needle) in [
+        (vec!["run", "--kernel", &missing], "cannot read kernel"),
+        (vec!["run", "--kernel", &text], "is not a kernel"),
+        (vec!["run", "--kernel", &corrupt], "corrupt gzip payload"),
+        (
+            vec!["run", "--kernel", &kernel, "--initrd", &missing],
+            "cannot read initrd",
+        ),
+        (
+            vec![
+                "run",
+                "--kernel",
+                &kernel,
+                "--initrd",
+                &big_initrd,
+                "--memory",
+                "48",
+            ],
+            "does not fit",
+        ),
+        (
+            vec!["run", "--kernel", &kernel, "--vpmu", "cpu-switch"],
+            "--vpmu=cpu-switch",
+        ),
+    ] {
+        let o = vmm(&args);
+        assert_eq!(o.code, 1, "{args:?}: {}", o.stderr);
+        let errs = error_lines(&o.stderr);
+        assert_eq!(errs.len(), 1, "{args:?}: {}", o.stderr);
+        assert!(errs[0].contains(needle), "{args:?}: {}", o.stderr);
+    }
+}
+
+#[test]
+fn help_explains_exit_codes_and_defaults() {
+    let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "Exit codes:",
+        "--vpmu",
+        "cpu-switch",
+        "domain-switch",
+        "console=ttyS0",
+        "--serial2",
+        "--timeout",
+    ] {
+        assert!(help.contains(needle), "missing {needle} in:\n{help}");
+    }
+}
