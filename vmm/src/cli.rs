@@ -74,7 +74,7 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
 }
 
 impl RunArgs {
-    pub fn to_config(&self) -> Result<VmConfig, String> {
+    pub fn to_config(&self, started: std::time::Instant) -> Result<VmConfig, String> {
         let timeout = match self.timeout {
             Some(t) if !(t.is_finite() && t > 0.0) => {
                 return Err(format!(
@@ -97,6 +97,7 @@ impl RunArgs {
             timeout,
             console_out: self.console.clone(),
             console_in: true,
+            started: Some(started),
         })
     }
 }

@@ -60,7 +60,7 @@ impl std::fmt::Display for VmEnd {
             VmEnd::TripleFault => write!(f, "guest triple fault (KVM_EXIT_SHUTDOWN)"),
             VmEnd::KvmFailure(what) => write!(f, "KVM failure: {what}"),
             VmEnd::EmulationFailure(what) => write!(f, "unhandled emulation failure: {what}"),
-            VmEnd::Timeout(d) => write!(f, "timed out after {:.1} s", d.as_secs_f64()),
+            VmEnd::Timeout(d) => write!(f, "--timeout of {:.1} s expired", d.as_secs_f64()),
         }
     }
 }

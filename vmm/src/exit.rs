@@ -4,25 +4,28 @@
 
 use kvm_ioctls::VcpuExit;
 
-use crate::devices::{DeviceEvent, PioBus};
+use crate::devices::{DeviceEvent, PioBus, PioWrite};
 use crate::end::VmEnd;
+
+/// The guest's MSR access faults: it takes #GP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpFault;
 
 /// Answers the MSR accesses that KVM sends to user space (through the MSR filter).
 pub trait MsrHandler {
-    /// `Ok(value)`, or `Err(())` to make the guest take #GP.
-    fn rdmsr(&mut self, index: u32) -> Result<u64, ()>;
-    fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), ()>;
+    fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault>;
+    fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault>;
 }
 
 /// No MSRs are handled in user space: every access that reaches us takes #GP.
 pub struct NoMsrs;
 
 impl MsrHandler for NoMsrs {
-    fn rdmsr(&mut self, _index: u32) -> Result<u64, ()> {
-        Err(())
+    fn rdmsr(&mut self, _index: u32) -> Result<u64, GpFault> {
+        Err(GpFault)
     }
-    fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), ()> {
-        Err(())
+    fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
+        Err(GpFault)
     }
 }
 
@@ -110,9 +113,9 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
         VcpuExit::IoOut(port, data) => {
             ctx.counts.io_out += 1;
             match ctx.pio.write(port, data) {
-                Ok(Some(e)) => device_event(e),
-                Ok(None) => Outcome::Continue,
-                Err(()) => {
+                PioWrite::Event(e) => device_event(e),
+                PioWrite::Done => Outcome::Continue,
+                PioWrite::Unclaimed => {
                     ctx.counts.unclaimed_io += 1;
                     Outcome::Continue
                 }
@@ -132,7 +135,7 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             ctx.counts.msr += 1;
             match ctx.msrs.rdmsr(exit.index) {
                 Ok(v) => *exit.data = v,
-                Err(()) => *exit.error = 1,
+                Err(GpFault) => *exit.error = 1,
             }
             Outcome::Continue
         }
@@ -185,16 +188,16 @@ mod tests {
 
     struct Msrs(Vec<(u32, u64)>);
     impl MsrHandler for Msrs {
-        fn rdmsr(&mut self, index: u32) -> Result<u64, ()> {
+        fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault> {
             self.0
                 .iter()
                 .find(|(i, _)| *i == index)
                 .map(|(_, v)| *v)
-                .ok_or(())
+                .ok_or(GpFault)
         }
-        fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), ()> {
+        fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault> {
             if index == 0x10 {
-                return Err(());
+                return Err(GpFault);
             }
             self.0.push((index, value));
             Ok(())

@@ -5,6 +5,7 @@ use vmm::cli::{Cli, Command};
 use vmm::end::code;
 
 fn main() -> ExitCode {
+    let started = std::time::Instant::now();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -24,7 +25,7 @@ fn main() -> ExitCode {
 
     match cli.command {
         Command::Run(args) => {
-            let cfg = match args.to_config() {
+            let cfg = match args.to_config(started) {
                 Ok(c) => c,
                 Err(msg) => {
                     eprintln!("error: {msg}");

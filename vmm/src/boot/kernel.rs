@@ -68,30 +68,46 @@ pub struct LoadedKernel {
     pub initrd: Option<(GuestAddress, u64)>,
 }
 
-/// Reads the kernel file and returns the vmlinux ELF bytes (extracting it from a bzImage) plus
-/// the bzImage's setup header if there was one.
-pub fn read_kernel(
-    path: &Path,
-) -> Result<(Vec<u8>, Option<Vec<u8>>, Option<&'static str>), KernelError> {
+/// A kernel file as read: the vmlinux ELF, plus what the bzImage wrapper said if there was one.
+pub struct KernelImage {
+    pub elf: Vec<u8>,
+    /// The bzImage's setup header bytes (from 0x1f1).
+    pub setup_header: Option<Vec<u8>>,
+    /// The payload compression undone, for a bzImage.
+    pub compression: Option<&'static str>,
+}
+
+/// Reads the kernel file; a bzImage's vmlinux is extracted and decompressed.
+pub fn read_kernel(path: &Path) -> Result<KernelImage, KernelError> {
     let image = std::fs::read(path).map_err(|source| KernelError::ReadKernel {
         path: path.into(),
         source,
     })?;
     if image.starts_with(b"\x7fELF") {
-        return Ok((image, None, None));
+        return Ok(KernelImage {
+            elf: image,
+            setup_header: None,
+            compression: None,
+        });
     }
     if bzimage::is_bzimage(&image) {
+        let t = std::time::Instant::now();
         let x = bzimage::extract(&image).map_err(|source| KernelError::BzImage {
             path: path.into(),
             source,
         })?;
         log::info!(
-            "extracted {} bytes of vmlinux from {} ({} payload)",
+            "extracted {} bytes of vmlinux from {} ({} payload) in {:.1} ms",
             x.vmlinux.len(),
             path.display(),
-            x.compression
+            x.compression,
+            t.elapsed().as_secs_f64() * 1e3
         );
-        return Ok((x.vmlinux, Some(x.setup_header), Some(x.compression)));
+        return Ok(KernelImage {
+            elf: x.vmlinux,
+            setup_header: Some(x.setup_header),
+            compression: Some(x.compression),
+        });
     }
     Err(KernelError::NotAKernel { path: path.into() })
 }
@@ -104,7 +120,11 @@ pub fn load(
     cmdline: &str,
     rsdp: Option<GuestAddress>,
 ) -> Result<LoadedKernel, KernelError> {
-    let (elf, setup, compression) = read_kernel(kernel_path)?;
+    let KernelImage {
+        elf,
+        setup_header: setup,
+        compression,
+    } = read_kernel(kernel_path)?;
     let res = Elf::load(
         mem,
         None,

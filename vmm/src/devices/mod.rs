@@ -16,6 +16,16 @@ pub enum DeviceEvent {
     PowerOff,
 }
 
+/// The result of a port write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PioWrite {
+    Done,
+    /// The device asks the VMM to act.
+    Event(DeviceEvent),
+    /// No device at that port: the write is dropped.
+    Unclaimed,
+}
+
 /// A device on the port-I/O bus; `offset` is relative to the device's base port.
 pub trait PioDevice: Send {
     fn read(&mut self, offset: u16, data: &mut [u8]);
@@ -60,11 +70,13 @@ impl PioBus {
         }
     }
 
-    /// Returns `Err(())` when no device claims the port.
-    pub fn write(&self, port: u16, data: &[u8]) -> Result<Option<DeviceEvent>, ()> {
+    pub fn write(&self, port: u16, data: &[u8]) -> PioWrite {
         match self.find(port) {
-            Some(r) => Ok(r.dev.lock().unwrap().write(port - r.base, data)),
-            None => Err(()),
+            Some(r) => match r.dev.lock().unwrap().write(port - r.base, data) {
+                Some(e) => PioWrite::Event(e),
+                None => PioWrite::Done,
+            },
+            None => PioWrite::Unclaimed,
         }
     }
 }
@@ -121,9 +133,12 @@ mod tests {
         assert_eq!(b[0], 2);
         assert!(!bus.read(0x400, &mut b));
         assert_eq!(b[0], 0xff);
-        assert_eq!(bus.write(0x3f8, &[7]), Ok(None));
-        assert_eq!(bus.write(0x3ff, &[0xfe]), Ok(Some(DeviceEvent::Reset)));
-        assert_eq!(bus.write(0x3f7, &[1]), Err(()));
+        assert_eq!(bus.write(0x3f8, &[7]), PioWrite::Done);
+        assert_eq!(
+            bus.write(0x3ff, &[0xfe]),
+            PioWrite::Event(DeviceEvent::Reset)
+        );
+        assert_eq!(bus.write(0x3f7, &[1]), PioWrite::Unclaimed);
         assert_eq!(dev.lock().unwrap().0, vec![(0, 7), (7, 0xfe)]);
     }
 

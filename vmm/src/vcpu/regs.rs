@@ -188,6 +188,31 @@ pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
     Ok(())
 }
 
+/// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
+pub fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
+    let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    for s in [
+        &mut sregs.cs,
+        &mut sregs.ds,
+        &mut sregs.es,
+        &mut sregs.fs,
+        &mut sregs.gs,
+        &mut sregs.ss,
+    ] {
+        s.base = 0;
+        s.selector = 0;
+    }
+    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    let regs = kvm_regs {
+        rflags: 0x2,
+        rip: entry,
+        rsp: 0x7000,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,29 +241,4 @@ mod tests {
         assert_eq!(pde, (8 << 21) | 0x83);
         assert!(mem.address_in_range(GuestAddress(PD_ADDR + 4095)));
     }
-}
-
-/// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
-pub fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
-    let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
-    for s in [
-        &mut sregs.cs,
-        &mut sregs.ds,
-        &mut sregs.es,
-        &mut sregs.fs,
-        &mut sregs.gs,
-        &mut sregs.ss,
-    ] {
-        s.base = 0;
-        s.selector = 0;
-    }
-    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
-    let regs = kvm_regs {
-        rflags: 0x2,
-        rip: entry,
-        rsp: 0x7000,
-        ..Default::default()
-    };
-    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
-    Ok(())
 }

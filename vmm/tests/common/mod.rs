@@ -48,6 +48,7 @@ pub fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
         timeout: Some(timeout),
         console_out: Some(console.clone()),
         console_in: false,
+        started: None,
     };
     let report = vmm::vm::run(&cfg).unwrap_or_else(|e| panic!("{}: {e}", guest.name));
     TinyRun {
