@@ -1,0 +1,347 @@
+//! The counter core shared by both vendors (what arch/x86/kvm/pmu.c is to KVM's vendor files):
+//! counter values and widths, enables, interrupt-on-overflow, global control and status, and
+//! the bookkeeping that keeps a [`CounterBackend`] counting exactly the counters the guest's
+//! registers say count.
+//!
+//! Vendor files decode MSRs, check reserved bits and call in here with decoded values.
+
+use crate::backend::{CounterBackend, CounterId, Scale};
+use crate::Event;
+
+/// What the guest's select registers say about one counter, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Control {
+    /// Counter enable (EN; for a fixed counter: its OS or USR field is non-zero).
+    pub enabled: bool,
+    /// Interrupt on overflow (INT; for a fixed counter: its PMI field).
+    pub int: bool,
+    /// What to count.
+    pub event: Event,
+}
+
+/// A backend run: the counter is programmed in the backend since its value was `Counter::value`.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    scale: Scale,
+    /// Guest events from `Counter::value` to the wrap past the counter width.
+    to_wrap: u64,
+}
+
+#[derive(Debug)]
+struct Counter {
+    id: CounterId,
+    /// The select register as the guest reads it back: IA32_PERFEVTSELx / PERF_CTLx, or the
+    /// counter's 4-bit field of IA32_FIXED_CTR_CTRL.
+    select: u64,
+    ctl: Control,
+    /// Value when last folded (the `base` of `base + scale(backend delta)`).
+    value: u64,
+    run: Option<Run>,
+}
+
+/// How the core is put together; filled in by the vendor file.
+pub(crate) struct CoreLayout {
+    pub gp: u8,
+    pub fixed: u8,
+    pub width: u8,
+    /// Counters count only when their bit in the global control register is set
+    /// (Intel v2 IA32_PERF_GLOBAL_CTRL, AMD PerfMonV2 PerfCntrGlobalCtl).
+    pub global_ctrl: bool,
+    /// Overflows set bits in a global status register (Intel, AMD PerfMonV2).
+    pub global_status: bool,
+    /// Select value and decoded control of a counter at reset.
+    pub reset_gp: Control,
+    pub reset_fixed: fn(u8) -> Control,
+    /// (event, unit mask) pairs a general-purpose counter must not count (Intel: the
+    /// architectural events CPUID.0AH:EBX marks unavailable).
+    pub blocked: Vec<(u16, u8)>,
+}
+
+pub(crate) struct CounterCore {
+    counters: Vec<Counter>,
+    gp: u8,
+    mask: u64,
+    has_global_ctrl: bool,
+    has_global_status: bool,
+    global_ctrl: u64,
+    global_status: u64,
+    /// Counters that overflowed with interrupt-on-overflow set, PMI not yet reported.
+    pending_pmi: u64,
+    blocked: Vec<(u16, u8)>,
+    reset_gp: Control,
+    reset_fixed: fn(u8) -> Control,
+    backend: Box<dyn CounterBackend>,
+}
+
+impl CounterCore {
+    pub fn new(layout: CoreLayout, backend: Box<dyn CounterBackend>) -> CounterCore {
+        let gp = (0..layout.gp).map(|i| (CounterId::gp(i), layout.reset_gp));
+        let fixed = (0..layout.fixed).map(|i| (CounterId::fixed(i), (layout.reset_fixed)(i)));
+        let counters = gp
+            .chain(fixed)
+            .map(|(id, ctl)| Counter {
+                id,
+                select: 0,
+                ctl,
+                value: 0,
+                run: None,
+            })
+            .collect();
+        let mut core = CounterCore {
+            counters,
+            gp: layout.gp,
+            mask: (1u64 << layout.width) - 1,
+            has_global_ctrl: layout.global_ctrl,
+            has_global_status: layout.global_status,
+            global_ctrl: 0,
+            global_status: 0,
+            pending_pmi: 0,
+            blocked: layout.blocked,
+            reset_gp: layout.reset_gp,
+            reset_fixed: layout.reset_fixed,
+            backend,
+        };
+        core.reset();
+        core
+    }
+
+    /// Power-on/INIT state: everything stopped and zero, except that the global control
+    /// register enables every general-purpose counter (SDM: IA32_PERF_GLOBAL_CTRL resets with
+    /// the PMCx enable bits set, so that version-1 software works; AMD PerfCntrGlobalCtl does
+    /// the same; KVM's `kvm_pmu_refresh` emulates both).
+    pub fn reset(&mut self) {
+        for i in 0..self.counters.len() {
+            let c = &mut self.counters[i];
+            if c.run.take().is_some() {
+                self.backend.stop(c.id);
+            }
+            c.value = 0;
+            c.select = 0;
+            c.ctl = if c.id.is_fixed() {
+                (self.reset_fixed)(c.id.index())
+            } else {
+                self.reset_gp
+            };
+        }
+        self.global_ctrl = if self.has_global_ctrl {
+            (1u64 << self.gp) - 1
+        } else {
+            0
+        };
+        self.global_status = 0;
+        self.pending_pmi = 0;
+    }
+
+    /// Mask of a counter's value (2^width - 1).
+    pub fn value_mask(&self) -> u64 {
+        self.mask
+    }
+
+    /// Bitmap of the counters that exist.
+    pub fn valid_bits(&self) -> u64 {
+        self.counters.iter().fold(0, |m, c| m | c.id.mask())
+    }
+
+    pub fn backend(&self) -> &dyn CounterBackend {
+        &*self.backend
+    }
+
+    pub fn backend_mut(&mut self) -> &mut dyn CounterBackend {
+        &mut *self.backend
+    }
+
+    fn slot(&self, id: CounterId) -> Option<usize> {
+        let i = usize::from(id.index());
+        let gp = usize::from(self.gp);
+        let slot = if id.is_fixed() { gp + i } else { i };
+        (slot < self.counters.len() && self.counters[slot].id == id).then_some(slot)
+    }
+
+    /// The select register of `id` as written (0 for a counter that does not exist).
+    pub fn select(&self, id: CounterId) -> u64 {
+        self.slot(id).map_or(0, |s| self.counters[s].select)
+    }
+
+    /// The counter's current value. Notices an overflow the backend has not reported yet.
+    pub fn value(&mut self, id: CounterId) -> u64 {
+        let Some(s) = self.slot(id) else { return 0 };
+        let (value, run) = (self.counters[s].value, self.counters[s].run);
+        let Some(run) = run else { return value };
+        let delta = run.scale.to_guest(self.backend.read(id));
+        if delta >= run.to_wrap {
+            self.update(s, |_| {});
+            return self.counters[s].value;
+        }
+        value.wrapping_add(delta) & self.mask
+    }
+
+    /// A guest write of the counter value (already sign-extended or checked by the vendor).
+    pub fn write_value(&mut self, id: CounterId, value: u64) {
+        let mask = self.mask;
+        if let Some(s) = self.slot(id) {
+            self.update(s, |c| c.value = value & mask);
+        }
+    }
+
+    /// A guest write of a counter's select register (`select` as it reads back, `ctl` decoded).
+    pub fn write_control(&mut self, id: CounterId, select: u64, ctl: Control) {
+        let Some(s) = self.slot(id) else { return };
+        let c = &self.counters[s];
+        if c.select == select && c.ctl == ctl {
+            return;
+        }
+        let stays_stopped = c.run.is_none() && !self.counts_with(c, &ctl);
+        let set = |c: &mut Counter| {
+            c.select = select;
+            c.ctl = ctl;
+        };
+        if stays_stopped {
+            set(&mut self.counters[s]);
+        } else {
+            self.update(s, set);
+        }
+    }
+
+    pub fn global_ctrl(&self) -> u64 {
+        self.global_ctrl
+    }
+
+    /// A guest write of the global control register (reserved bits already handled).
+    pub fn write_global_ctrl(&mut self, value: u64) {
+        let changed = (self.global_ctrl ^ value) & self.valid_bits();
+        let slots: Vec<usize> = CounterId::iter_bits(changed)
+            .filter_map(|id| self.slot(id))
+            .collect();
+        let was: Vec<bool> = slots.iter().map(|&s| self.fold(s)).collect();
+        self.global_ctrl = value;
+        for (s, was) in slots.into_iter().zip(was) {
+            self.arm(s, was);
+        }
+    }
+
+    /// The global status register. Folds counters that have passed their wrap point, so a PMI
+    /// handler that reads the status first sees every overflow that happened.
+    pub fn global_status(&mut self) -> u64 {
+        self.poll();
+        self.global_status
+    }
+
+    /// Write-1-to-clear of global status bits (IA32_PERF_GLOBAL_OVF_CTRL, AMD
+    /// PerfCntrGlobalStatusClr). A PMI not yet reported for a cleared bit is dropped.
+    pub fn clear_status(&mut self, bits: u64) {
+        self.global_status &= !bits;
+        self.pending_pmi &= !bits;
+    }
+
+    /// Write-1-to-set of global status bits (AMD PerfCntrGlobalStatusSet). Raises no PMI.
+    pub fn set_status(&mut self, bits: u64) {
+        self.global_status |= bits;
+    }
+
+    /// Takes the backend's overflow reports, folds those counters (setting status bits) and
+    /// re-arms them; then returns the counters whose PMI is due, and forgets them.
+    ///
+    /// A PMI is due for a counter that overflowed with interrupt-on-overflow set, unless the
+    /// guest has cleared its status bit since (models with a global status register).
+    pub fn service_overflow(&mut self) -> u64 {
+        let reported = self.backend.take_overflows();
+        for id in CounterId::iter_bits(reported) {
+            match self.slot(id) {
+                Some(s) if self.counters[s].run.is_some() => self.update(s, |_| {}),
+                _ => log::debug!("vpmu: overflow report for stopped counter {id} ignored"),
+            }
+        }
+        let due = if self.has_global_status {
+            self.pending_pmi & self.global_status
+        } else {
+            self.pending_pmi
+        };
+        self.pending_pmi = 0;
+        due
+    }
+
+    /// Folds every running counter that has passed its wrap point.
+    fn poll(&mut self) {
+        for s in 0..self.counters.len() {
+            let c = &self.counters[s];
+            if let Some(run) = c.run {
+                if run.scale.to_guest(self.backend.read(c.id)) >= run.to_wrap {
+                    self.update(s, |_| {});
+                }
+            }
+        }
+    }
+
+    /// Fold, change, re-arm: the one way a counter's state changes while it may be counting.
+    fn update(&mut self, s: usize, change: impl FnOnce(&mut Counter)) {
+        let was = self.fold(s);
+        change(&mut self.counters[s]);
+        self.arm(s, was);
+    }
+
+    /// Adds what the backend counted since it was programmed to the value, and records an
+    /// overflow if the value wrapped. Returns whether the backend was running the counter.
+    fn fold(&mut self, s: usize) -> bool {
+        let id = self.counters[s].id;
+        let Some(run) = self.counters[s].run.take() else {
+            return false;
+        };
+        let delta = run.scale.to_guest(self.backend.read(id));
+        let c = &mut self.counters[s];
+        c.value = c.value.wrapping_add(delta) & self.mask;
+        if delta >= run.to_wrap {
+            self.overflowed(s);
+        }
+        true
+    }
+
+    /// The counter wrapped: set its status bit, then (if it interrupts) make its PMI pending.
+    fn overflowed(&mut self, s: usize) {
+        let c = &self.counters[s];
+        let bit = c.id.mask();
+        if self.has_global_status {
+            self.global_status |= bit;
+        }
+        if c.ctl.int {
+            self.pending_pmi |= bit;
+        }
+        log::trace!("vpmu: {} overflowed (int={})", c.id, c.ctl.int);
+    }
+
+    /// Whether the guest's registers say counter `c` with control `ctl` counts, and the backend
+    /// can count it.
+    fn counts_with(&self, c: &Counter, ctl: &Control) -> bool {
+        let ev = &ctl.event;
+        ctl.enabled
+            && (ev.usr || ev.os)
+            && (!self.has_global_ctrl || self.global_ctrl & c.id.mask() != 0)
+            && !(ev.fixed.is_none() && self.blocked.contains(&(ev.code, ev.umask)))
+            && self.backend.supports(ev)
+    }
+
+    /// Programs the backend for the counter's current state, or stops it (`was`: the backend
+    /// was running it before the fold).
+    fn arm(&mut self, s: usize, was: bool) {
+        let c = &self.counters[s];
+        let id = c.id;
+        if !self.counts_with(c, &c.ctl) {
+            if was {
+                self.backend.stop(id);
+            }
+            return;
+        }
+        let event = c.ctl.event;
+        let scale = self.backend.scale(&event);
+        let to_wrap = self.mask - c.value + 1;
+        // Status bits need to hear of every overflow; without them only interrupts do (AMD
+        // legacy shows an overflow in the counter value alone).
+        let after = (self.has_global_status || c.ctl.int).then(|| scale.to_host(to_wrap));
+        match self.backend.program(id, &event, after) {
+            Ok(()) => self.counters[s].run = Some(Run { scale, to_wrap }),
+            Err(e) => {
+                log::warn!("vpmu: {id} does not count: {e}");
+                self.backend.stop(id);
+            }
+        }
+    }
+}
