@@ -8,7 +8,7 @@ host-quirk fix-up counts. Prints one summary; rerun it any time.
 import argparse, os, re, subprocess, sys, time
 
 MILESTONES = [
-    ("kernel start", "Linux version"),
+    ("console up", "Linux version"),
     ("perf driver", "Performance Events:"),
     ("SMP up", "smp: Brought up"),
     ("initramfs", "Unpacking initramfs"),
