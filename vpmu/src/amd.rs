@@ -30,13 +30,11 @@ enum AmdMsr {
 
 /// The MSR blocks an AMD model owns, whatever its configuration (MSRs the configuration lacks
 /// take #GP from the model).
-pub fn msr_ranges() -> Vec<RangeInclusive<u32>> {
-    vec![
-        AMD_K7_PERF_CTL0..=AMD_K7_PERF_CTR0 + AMD_K7_COUNTERS - 1,
-        AMD_F15H_PERF_CTL0..=AMD_F15H_PERF_CTL0 + 2 * AMD_CORE_COUNTERS - 1,
-        AMD_PERF_CNTR_GLOBAL_STATUS..=AMD_PERF_CNTR_GLOBAL_STATUS_SET,
-    ]
-}
+pub const MSR_RANGES: [RangeInclusive<u32>; 3] = [
+    AMD_K7_PERF_CTL0..=AMD_K7_PERF_CTR0 + AMD_K7_COUNTERS - 1,
+    AMD_F15H_PERF_CTL0..=AMD_F15H_PERF_CTL0 + 2 * AMD_CORE_COUNTERS - 1,
+    AMD_PERF_CNTR_GLOBAL_STATUS..=AMD_PERF_CNTR_GLOBAL_STATUS_SET,
+];
 
 /// Decoded PERF_CTLx, reserved bits already dropped.
 fn control(sel: u64) -> Control {
@@ -145,6 +143,11 @@ impl AmdModel {
             return Err(Fault::BadRdpmcIndex(ecx));
         }
         Ok(core.value(CounterId::gp(ecx as u8)))
+    }
+
+    /// The ECX values RDPMC accepts.
+    pub fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
+        vec![0..=u32::from(self.cfg.counters()) - 1]
     }
 
     /// CPUID Fn8000_0022 for PerfMonV2.

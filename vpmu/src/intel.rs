@@ -55,16 +55,14 @@ fn decode(msr: u32) -> Option<IntelMsr> {
 
 /// The MSR blocks an Intel model owns: the architectural maximum of each block, so that
 /// counters beyond the configured ones take #GP from the model rather than reaching KVM.
-pub fn msr_ranges() -> Vec<RangeInclusive<u32>> {
-    vec![
-        IA32_PMC0..=IA32_PMC0 + INTEL_MAX_GP - 1,
-        IA32_PERFEVTSEL0..=IA32_PERFEVTSEL0 + INTEL_MAX_GP - 1,
-        IA32_FIXED_CTR0..=IA32_FIXED_CTR0 + INTEL_MAX_FIXED_MSRS - 1,
-        IA32_PERF_CAPABILITIES..=IA32_PERF_CAPABILITIES,
-        IA32_FIXED_CTR_CTRL..=IA32_PERF_GLOBAL_OVF_CTRL,
-        IA32_A_PMC0..=IA32_A_PMC0 + INTEL_MAX_GP - 1,
-    ]
-}
+pub const MSR_RANGES: [RangeInclusive<u32>; 6] = [
+    IA32_PMC0..=IA32_PMC0 + INTEL_MAX_GP - 1,
+    IA32_PERFEVTSEL0..=IA32_PERFEVTSEL0 + INTEL_MAX_GP - 1,
+    IA32_FIXED_CTR0..=IA32_FIXED_CTR0 + INTEL_MAX_FIXED_MSRS - 1,
+    IA32_PERF_CAPABILITIES..=IA32_PERF_CAPABILITIES,
+    IA32_FIXED_CTR_CTRL..=IA32_PERF_GLOBAL_OVF_CTRL,
+    IA32_A_PMC0..=IA32_A_PMC0 + INTEL_MAX_GP - 1,
+];
 
 /// Decoded IA32_PERFEVTSELx.
 fn gp_control(sel: u64) -> Control {
@@ -276,6 +274,15 @@ impl IntelModel {
         Ok(core.value(id))
     }
 
+    /// The ECX values RDPMC accepts.
+    pub fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
+        let mut v = vec![0..=u32::from(self.cfg.gp_counters) - 1];
+        if self.cfg.fixed_counters > 0 {
+            v.push(1 << 30..=(1 << 30) + u32::from(self.cfg.fixed_counters) - 1);
+        }
+        v
+    }
+
     /// CPUID.0AH (SDM Vol. 2A, CPUID leaf 0AH).
     pub fn leaf_0a(&self) -> CpuidEntry {
         let width = u32::from(self.cfg.counter_width);
@@ -331,7 +338,7 @@ mod tests {
 
     #[test]
     fn decode_covers_exactly_the_owned_msrs() {
-        let owned = |m: u32| msr_ranges().iter().any(|r| r.contains(&m));
+        let owned = |m: u32| MSR_RANGES.iter().any(|r| r.contains(&m));
         for msr in (0..0x600).chain(0xc000_0000..0xc000_0400) {
             assert_eq!(decode(msr).is_some(), owned(msr), "{msr:#x}");
         }

@@ -116,15 +116,30 @@ impl Pmu {
     /// Intel: 0xC1-0xC8, 0x186-0x18D, 0x309-0x30C, 0x345, 0x38D-0x390, 0x4C1-0x4C8.
     /// AMD: 0xC0010000-0xC0010007, 0xC0010200-0xC001020B, 0xC0000300-0xC0000303.
     pub fn msr_ranges(&self) -> Vec<RangeInclusive<u32>> {
+        self.static_msr_ranges().to_vec()
+    }
+
+    fn static_msr_ranges(&self) -> &'static [RangeInclusive<u32>] {
         match self.vendor() {
-            Vendor::Intel => intel::msr_ranges(),
-            Vendor::Amd => amd::msr_ranges(),
+            Vendor::Intel => &intel::MSR_RANGES,
+            Vendor::Amd => &amd::MSR_RANGES,
         }
     }
 
     /// Whether `msr` is in [`msr_ranges`](Self::msr_ranges).
     pub fn owns(&self, msr: u32) -> bool {
-        self.msr_ranges().iter().any(|r| r.contains(&msr))
+        self.static_msr_ranges().iter().any(|r| r.contains(&msr))
+    }
+
+    /// The ECX values [`rdpmc`](Self::rdpmc) accepts (Intel: 0..GP counters and
+    /// 0x4000_0000..+fixed counters; AMD: 0..counters). Where the VMM rewrites RDPMC into
+    /// RDMSR, these are also the MSR indexes those RDMSRs carry: its MSR filter must send them
+    /// to user space too, and it answers them with `rdpmc` only at rewritten sites.
+    pub fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
+        match &self.model {
+            Model::Intel(m) => m.rdpmc_ranges(),
+            Model::Amd(m) => m.rdpmc_ranges(),
+        }
     }
 
     /// A guest RDMSR.

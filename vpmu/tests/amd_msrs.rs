@@ -163,3 +163,16 @@ fn perfmon_v2_counter_count_is_validated() {
     assert_eq!(CoreExt.counters(), 6);
     assert_eq!(AmdConfig::default(), AMD_V2);
 }
+
+#[test]
+fn rdpmc_ranges_are_exactly_the_accepted_ecx_values() {
+    for config in [Legacy, CoreExt, AMD_V2, V2_2] {
+        let (mut pmu, _) = amd(config);
+        let ranges = pmu.rdpmc_ranges();
+        assert_eq!(ranges, vec![0..=u32::from(config.counters()) - 1]);
+        for ecx in (0..0x20).chain([1 << 30, 1 << 31]) {
+            let accepted = ranges.iter().any(|r| r.contains(&ecx));
+            assert_eq!(pmu.rdpmc(ecx).is_ok(), accepted, "{config:?}: {ecx:#x}");
+        }
+    }
+}

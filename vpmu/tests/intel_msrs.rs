@@ -284,3 +284,31 @@ fn invalid_configurations_are_refused() {
         );
     }
 }
+
+#[test]
+fn rdpmc_ranges_are_exactly_the_accepted_ecx_values() {
+    for (gp, fixed) in [(4u8, 3u8), (1, 0), (8, 1)] {
+        let (mut pmu, _) = intel_with(|c| {
+            c.gp_counters = gp;
+            c.fixed_counters = fixed;
+        });
+        let ranges = pmu.rdpmc_ranges();
+        let accepted = |ecx: u32| ranges.iter().any(|r| r.contains(&ecx));
+        for ecx in (0..0x20)
+            .chain(0x4000_0000..0x4000_0020)
+            .chain([1 << 31, 0xc000_0000])
+        {
+            assert_eq!(
+                pmu.rdpmc(ecx).is_ok(),
+                accepted(ecx),
+                "{gp}/{fixed}: {ecx:#x}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pmu_can_move_to_its_vcpu_thread() {
+    fn send<T: Send>(_: &T) {}
+    send(&intel().0);
+}
