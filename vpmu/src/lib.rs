@@ -58,8 +58,11 @@
 //!    with it off.
 //! 3. MSR filter: deny (i.e. exit to user space for) every range in [`Pmu::msr_ranges`];
 //!    answer those exits with [`Pmu::rdmsr`]/[`Pmu::wrmsr`] (`Err` → `error = 1`, i.e. #GP).
-//! 4. RDPMC (rewritten to RDMSR at known sites): [`Pmu::rdpmc`] with the guest's ECX.
-//! 5. After every exit: [`Pmu::service_overflow`]; deliver the [`Pmi`] it returns.
+//! 4. RDPMC (rewritten to RDMSR at known sites): [`Pmu::rdpmc`] with the guest's ECX; the
+//!    filter must also send [`Pmu::rdpmc_ranges`] (as MSR indexes) to user space.
+//! 5. Around KVM_RUN: [`Pmu::enter_guest`] / [`Pmu::leave_guest`] (for backends that account
+//!    per [`AccountingMode::CpuSwitch`] by hand; no-ops otherwise).
+//! 6. After every exit: [`Pmu::service_overflow`]; deliver the [`Pmi`] it returns.
 
 mod amd;
 pub mod backend;
