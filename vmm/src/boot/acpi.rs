@@ -1,24 +1,575 @@
-//! PLACEHOLDER until the ACPI module lands: same API, writes nothing useful.
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+//! ACPI tables for a Linux guest booted directly (no firmware, no PCI).
+//!
+//! Two jobs: tell the kernel about the vCPUs and interrupt controllers (Debian's cloud kernel
+//! has no MP-table parser, so without a MADT it brings up only the boot CPU), and give it a way
+//! to power off. Both go through a "hardware-reduced" ACPI platform (ACPI 6, FADT flag
+//! HW_REDUCED_ACPI), which has no PM1 blocks, no SCI, no GPEs and no FACS: power-off is one byte
+//! written to the FADT's SLEEP_CONTROL_REG, an I/O port the VMM traps ([`SHUTDOWN_PORT`]).
+//!
+//! Tables, packed in this order from [`RSDP_ADDR`] (RSDP 16-byte aligned, the rest 8-byte
+//! aligned), all below 1 MiB in the BIOS area that Linux also scans for the RSDP:
+//!
+//! ```text
+//! RSDP (rev 2) -> XSDT -> FACP (FADT rev 6) -> DSDT (\_S5_, COM1, COM2)
+//!                      -> APIC (MADT: N local APICs, 1 I/O APIC, LINT1 = NMI)
+//! ```
+//!
+//! Interrupt wiring this describes: KVM's in-kernel irqchip with its default GSI routing, where
+//! ISA IRQ n reaches I/O APIC pin n (GSI n) for n < 16. That is why the MADT has no IRQ0 -> GSI2
+//! override: QEMU needs one because it reprograms KVM's routing to send the PIT to pin 2, and
+//! this VMM does not. (A hardware-reduced Linux does not use the PIT interrupt anyway.)
+
+use acpi_tables::fadt::{FADTBuilder, Flags as FadtFlags};
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
+use acpi_tables::rsdp::Rsdp;
+use acpi_tables::sdt::Sdt;
+use acpi_tables::xsdt::XSDT;
+use acpi_tables::{aml, Aml};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
+
+/// Where the RSDP goes: the start of the BIOS area (0xE0000..0xFFFFF) Linux scans when
+/// boot_params.acpi_rsdp_addr is not set. The other tables follow it.
 pub const RSDP_ADDR: u64 = 0x000E_0000;
+/// End (exclusive) of the area the tables may occupy.
+pub const ACPI_AREA_END: u64 = 0x0010_0000;
+
+/// I/O port of the hardware-reduced ACPI sleep control register (FADT SLEEP_CONTROL_REG).
+/// The sleep status register (SLEEP_STATUS_REG) is the next port, `SHUTDOWN_PORT + 1`.
 pub const SHUTDOWN_PORT: u16 = 0x600;
-#[derive(Debug, thiserror::Error)]
-pub enum AcpiError {
-    #[error("acpi")]
-    Placeholder,
-}
-#[derive(Debug, PartialEq, Eq)]
+/// SLP_TYP value the DSDT's `\_S5_` object gives for S5 (soft off).
+pub const SLEEP_TYPE_S5: u8 = 5;
+
+/// Sleep control register layout (ACPI 6.5, 4.8.3.7): SLP_TYP in bits 2..=4, SLP_EN in bit 5.
+const SLP_TYP_SHIFT: u8 = 2;
+const SLP_TYP_MASK: u8 = 0b111;
+const SLP_EN: u8 = 1 << 5;
+
+// Identification written into every table header.
+const OEM_ID: [u8; 6] = *b"VPMU  ";
+const OEM_REVISION: u32 = 1;
+/// FADT "hypervisor vendor identity" (a u64 holding 8 ASCII bytes).
+const HYPERVISOR_VENDOR_ID: [u8; 8] = *b"VPMU-VMM";
+
+/// Size of the common table header (signature..creator revision).
+const HEADER_LEN: u32 = 36;
+
+/// FADT IAPC_BOOT_ARCH bits (ACPI 6.5, table 5.11). Bit 1 ("8042 present") stays clear on
+/// purpose: the VMM's i8042 only implements the reset command, so the kernel's PS/2 driver is
+/// better off not probing it (`reboot=k` still works: it writes port 0x64 directly).
+const IAPC_NO_VGA: u16 = 1 << 2;
+const IAPC_NO_MSI: u16 = 1 << 3;
+const IAPC_NO_ASPM: u16 = 1 << 4;
+const IAPC_NO_CMOS_RTC: u16 = 1 << 5;
+
+/// MADT flags: PCAT_COMPAT, "the system also has dual 8259 PICs" (KVM's in-kernel PIC).
+const MADT_PCAT_COMPAT: u32 = 1;
+/// MADT interrupt controller structure types.
+const MADT_LOCAL_APIC: u8 = 0;
+const MADT_IO_APIC: u8 = 1;
+const MADT_LOCAL_APIC_NMI: u8 = 4;
+/// Local APIC flags: Enabled.
+const LAPIC_ENABLED: u32 = 1;
+/// ACPI processor UID meaning "all processors" in a Local APIC NMI structure.
+const ALL_PROCESSORS: u8 = 0xff;
+/// I/O APIC id; 0 is also the reset value of the ID register of KVM's in-kernel I/O APIC.
+const IOAPIC_ID: u8 = 0;
+
+/// The VMM's legacy UARTs (devices/serial.rs): name, I/O base, ISA IRQ (= GSI, see above).
+/// Describing them matters in hardware-reduced mode: Linux then has no legacy PIC and no
+/// identity-mapped ISA IRQs, so a UART's interrupt only works once ACPI names its GSI, which
+/// the 8250 PnP driver does from the `_CRS` below (the console itself can poll, a tty cannot).
+const UARTS: [(&str, u16, u32); 2] = [("COM1", 0x3f8, 4), ("COM2", 0x2f8, 3)];
+const UART_PORTS: u8 = 8;
+
+/// What a write to the sleep control register asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SleepRequest {
+    /// S5, soft off.
     PowerOff,
 }
-pub fn create_acpi_tables(
-    _mem: &GuestMemoryMmap,
-    _n: u8,
-    _io: u32,
-    _l: u32,
-) -> Result<GuestAddress, AcpiError> {
-    Ok(GuestAddress(RSDP_ADDR))
+
+#[derive(Debug, thiserror::Error)]
+pub enum AcpiError {
+    #[error("ACPI tables need at least one vCPU")]
+    NoCpus,
+    #[error(
+        "ACPI tables do not fit: {table} would end at {end:#x}, past {:#x}",
+        ACPI_AREA_END
+    )]
+    TooLarge { table: &'static str, end: u64 },
+    #[error("writing the ACPI {table} table to guest memory at {addr:#x}: {source}")]
+    GuestMemory {
+        table: &'static str,
+        addr: u64,
+        #[source]
+        source: GuestMemoryError,
+    },
 }
-pub fn decode_sleep_control(v: u8) -> Option<SleepRequest> {
-    (v == (5 << 2 | 1 << 5)).then_some(SleepRequest::PowerOff)
+
+/// Builds the ACPI tables for `num_cpus` vCPUs (APIC ids 0..num_cpus), the I/O APIC at
+/// `ioapic_addr` (GSI base 0) and the local APICs at `lapic_addr`, writes them into guest
+/// memory from [`RSDP_ADDR`] on, and returns the address of the RSDP.
+pub fn create_acpi_tables(
+    mem: &GuestMemoryMmap,
+    num_cpus: u8,
+    ioapic_addr: u32,
+    lapic_addr: u32,
+) -> Result<GuestAddress, AcpiError> {
+    if num_cpus == 0 {
+        return Err(AcpiError::NoCpus);
+    }
+
+    // The DSDT and MADT do not point anywhere, and the FADT and XSDT have fixed sizes, so
+    // every address is known before any pointer has to be filled in.
+    let dsdt = dsdt();
+    let madt = madt(num_cpus, ioapic_addr, lapic_addr);
+    let xsdt_len = HEADER_LEN as usize + 2 * std::mem::size_of::<u64>();
+
+    let mut next = RSDP_ADDR;
+    let rsdp_addr = place(&mut next, Rsdp::len(), 16, "RSDP")?;
+    let xsdt_addr = place(&mut next, xsdt_len, 8, "XSDT")?;
+    let fadt_addr = place(&mut next, acpi_tables::fadt::FADT::len(), 8, "FACP")?;
+    let madt_addr = place(&mut next, madt.len(), 8, "APIC")?;
+    let dsdt_addr = place(&mut next, dsdt.len(), 8, "DSDT")?;
+
+    let fadt = to_bytes(&fadt(dsdt_addr));
+    let mut xsdt = XSDT::new(OEM_ID, *b"VPMUXSDT", OEM_REVISION);
+    xsdt.add_entry(fadt_addr);
+    xsdt.add_entry(madt_addr);
+    let xsdt = to_bytes(&xsdt);
+    let rsdp = to_bytes(&Rsdp::new(OEM_ID, xsdt_addr));
+    debug_assert_eq!(xsdt.len(), xsdt_len);
+
+    for (table, addr, bytes) in [
+        ("RSDP", rsdp_addr, rsdp.as_slice()),
+        ("XSDT", xsdt_addr, xsdt.as_slice()),
+        ("FACP", fadt_addr, fadt.as_slice()),
+        ("APIC", madt_addr, madt.as_slice()),
+        ("DSDT", dsdt_addr, dsdt.as_slice()),
+    ] {
+        mem.write_slice(bytes, GuestAddress(addr))
+            .map_err(|source| AcpiError::GuestMemory {
+                table,
+                addr,
+                source,
+            })?;
+        log::debug!("ACPI {table} at {addr:#x}, {} bytes", bytes.len());
+    }
+    Ok(GuestAddress(rsdp_addr))
+}
+
+/// Decodes a byte the guest wrote to [`SHUTDOWN_PORT`]: `Some(PowerOff)` for SLP_TYP = S5 with
+/// SLP_EN set (Linux writes `5 << 2 | 1 << 5`), `None` for anything else. Reserved bits are
+/// ignored.
+pub fn decode_sleep_control(value: u8) -> Option<SleepRequest> {
+    let slp_typ = (value >> SLP_TYP_SHIFT) & SLP_TYP_MASK;
+    (value & SLP_EN != 0 && slp_typ == SLEEP_TYPE_S5).then_some(SleepRequest::PowerOff)
+}
+
+/// Reserves `len` bytes at the next `align`-aligned address from `*next`, inside the area.
+fn place(next: &mut u64, len: usize, align: u64, table: &'static str) -> Result<u64, AcpiError> {
+    let addr = next.next_multiple_of(align);
+    let end = addr + len as u64;
+    if end > ACPI_AREA_END {
+        return Err(AcpiError::TooLarge { table, end });
+    }
+    *next = end;
+    Ok(addr)
+}
+
+fn to_bytes(table: &dyn Aml) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    table.to_aml_bytes(&mut bytes);
+    bytes
+}
+
+/// One I/O-port register, a byte wide, as a Generic Address Structure.
+fn io_port_byte(port: u16) -> GAS {
+    GAS::new(
+        AddressSpace::SystemIo,
+        8,
+        0,
+        AccessSize::ByteAccess,
+        port.into(),
+    )
+}
+
+/// FADT, revision 6.5: hardware-reduced, sleep registers at [`SHUTDOWN_PORT`], DSDT via X_DSDT.
+/// Everything the hardware-reduced model does not have (SCI, SMI, PM1/PM2/GPE blocks, PM timer,
+/// FACS, reset register) stays zero.
+fn fadt(dsdt_addr: u64) -> acpi_tables::fadt::FADT {
+    let mut fadt = FADTBuilder::new(OEM_ID, *b"VPMUFACP", OEM_REVISION)
+        .dsdt_64(dsdt_addr)
+        .flag(FadtFlags::HwReducedAcpi)
+        // Power and sleep buttons, if any, would be control-method devices: no fixed buttons.
+        .flag(FadtFlags::PwrButton)
+        .flag(FadtFlags::SlpButton);
+    fadt.iapc_boot_arch = (IAPC_NO_VGA | IAPC_NO_MSI | IAPC_NO_ASPM | IAPC_NO_CMOS_RTC).into();
+    fadt.sleep_control_reg = io_port_byte(SHUTDOWN_PORT);
+    // Linux requires both registers before it offers S5; it writes WAK_STS (0x80) here first.
+    fadt.sleep_status_reg = io_port_byte(SHUTDOWN_PORT + 1);
+    fadt.hypervisor_vendor_identity = u64::from_le_bytes(HYPERVISOR_VENDOR_ID).into();
+    fadt.finalize()
+}
+
+/// MADT, revision 5: one enabled Processor Local APIC per vCPU (ACPI processor UID = APIC id =
+/// index), the I/O APIC, and LINT1 as NMI on every processor. No interrupt source overrides:
+/// ISA IRQs are identity-mapped to GSIs (see the module comment).
+fn madt(num_cpus: u8, ioapic_addr: u32, lapic_addr: u32) -> Vec<u8> {
+    let mut madt = Sdt::new(
+        *b"APIC",
+        HEADER_LEN + 8,
+        5,
+        OEM_ID,
+        *b"VPMUAPIC",
+        OEM_REVISION,
+    );
+    madt.write_u32(36, lapic_addr);
+    madt.write_u32(40, MADT_PCAT_COMPAT);
+
+    let mut entries = Vec::new();
+    for id in 0..num_cpus {
+        // type, length, ACPI processor UID, APIC id, flags (u32)
+        entries.extend_from_slice(&[MADT_LOCAL_APIC, 8, id, id]);
+        entries.extend_from_slice(&LAPIC_ENABLED.to_le_bytes());
+    }
+    // type, length, I/O APIC id, reserved, address (u32), GSI base (u32)
+    entries.extend_from_slice(&[MADT_IO_APIC, 12, IOAPIC_ID, 0]);
+    entries.extend_from_slice(&ioapic_addr.to_le_bytes());
+    entries.extend_from_slice(&0u32.to_le_bytes());
+    // type, length, ACPI processor UID, flags (u16: 0 = conforms to the bus), LINT#
+    entries.extend_from_slice(&[MADT_LOCAL_APIC_NMI, 6, ALL_PROCESSORS, 0, 0, 1]);
+
+    madt.append_slice(&entries); // updates the length and the checksum
+    madt.as_slice().to_vec()
+}
+
+/// DSDT (AML): `\_S5_` and the two UARTs. That is all a hardware-reduced Linux needs to power
+/// off: `\_S5_` gives SLP_TYP, the FADT gives the register to write it to.
+fn dsdt() -> Vec<u8> {
+    let mut body = Vec::new();
+
+    // Name (\_S5_, Package () { SLP_TYPa, SLP_TYPb, reserved, reserved }). A hardware-reduced
+    // OS uses SLP_TYPa only; the classic four-element form keeps every ACPI parser happy.
+    let s5 = aml::Package::new(vec![&SLEEP_TYPE_S5, &SLEEP_TYPE_S5, &0u8, &0u8]);
+    aml::Name::new("\\_S5_".into(), &s5).to_aml_bytes(&mut body);
+
+    for (uid, (name, base, irq)) in (1u8..).zip(UARTS) {
+        let hid = aml::EISAName::new("PNP0501"); // 16550A-compatible COM port
+        let ports = aml::IO::new(base, base, 0, UART_PORTS);
+        // consumer, edge-triggered, active-high, exclusive: an ISA IRQ
+        let interrupt = aml::Interrupt::new(true, true, false, false, irq);
+        let resources = aml::ResourceTemplate::new(vec![&ports, &interrupt]);
+        aml::Device::new(
+            format!("\\_SB_.{name}").as_str().into(),
+            vec![
+                &aml::Name::new("_HID".into(), &hid),
+                &aml::Name::new("_UID".into(), &uid),
+                &aml::Name::new("_CRS".into(), &resources),
+            ],
+        )
+        .to_aml_bytes(&mut body);
+    }
+
+    // Revision 2: 64-bit AML integers.
+    let mut dsdt = Sdt::new(*b"DSDT", HEADER_LEN, 2, OEM_ID, *b"VPMUDSDT", OEM_REVISION);
+    dsdt.append_slice(&body);
+    dsdt.as_slice().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IOAPIC_ADDR: u32 = 0xfec0_0000;
+    const LAPIC_ADDR: u32 = 0xfee0_0000;
+
+    fn guest_memory(size: usize) -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size)]).unwrap()
+    }
+
+    fn read(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0; len];
+        mem.read_slice(&mut buf, GuestAddress(addr)).unwrap();
+        buf
+    }
+
+    fn u16_at(b: &[u8], off: usize) -> u16 {
+        u16::from_le_bytes(b[off..off + 2].try_into().unwrap())
+    }
+
+    fn u32_at(b: &[u8], off: usize) -> u32 {
+        u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+    }
+
+    fn u64_at(b: &[u8], off: usize) -> u64 {
+        u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+    }
+
+    fn sum(b: &[u8]) -> u8 {
+        b.iter().fold(0u8, |acc, x| acc.wrapping_add(*x))
+    }
+
+    /// Reads the system description table at `addr`, checking what every table must satisfy:
+    /// its signature, a length covering at least the header, a zero checksum, 8-byte
+    /// alignment, and lying inside the ACPI area.
+    fn table(mem: &GuestMemoryMmap, addr: u64, signature: &[u8; 4]) -> Vec<u8> {
+        assert_eq!(
+            addr % 8,
+            0,
+            "{signature:?} at {addr:#x} is not 8-byte aligned"
+        );
+        let header = read(mem, addr, HEADER_LEN as usize);
+        assert_eq!(&header[..4], signature, "table at {addr:#x}");
+        let len = u32_at(&header, 4) as usize;
+        assert!(len >= HEADER_LEN as usize);
+        assert!(addr >= RSDP_ADDR && addr + len as u64 <= ACPI_AREA_END);
+        let bytes = read(mem, addr, len);
+        assert_eq!(sum(&bytes), 0, "{signature:?} checksum");
+        assert_eq!(&bytes[10..16], &OEM_ID);
+        bytes
+    }
+
+    struct Tables {
+        addrs: Vec<(u64, usize)>,
+        fadt: Vec<u8>,
+        madt: Vec<u8>,
+        dsdt: Vec<u8>,
+    }
+
+    /// Follows RSDP -> XSDT -> {FACP -> DSDT, APIC} in guest memory, as the guest would.
+    fn parse(mem: &GuestMemoryMmap, rsdp_addr: GuestAddress) -> Tables {
+        assert_eq!(rsdp_addr, GuestAddress(RSDP_ADDR));
+        assert_eq!(RSDP_ADDR % 16, 0);
+        let rsdp = read(mem, RSDP_ADDR, 36);
+        assert_eq!(&rsdp[..8], b"RSD PTR ");
+        assert_eq!(sum(&rsdp[..20]), 0, "RSDP checksum (ACPI 1.0 part)");
+        assert_eq!(sum(&rsdp), 0, "RSDP extended checksum");
+        assert_eq!(rsdp[15], 2, "RSDP revision");
+        assert_eq!(u32_at(&rsdp, 16), 0, "no RSDT");
+        assert_eq!(u32_at(&rsdp, 20), 36, "RSDP length");
+
+        let xsdt_addr = u64_at(&rsdp, 24);
+        let xsdt = table(mem, xsdt_addr, b"XSDT");
+        assert_eq!(xsdt.len(), 36 + 2 * 8, "XSDT has two entries");
+        let fadt_addr = u64_at(&xsdt, 36);
+        let madt_addr = u64_at(&xsdt, 44);
+        let fadt = table(mem, fadt_addr, b"FACP");
+        let madt = table(mem, madt_addr, b"APIC");
+
+        assert_eq!(u32_at(&fadt, 40), 0, "32-bit DSDT pointer unused");
+        let dsdt_addr = u64_at(&fadt, 140);
+        let dsdt = table(mem, dsdt_addr, b"DSDT");
+
+        let mut addrs = vec![
+            (RSDP_ADDR, rsdp.len()),
+            (xsdt_addr, xsdt.len()),
+            (fadt_addr, fadt.len()),
+            (madt_addr, madt.len()),
+            (dsdt_addr, dsdt.len()),
+        ];
+        addrs.sort_unstable();
+        for pair in addrs.windows(2) {
+            assert!(
+                pair[0].0 + pair[0].1 as u64 <= pair[1].0,
+                "overlap: {addrs:x?}"
+            );
+        }
+        Tables {
+            addrs,
+            fadt,
+            madt,
+            dsdt,
+        }
+    }
+
+    fn check_fadt(fadt: &[u8]) {
+        assert_eq!(fadt.len(), 276, "FADT revision 6 length");
+        assert_eq!(fadt[8], 6, "FADT major revision");
+        let flags = u32_at(fadt, 112);
+        assert_ne!(flags & (1 << 20), 0, "HW_REDUCED_ACPI");
+        let iapc = u16_at(fadt, 109);
+        assert_ne!(iapc & IAPC_NO_VGA, 0);
+        assert_ne!(iapc & IAPC_NO_CMOS_RTC, 0);
+        assert_eq!(iapc & (1 << 1), 0, "no 8042 claimed");
+        // No FACS, no SCI, no PM timer (PM_TMR_BLK and X_PM_TMR_BLK).
+        assert_eq!(u32_at(fadt, 36), 0);
+        assert_eq!(u64_at(fadt, 132), 0);
+        assert_eq!(u16_at(fadt, 46), 0);
+        assert_eq!(u32_at(fadt, 76), 0);
+        assert!(fadt[208..220].iter().all(|&b| b == 0));
+        // SLEEP_CONTROL_REG (offset 244) and SLEEP_STATUS_REG (256): system I/O, 8 bits wide,
+        // bit offset 0, byte access.
+        for (off, port) in [(244, SHUTDOWN_PORT), (256, SHUTDOWN_PORT + 1)] {
+            assert_eq!(&fadt[off..off + 4], &[1, 8, 0, 1], "GAS at {off}");
+            assert_eq!(u64_at(fadt, off + 4), u64::from(port));
+        }
+        assert_eq!(&fadt[268..276], &HYPERVISOR_VENDOR_ID);
+    }
+
+    fn check_madt(madt: &[u8], num_cpus: u8) {
+        assert_eq!(u32_at(madt, 36), LAPIC_ADDR);
+        assert_eq!(u32_at(madt, 40), MADT_PCAT_COMPAT);
+        let (mut lapics, mut ioapics, mut nmis) = (Vec::new(), Vec::new(), Vec::new());
+        let mut off = 44;
+        while off < madt.len() {
+            let (kind, len) = (madt[off], madt[off + 1] as usize);
+            assert!(
+                len >= 2 && off + len <= madt.len(),
+                "bad MADT entry at {off}"
+            );
+            let e = &madt[off..off + len];
+            match kind {
+                0 => {
+                    assert_eq!(len, 8);
+                    lapics.push((e[2], e[3], u32_at(e, 4)));
+                }
+                1 => {
+                    assert_eq!(len, 12);
+                    ioapics.push((e[2], u32_at(e, 4), u32_at(e, 8)));
+                }
+                4 => {
+                    assert_eq!(len, 6);
+                    nmis.push((e[2], u16_at(e, 3), e[5]));
+                }
+                other => panic!("unexpected MADT entry type {other}"),
+            }
+            off += len;
+        }
+        assert_eq!(off, madt.len());
+        let expected: Vec<_> = (0..num_cpus).map(|i| (i, i, LAPIC_ENABLED)).collect();
+        assert_eq!(
+            lapics, expected,
+            "one enabled local APIC per vCPU, UID = APIC id"
+        );
+        assert_eq!(ioapics, vec![(IOAPIC_ID, IOAPIC_ADDR, 0)]);
+        assert_eq!(nmis, vec![(0xff, 0, 1)], "LINT1 is NMI on all processors");
+    }
+
+    fn check_dsdt(dsdt: &[u8]) {
+        assert_eq!(dsdt[8], 2, "DSDT revision (64-bit AML integers)");
+        let aml = &dsdt[36..];
+        // NameOp '\' "_S5_" PackageOp PkgLength(1 byte) NumElements=4, then BytePrefix 5 twice.
+        let s5 = aml
+            .windows(5)
+            .position(|w| w == b"\\_S5_")
+            .expect("no \\_S5_ in the DSDT");
+        assert_eq!(aml[s5 - 1], 0x08, "\\_S5_ is a Name");
+        assert_eq!(aml[s5 + 5], 0x12, "\\_S5_ is a Package");
+        assert_eq!(aml[s5 + 7], 4, "four elements");
+        assert_eq!(
+            &aml[s5 + 8..s5 + 12],
+            &[0x0a, SLEEP_TYPE_S5, 0x0a, SLEEP_TYPE_S5]
+        );
+        // EisaId("PNP0501") as a DWordConst, twice; the two I/O descriptors.
+        let hid = [0x0c, 0x41, 0xd0, 0x05, 0x01];
+        assert_eq!(aml.windows(5).filter(|w| *w == hid).count(), 2);
+        for base in [0x3f8u16, 0x2f8] {
+            let [lo, hi] = base.to_le_bytes();
+            let io = [0x47, 0x01, lo, hi, lo, hi, 0, 8];
+            assert!(
+                aml.windows(8).any(|w| w == io),
+                "no IO descriptor for {base:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn tables_parse_back_for_1_2_and_8_cpus() {
+        for num_cpus in [1u8, 2, 8] {
+            let mem = guest_memory(256 << 20);
+            let rsdp = create_acpi_tables(&mem, num_cpus, IOAPIC_ADDR, LAPIC_ADDR).unwrap();
+            let t = parse(&mem, rsdp);
+            check_fadt(&t.fadt);
+            check_madt(&t.madt, num_cpus);
+            check_dsdt(&t.dsdt);
+            assert_eq!(t.madt.len(), 44 + 8 * num_cpus as usize + 12 + 6);
+            let (last, len) = *t.addrs.last().unwrap();
+            assert!(last + len as u64 <= ACPI_AREA_END);
+        }
+    }
+
+    #[test]
+    fn layout_for_two_cpus() {
+        let mem = guest_memory(256 << 20);
+        let t = parse(
+            &mem,
+            create_acpi_tables(&mem, 2, IOAPIC_ADDR, LAPIC_ADDR).unwrap(),
+        );
+        let dsdt_len = t.dsdt.len();
+        assert_eq!(
+            t.addrs,
+            vec![
+                (0xe0000, 36),
+                (0xe0028, 52),
+                (0xe0060, 276),
+                (0xe0178, 78),
+                (0xe01c8, dsdt_len)
+            ]
+        );
+    }
+
+    #[test]
+    fn every_u8_cpu_count_fits() {
+        let mem = guest_memory(1 << 20);
+        let t = parse(
+            &mem,
+            create_acpi_tables(&mem, 255, IOAPIC_ADDR, LAPIC_ADDR).unwrap(),
+        );
+        check_madt(&t.madt, 255);
+    }
+
+    #[test]
+    fn rejects_zero_cpus() {
+        let mem = guest_memory(1 << 20);
+        let err = create_acpi_tables(&mem, 0, IOAPIC_ADDR, LAPIC_ADDR).unwrap_err();
+        assert!(matches!(err, AcpiError::NoCpus), "{err}");
+    }
+
+    #[test]
+    fn reports_memory_without_the_bios_area() {
+        let mem = guest_memory(0x8_0000); // 512 KiB: ends below the ACPI area
+        let err = create_acpi_tables(&mem, 1, IOAPIC_ADDR, LAPIC_ADDR).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AcpiError::GuestMemory {
+                    table: "RSDP",
+                    addr: RSDP_ADDR,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn placement_stays_inside_the_area() {
+        let mut next = 0xe0024;
+        assert_eq!(place(&mut next, 16, 8, "T").unwrap(), 0xe0028);
+        assert_eq!(next, 0xe0038);
+        let mut next = RSDP_ADDR;
+        let full = (ACPI_AREA_END - RSDP_ADDR) as usize;
+        assert_eq!(place(&mut next, full, 16, "T").unwrap(), RSDP_ADDR);
+        let err = place(&mut next, 1, 8, "DSDT").unwrap_err();
+        assert!(
+            matches!(err, AcpiError::TooLarge { table: "DSDT", end } if end == ACPI_AREA_END + 1),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn only_s5_with_slp_en_powers_off() {
+        let linux_s5 = SLEEP_TYPE_S5 << 2 | 1 << 5;
+        assert_eq!(linux_s5, 0x34);
+        assert_eq!(decode_sleep_control(linux_s5), Some(SleepRequest::PowerOff));
+        // Reserved bits (0, 1, 6, 7) do not matter; SLP_TYP must be 5 and SLP_EN set.
+        for value in 0..=u8::MAX {
+            let expected = (value & 0x3c == 0x34).then_some(SleepRequest::PowerOff);
+            assert_eq!(decode_sleep_control(value), expected, "{value:#04x}");
+        }
+        assert_eq!(decode_sleep_control(SLEEP_TYPE_S5 << 2), None, "no SLP_EN");
+        assert_eq!(decode_sleep_control(1 << 5), None, "S0 with SLP_EN");
+        assert_eq!(decode_sleep_control(0x80), None, "WAK_STS clear");
+    }
 }
