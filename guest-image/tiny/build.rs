@@ -32,7 +32,16 @@ fn main() {
             .and_then(|l| l.strip_prefix("// load: 0x"))
             .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
             .unwrap_or_else(|| panic!("{}: first line must be `// load: 0x...`", src.display()));
-        let long_mode = text.contains(".code64");
+        // Long mode if the source, or a file it #includes, switches to .code64.
+        let included: String = text
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("#include \"")
+                    .and_then(|r| r.strip_suffix('"'))
+            })
+            .map(|inc| std::fs::read_to_string(src.parent().unwrap().join(inc)).unwrap())
+            .collect();
+        let long_mode = text.contains(".code64") || included.contains(".code64");
         let name = src.file_stem().unwrap().to_str().unwrap().to_string();
         let obj = out.join(format!("{name}.o"));
         let bin = out.join(format!("{name}.bin"));

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 use crate::end::EXIT_CODES_HELP;
 use crate::host_quirks::QuirkSetting;
+use crate::pmu::{BackendChoice, ModelChoice};
 use crate::vm::{
     Boot, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB,
 };
@@ -59,6 +60,16 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// Virtual PMU and how the guest is charged.
     #[arg(long, value_enum, default_value_t = VpmuSetting::Off)]
     pub vpmu: VpmuSetting,
+    /// PMU the guest sees (auto: the host CPU's vendor).
+    #[arg(long, value_enum, default_value_t = ModelChoice::Auto)]
+    pub pmu_model: ModelChoice,
+    /// Where virtual counts come from: soft = perf software task-clock (runs anywhere; only cycle
+    /// events count), hw = perf raw hardware events (needs a host PMU and VT-x/SVM).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub vpmu_backend: BackendChoice,
+    /// At most N PMIs per second per vCPU are delivered (0 = no limit); the rest are counted.
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub pmi_limit: u32,
     /// Write what the guest sends to its second serial port (ttyS1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub serial2: Option<PathBuf>,
@@ -92,6 +103,10 @@ impl RunArgs {
             memory_mib: self.memory,
             vcpus: self.cpus,
             vpmu: self.vpmu,
+            pmu_model: self.pmu_model,
+            pmu_backend: self.vpmu_backend,
+            pmi_limit: self.pmi_limit,
+            io_delay_us: 0,
             serial2: self.serial2.clone(),
             host_quirks: self.host_quirks,
             timeout,

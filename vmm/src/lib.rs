@@ -7,6 +7,7 @@
 //! * [`vcpu`]: CPUID, boot registers, the per-vCPU thread and its KVM_RUN loop;
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
 //! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
+//! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
 //! * [`console`]: guest console tee, last lines, panic detection.
 
@@ -17,6 +18,7 @@ pub mod devices;
 pub mod end;
 pub mod exit;
 pub mod host_quirks;
+pub mod pmu;
 pub mod report;
 pub mod vcpu;
 pub mod vm;

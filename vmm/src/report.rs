@@ -26,6 +26,13 @@ pub fn print(r: &RunReport) {
         total.interrupted,
         total.internal_error
     );
+    if r.vpmu != crate::vm::VpmuSetting::Off {
+        let p = &r.pmu;
+        eprintln!(
+            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} throttled",
+            r.vpmu, p.msr_reads, p.msr_writes, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
+        );
+    }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));

@@ -19,10 +19,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
-use crate::devices::{acpi_shutdown::AcpiShutdown, i8042, serial, PioBus, PioDevice};
+use crate::devices::{acpi_shutdown::AcpiShutdown, delay, i8042, serial, PioBus, PioDevice};
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
 use crate::host_quirks::{self, FixupCounts, QuirkSetting};
+use crate::pmu::{
+    self, backend::PerfBackend, perf::HostPerf, BackendChoice, ModelChoice, PmuStats, VcpuPmu,
+};
 use crate::vcpu::{cpuid, kick, regs, VcpuRunner};
 
 pub const MIN_MEMORY_MIB: u64 = 32;
@@ -75,6 +78,13 @@ pub struct VmConfig {
     pub console_out: Option<PathBuf>,
     /// Feed our stdin to the guest console.
     pub console_in: bool,
+    /// `--pmu-model`, `--vpmu-backend`, `--pmi-limit` (PMIs per second per vCPU, 0 = none).
+    pub pmu_model: ModelChoice,
+    pub pmu_backend: BackendChoice,
+    pub pmi_limit: u32,
+    /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
+    /// thread (VMM work done for the guest). 0 = no device.
+    pub io_delay_us: u32,
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
     /// from here to the moment the vCPUs may enter KVM_RUN.
     pub started: Option<Instant>,
@@ -168,6 +178,9 @@ impl VmControl {
 pub struct RunReport {
     pub end: VmEnd,
     pub exits: Vec<ExitCounts>,
+    /// Summed over vCPUs; all zero with `--vpmu=off`.
+    pub pmu: PmuStats,
+    pub vpmu: VpmuSetting,
     pub fixups: Vec<(&'static str, u64)>,
     pub console_tail: Vec<String>,
     pub cmdline: Option<String>,
@@ -179,21 +192,13 @@ pub struct RunReport {
 /// Builds the VM described by `cfg`, runs it to the end and reports.
 pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     let t0 = cfg.started.unwrap_or_else(Instant::now);
-    if cfg.vpmu != VpmuSetting::Off {
-        return Err(VmError::Unsupported(format!(
-            "--vpmu={}: the virtual PMU is not implemented yet; use --vpmu=off",
-            clap::ValueEnum::to_possible_value(&cfg.vpmu)
-                .unwrap()
-                .get_name()
-        )));
-    }
     let quirks = host_quirks::detect(cfg.host_quirks);
     if let Some(why) = quirks {
         log::info!("host quirks on: {why}");
     }
 
     let hv = Kvm::new().map_err(VmError::OpenKvm)?;
-    let vm = hv.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
+    let vm = Arc::new(hv.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
     vm.set_tss_address(layout::KVM_TSS_ADDR as usize)
         .map_err(kvm("KVM_SET_TSS_ADDR"))?;
     vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
@@ -317,8 +322,18 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             boot::acpi::SHUTDOWN_PORT,
             2,
             Arc::new(Mutex::new(AcpiShutdown)),
+        );
+    let pio = if cfg.io_delay_us > 0 {
+        let each = Duration::from_micros(u64::from(cfg.io_delay_us));
+        pio.add(
+            delay::DELAY_PORT,
+            1,
+            Arc::new(Mutex::new(delay::Delay::new(each))),
         )
-        .build();
+    } else {
+        pio
+    }
+    .build();
     if cfg.console_in {
         serial::spawn_stdin_reader(com1);
     }
@@ -328,9 +343,36 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
     let policy = cpuid::CpuidPolicy {
-        hide_pmu: cfg.vpmu == VpmuSetting::Off,
         hide_cx16: quirks.is_some(),
         hide_hypercall_features: quirks.is_some(),
+    };
+    let vpmu_plan = match cfg.vpmu {
+        VpmuSetting::Off => None,
+        on => {
+            let config = pmu::setup::model_config(cfg.pmu_model, supported.as_slice());
+            let backend = pmu::setup::resolve_backend(cfg.pmu_backend);
+            let mode = match on {
+                VpmuSetting::CpuSwitch => vpmu::AccountingMode::CpuSwitch,
+                _ => vpmu::AccountingMode::DomainSwitch,
+            };
+            // A throwaway model gives the MSR ranges and CPUID edits (the same for every vCPU).
+            let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))
+                .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
+            let mut ranges = probe.msr_ranges();
+            ranges.sort_by_key(|r| *r.start());
+            pmu::setup::install_msr_filter(&vm, &ranges).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+            log::info!(
+                "vPMU: {:?} model, {mode:?} accounting, {backend:?} backend, PMI limit {}/s per vCPU; {} MSR ranges to user space",
+                config.vendor(),
+                cfg.pmi_limit,
+                ranges.len()
+            );
+            Some((config, backend, mode, probe.cpuid_edits()))
+        }
+    };
+    let pmu_edits = match &vpmu_plan {
+        Some((_, _, _, edits)) => edits.clone(),
+        None => vpmu::cpuid::hide_pmu(),
     };
     kick::install_handler().map_err(|e| VmError::Kvm {
         what: "installing the vCPU kick signal handler",
@@ -343,7 +385,29 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(kvm("KVM_CREATE_VCPU"))?;
-        let table = cpuid::for_vcpu(supported.as_slice(), id, cfg.vcpus, policy);
+        let mut table = cpuid::for_vcpu(supported.as_slice(), id, cfg.vcpus, policy);
+        pmu::setup::apply_cpuid(&mut table, &pmu_edits);
+        let vcpu_pmu = match &vpmu_plan {
+            None => None,
+            Some((config, backend, mode, _)) => {
+                let source = match backend {
+                    BackendChoice::Hw => pmu::backend::Source::Hw,
+                    _ => pmu::backend::Source::Soft {
+                        tsc_khz: u64::from(fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?),
+                    },
+                };
+                let backend = PerfBackend::new(
+                    source,
+                    *mode,
+                    Box::new(HostPerf {
+                        signal: kick::kick_signal(),
+                    }),
+                );
+                let model = vpmu::Pmu::new(*config, Box::new(backend))
+                    .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
+                Some(VcpuPmu::new(model, cfg.pmi_limit))
+            }
+        };
         let table = CpuId::from_entries(&table)
             .map_err(|e| VmError::Unsupported(format!("CPUID table: {e:?}")))?;
         fd.set_cpuid2(&table).map_err(kvm("KVM_SET_CPUID2"))?;
@@ -364,6 +428,8 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             control: control.clone(),
             fixups: fixups.clone(),
             quirks_expected: quirks.is_some(),
+            pmu: vcpu_pmu,
+            vm: vm.clone(),
         });
     }
     let setup_time = t0.elapsed();
@@ -387,10 +453,13 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         );
     }
     let mut end = control.wait(cfg.timeout);
-    let exits: Vec<ExitCounts> = handles
-        .into_iter()
-        .map(|h| h.join().unwrap_or_default())
-        .collect();
+    let mut exits: Vec<ExitCounts> = Vec::new();
+    let mut pmu_stats = PmuStats::default();
+    for h in handles {
+        let (counts, stats) = h.join().unwrap_or_default();
+        exits.push(counts);
+        pmu_stats.add(&stats);
+    }
     let run_time = t1.elapsed();
     let log = console_log.lock().unwrap();
     if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
@@ -399,6 +468,8 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     Ok(RunReport {
         end,
         exits,
+        pmu: pmu_stats,
+        vpmu: cfg.vpmu,
         fixups: fixups.snapshot(),
         console_tail: log.tail(15),
         cmdline,

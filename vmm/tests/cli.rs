@@ -74,6 +74,14 @@ fn usage_errors_exit_2() {
         (vec!["run", "--kernel", &k, "--cpus", "100"], "--cpus"),
         (vec!["run", "--kernel", &k, "--memory", "1"], "--memory"),
         (vec!["run", "--kernel", &k, "--vpmu", "fast"], "--vpmu"),
+        (
+            vec!["run", "--kernel", &k, "--pmu-model", "arm"],
+            "--pmu-model",
+        ),
+        (
+            vec!["run", "--kernel", &k, "--vpmu-backend", "magic"],
+            "--vpmu-backend",
+        ),
         (vec!["run", "--kernel", &k, "--timeout=-3"], "--timeout"),
         (vec!["run", "--kernel", &k, "--timeout", "0"], "--timeout"),
         (vec!["run"], "--kernel"),
@@ -125,10 +133,6 @@ fn bad_files_exit_1_with_one_line() {
                 "48",
             ],
             "does not fit",
-        ),
-        (
-            vec!["run", "--kernel", &kernel, "--vpmu", "cpu-switch"],
-            "--vpmu=cpu-switch",
         ),
     ] {
         let o = vmm(&args);

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! 0x0000_0500  GDT                      0x0000_7000  zero page (boot_params)
-//! 0x0000_8ff0  boot stack (grows down)  0x0000_9000  PML4, 0xa000 PDPT, 0xb000 PD (1 GiB identity map)
+//! 0x0000_8ff0  boot stack (grows down)  0x0000_9000  PML4, 0xa000 PDPT, 0xb000-0xefff PDs (4 GiB identity map)
 //! 0x0002_0000  kernel command line      0x0009_fc00  end of low RAM (EBDA above)
 //! 0x000e_0000  ACPI tables (RSDP first) 0x0010_0000  high RAM starts; the kernel loads where its ELF says
 //! top of RAM   initramfs, page-aligned, as high as the kernel allows
@@ -14,7 +14,10 @@ pub const ZERO_PAGE_ADDR: u64 = 0x7000;
 pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
 pub const PML4_ADDR: u64 = 0x9000;
 pub const PDPT_ADDR: u64 = 0xa000;
+/// Four page directories (0xb000-0xefff): 2 MiB pages identity-mapping the first 4 GiB, so
+/// the LAPIC/IOAPIC MMIO pages are reachable before the guest builds its own tables.
 pub const PD_ADDR: u64 = 0xb000;
+pub const IDENTITY_MAP_GIB: u64 = 4;
 pub const CMDLINE_ADDR: u64 = 0x20000;
 pub const CMDLINE_MAX_SIZE: usize = 4096;
 pub const EBDA_START: u64 = 0x9fc00;

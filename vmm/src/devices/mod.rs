@@ -2,6 +2,7 @@
 //! vCPU's exits runs on that vCPU's thread (so domain-switch accounting charges it to the guest).
 
 pub mod acpi_shutdown;
+pub mod delay;
 pub mod i8042;
 pub mod serial;
 

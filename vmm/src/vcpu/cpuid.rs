@@ -1,5 +1,5 @@
 //! Guest CPUID: KVM's supported table, normalised per vCPU (APIC ids, topology, hypervisor bit),
-//! with the PMU leaves decided by the vPMU configuration and the host-quirk adjustments applied.
+//! with the host-quirk adjustments applied. (The PMU leaves are the vPMU's: `pmu::setup`.)
 //! A pure function over the entries so it is unit-tested without /dev/kvm.
 
 use kvm_bindings::kvm_cpuid_entry2;
@@ -7,8 +7,6 @@ use kvm_bindings::kvm_cpuid_entry2;
 /// What to change, besides topology.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuidPolicy {
-    /// Hide every PMU feature (`--vpmu=off`).
-    pub hide_pmu: bool,
     /// Hide CMPXCHG16B (the host emulator hangs on `lock cmpxchg16b`).
     pub hide_cx16: bool,
     /// Clear KVM paravirt features that are used through hypercalls (VMCALL never returns on
@@ -17,14 +15,10 @@ pub struct CpuidPolicy {
 }
 
 const LEAF1_ECX_CX16: u32 = 1 << 13;
-const LEAF1_ECX_PDCM: u32 = 1 << 15;
 const LEAF1_ECX_X2APIC: u32 = 1 << 21;
 const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
 const LEAF1_EDX_HTT: u32 = 1 << 28;
 const EXT1_ECX_TOPOEXT: u32 = 1 << 22;
-const EXT1_ECX_PERFCTR_CORE: u32 = 1 << 23;
-const EXT1_ECX_PERFCTR_NB: u32 = 1 << 24;
-const EXT1_ECX_PERFCTR_LLC: u32 = 1 << 28;
 const KVM_FEATURE_PV_UNHALT: u32 = 1 << 7;
 const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
 const KVM_FEATURE_PV_SCHED_YIELD: u32 = 1 << 13;
@@ -56,19 +50,10 @@ pub fn for_vcpu(
                 if policy.hide_cx16 {
                     e.ecx &= !LEAF1_ECX_CX16;
                 }
-                if policy.hide_pmu {
-                    e.ecx &= !LEAF1_ECX_PDCM;
-                }
             }
             (4, _) => {
                 // Intel deterministic cache parameters: cores per package in EAX[31:26].
                 e.eax = (e.eax & 0x03ff_ffff) | ((n.next_power_of_two() - 1) << 26);
-            }
-            (0xa, _) if policy.hide_pmu => {
-                e.eax = 0;
-                e.ebx = 0;
-                e.ecx = 0;
-                e.edx = 0;
             }
             (0xb, sub) | (0x1f, sub) => {
                 // Extended topology: one thread per core, n cores.
@@ -100,18 +85,11 @@ pub fn for_vcpu(
             (0x8000_0001, _) => {
                 // No TOPOEXT: Linux then takes the core count from 0x80000008.
                 e.ecx &= !EXT1_ECX_TOPOEXT;
-                if policy.hide_pmu {
-                    e.ecx &= !(EXT1_ECX_PERFCTR_CORE | EXT1_ECX_PERFCTR_NB | EXT1_ECX_PERFCTR_LLC);
-                }
             }
             (0x8000_0008, _) => {
                 e.ecx = (e.ecx & !0xf0ff) | (id_bits(n) << 12) | (n - 1);
             }
             (0x8000_001e, _) => continue,
-            (0x8000_0022, _) if policy.hide_pmu => {
-                e.eax = 0;
-                e.ebx = 0;
-            }
             _ => {}
         }
         out.push(e);
@@ -156,21 +134,14 @@ mod tests {
                 0,
                 0xa10f11,
                 0x0008_0800,
-                LEAF1_ECX_CX16 | LEAF1_ECX_PDCM | LEAF1_ECX_X2APIC,
+                LEAF1_ECX_CX16 | 1 << 15 | LEAF1_ECX_X2APIC,
                 0,
             ),
             entry(0xa, 0, 0x0730_0402, 0, 0, 0x603),
             entry(0xb, 0, 1, 2, 0x100, 7),
             entry(0xb, 1, 4, 16, 0x201, 7),
             entry(0x4000_0001, 0, 0xffff_ffff, 0, 0, 0),
-            entry(
-                0x8000_0001,
-                0,
-                0,
-                0,
-                EXT1_ECX_TOPOEXT | EXT1_ECX_PERFCTR_CORE,
-                0,
-            ),
+            entry(0x8000_0001, 0, 0, 0, EXT1_ECX_TOPOEXT | 1 << 23, 0),
             entry(0x8000_0008, 0, 0x3030, 0, 0x700f, 0),
             entry(0x8000_001e, 0, 0, 0, 0, 0),
             entry(0x8000_0022, 0, 1, 6, 0, 0),
@@ -200,26 +171,21 @@ mod tests {
     fn policy_hides_what_it_says() {
         let t = for_vcpu(&host(), 0, 1, CpuidPolicy::default());
         assert_ne!(find(&t, 1, 0).unwrap().ecx & LEAF1_ECX_CX16, 0);
-        assert_eq!(find(&t, 0xa, 0).unwrap().eax, 0x0730_0402);
+        assert_ne!(
+            find(&t, 0x4000_0001, 0).unwrap().eax & KVM_FEATURE_PV_UNHALT,
+            0
+        );
         let p = CpuidPolicy {
-            hide_pmu: true,
             hide_cx16: true,
             hide_hypercall_features: true,
         };
         let t = for_vcpu(&host(), 0, 1, p);
-        assert_eq!(
-            find(&t, 1, 0).unwrap().ecx & (LEAF1_ECX_CX16 | LEAF1_ECX_PDCM),
-            0
-        );
-        assert_eq!(find(&t, 0xa, 0).unwrap().eax, 0);
-        assert_eq!(
-            find(&t, 0x8000_0001, 0).unwrap().ecx & EXT1_ECX_PERFCTR_CORE,
-            0
-        );
-        assert_eq!(find(&t, 0x8000_0022, 0).unwrap().eax, 0);
+        assert_eq!(find(&t, 1, 0).unwrap().ecx & LEAF1_ECX_CX16, 0);
         assert_eq!(
             find(&t, 0x4000_0001, 0).unwrap().eax & KVM_FEATURE_PV_UNHALT,
             0
         );
+        // PMU leaves are left alone here (the vPMU edits them).
+        assert_eq!(find(&t, 0xa, 0).unwrap().eax, 0x0730_0402);
     }
 }

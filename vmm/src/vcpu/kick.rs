@@ -11,6 +11,14 @@ use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 thread_local! {
     static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(null_mut()) };
+    /// Set by the handler: a signal (a stop request or a counter-overflow notification from
+    /// perf) arrived on this thread since the flag was last taken.
+    static SIGNALLED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether a kick or overflow signal arrived on this thread since the last call.
+pub fn take_signalled() -> bool {
+    SIGNALLED.with(|s| s.replace(false))
 }
 
 /// The signal used to kick vCPU threads.
@@ -19,6 +27,7 @@ pub fn kick_signal() -> i32 {
 }
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    SIGNALLED.with(|s| s.set(true));
     let run = KVM_RUN.with(|p| p.get());
     if !run.is_null() {
         // SAFETY: the pointer is this thread's own mmap'd kvm_run, set by `bind` before the first

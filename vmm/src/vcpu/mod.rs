@@ -7,14 +7,16 @@ pub mod kick;
 pub mod regs;
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use kvm_ioctls::VcpuFd;
+use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
 use crate::devices::PioBus;
 use crate::end::VmEnd;
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
 use crate::host_quirks::{self, FixupCounts};
+use crate::pmu::{pmi, PmuStats, VcpuPmu};
 use crate::vm::VmControl;
 
 /// Everything one vCPU thread owns or shares.
@@ -28,24 +30,38 @@ pub struct VcpuRunner {
     /// Whether host quirks were detected before boot (otherwise the first emulation failure
     /// turns the fix-ups on, with a log line saying so).
     pub quirks_expected: bool,
+    /// The vPMU (None with `--vpmu=off`).
+    pub pmu: Option<VcpuPmu>,
+    /// For MSIs (PMIs with a fixed LVTPC vector).
+    pub vm: Arc<VmFd>,
 }
 
 impl VcpuRunner {
-    /// Runs until the VM ends; returns this vCPU's exit counts.
-    pub fn run(mut self) -> ExitCounts {
+    /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
+    pub fn run(mut self) -> (ExitCounts, PmuStats) {
         let mut counts = ExitCounts::default();
         kick::bind(self.fd.get_kvm_run());
         // SAFETY: pthread_self has no preconditions.
         self.control
             .register_thread(unsafe { libc::pthread_self() });
-        let mut msrs = NoMsrs;
+        let mut no_msrs = NoMsrs;
         while !self.control.stopping() {
+            if let Some(p) = &mut self.pmu {
+                p.pmu.enter_guest();
+            }
             let result = self.fd.run();
+            if let Some(p) = &mut self.pmu {
+                p.pmu.leave_guest();
+            }
+            let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
+                Some(p) => p,
+                None => &mut no_msrs,
+            };
             let outcome = exit::handle(
                 result,
                 &mut ExitContext {
                     pio: &self.pio,
-                    msrs: &mut msrs,
+                    msrs,
                     counts: &mut counts,
                 },
             );
@@ -59,9 +75,63 @@ impl VcpuRunner {
                 }
                 Outcome::Stop(end) => self.control.request_end(end),
             }
+            self.deliver_pmi();
         }
         kick::unbind();
-        counts
+        (counts, self.pmu.map(|p| p.stats).unwrap_or_default())
+    }
+
+    /// After an exit: if the vPMU has a PMI due (its status bit already set), deliver it the
+    /// way LVTPC says, within the storm limit.
+    fn deliver_pmi(&mut self) {
+        let Some(p) = &mut self.pmu else { return };
+        let Some(due) = p.pmu.service_overflow() else {
+            return;
+        };
+        if !p.limiter.allow(Instant::now()) {
+            p.stats.pmis_throttled += 1;
+            return;
+        }
+        let mut lapic = match self.fd.get_lapic() {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn!("vCPU {}: KVM_GET_LAPIC failed, PMI dropped: {e}", self.id);
+                return;
+            }
+        };
+        let lvtpc = pmi::lapic_reg(&lapic.regs, pmi::APIC_LVTPC);
+        let delivered = match pmi::route(lvtpc) {
+            pmi::Route::Nmi => self.fd.nmi().map(|_| p.stats.pmis_nmi += 1),
+            pmi::Route::Vector(v) => {
+                let msi = kvm_bindings::kvm_msi {
+                    address_lo: 0xfee0_0000 | (self.id << 12),
+                    data: u32::from(v),
+                    ..Default::default()
+                };
+                self.vm.signal_msi(msi).map(|_| p.stats.pmis_vector += 1)
+            }
+            pmi::Route::Masked => {
+                p.stats.pmis_masked += 1;
+                return;
+            }
+            pmi::Route::Unsupported(mode) => {
+                log::warn!(
+                    "vCPU {}: LVTPC delivery mode {mode} is not usable for a PMI; dropped",
+                    self.id
+                );
+                return;
+            }
+        };
+        if let Err(e) = delivered {
+            log::warn!("vCPU {}: PMI injection failed: {e}", self.id);
+            return;
+        }
+        if due.mask_lvtpc {
+            pmi::set_lapic_reg(&mut lapic.regs, pmi::APIC_LVTPC, pmi::masked(lvtpc));
+            if let Err(e) = self.fd.set_lapic(&lapic) {
+                log::warn!("vCPU {}: masking LVTPC failed: {e}", self.id);
+            }
+        }
     }
 
     /// KVM_EXIT_INTERNAL_ERROR: on an emulation failure, let the host-quirk code complete the

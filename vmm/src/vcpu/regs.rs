@@ -66,7 +66,7 @@ fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
     }
 }
 
-/// Writes GDT and identity-mapped page tables (first 1 GiB, 2 MiB pages) and returns the
+/// Writes GDT and identity-mapped page tables (first 4 GiB, 2 MiB pages) and returns the
 /// special registers for 64-bit long mode.
 pub fn long_mode_sregs(
     mem: &GuestMemoryMmap,
@@ -96,9 +96,12 @@ pub fn long_mode_sregs(
     sregs.tr = segment_from_gdt(gdt[3], 3);
 
     mem.write_obj(PDPT_ADDR | 0x03, GuestAddress(PML4_ADDR))?;
-    mem.write_obj(PD_ADDR | 0x03, GuestAddress(PDPT_ADDR))?;
-    for i in 0..512u64 {
-        mem.write_obj((i << 21) | 0x83, GuestAddress(PD_ADDR + i * 8))?;
+    for g in 0..IDENTITY_MAP_GIB {
+        let pd = PD_ADDR + g * 0x1000;
+        mem.write_obj(pd | 0x03, GuestAddress(PDPT_ADDR + g * 8))?;
+        for i in 0..512u64 {
+            mem.write_obj(((g * 512 + i) << 21) | 0x83, GuestAddress(pd + i * 8))?;
+        }
     }
     sregs.cr3 = PML4_ADDR;
     sregs.cr4 |= X86_CR4_PAE;
@@ -232,13 +235,20 @@ mod tests {
     }
 
     #[test]
-    fn page_tables_identity_map_first_gib() {
+    fn page_tables_identity_map_first_4_gib() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
         let sregs = long_mode_sregs(&mem, kvm_sregs::default()).unwrap();
         assert_eq!(sregs.cr3, PML4_ADDR);
         assert_ne!(sregs.efer & EFER_LMA, 0);
         let pde: u64 = mem.read_obj(GuestAddress(PD_ADDR + 8 * 8)).unwrap();
         assert_eq!(pde, (8 << 21) | 0x83);
-        assert!(mem.address_in_range(GuestAddress(PD_ADDR + 4095)));
+        // The LAPIC page (0xfee00000) is in the 4th GiB: PD 3, entry 0x1f7.
+        let lapic_pde: u64 = mem
+            .read_obj(GuestAddress(PD_ADDR + 3 * 0x1000 + 0x1f7 * 8))
+            .unwrap();
+        assert_eq!(lapic_pde, 0xfee0_0000 & !0x1f_ffff | 0x83);
+        let pdpte: u64 = mem.read_obj(GuestAddress(PDPT_ADDR + 3 * 8)).unwrap();
+        assert_eq!(pdpte, (PD_ADDR + 3 * 0x1000) | 3);
+        assert!(mem.address_in_range(GuestAddress(PD_ADDR + 4 * 4096 - 1)));
     }
 }

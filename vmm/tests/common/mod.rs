@@ -30,6 +30,15 @@ pub struct TinyRun {
 }
 
 pub fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
+    run_tiny_with(guest, timeout, |_| {})
+}
+
+/// Runs a tiny guest with a configuration the caller may adjust.
+pub fn run_tiny_with(
+    guest: &TinyGuest,
+    timeout: Duration,
+    adjust: impl FnOnce(&mut VmConfig),
+) -> TinyRun {
     let dir = tempfile::tempdir().unwrap();
     let console = dir.path().join("console");
     let serial2 = dir.path().join("serial2");
@@ -48,8 +57,14 @@ pub fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
         timeout: Some(timeout),
         console_out: Some(console.clone()),
         console_in: false,
+        pmu_model: vmm::pmu::ModelChoice::Auto,
+        pmu_backend: vmm::pmu::BackendChoice::Auto,
+        pmi_limit: 2000,
+        io_delay_us: 0,
         started: None,
     };
+    let mut cfg = cfg;
+    adjust(&mut cfg);
     let report = vmm::vm::run(&cfg).unwrap_or_else(|e| panic!("{}: {e}", guest.name));
     TinyRun {
         report,

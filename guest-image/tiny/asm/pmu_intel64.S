@@ -1,0 +1,10 @@
+// load: 0x100000
+// vPMU tiny guest, Intel model (architectural perfmon v2, full-width counter writes).
+#define EVTSEL0     0x186
+#define CTR0        0xc1
+#define CTR0_FULL   0x4c1
+#define GLOBAL_CTRL 0x38f
+#define STATUS_MSR  0x38e
+#define ACK_MSR     0x390
+#define EVT_CYCLES  0x3c
+#include "pmu_body.inc"

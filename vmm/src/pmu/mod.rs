@@ -1,0 +1,95 @@
+//! The VMM side of the virtual PMU: one [`VcpuPmu`] per vCPU joins the `vpmu` model (which has
+//! no KVM types) to KVM: MSR exits go straight to the model, which drives its counter backend
+//! ([`backend`]); after each exit a due PMI is delivered through the guest's LVTPC ([`pmi`]).
+//! [`setup`] holds what is done once per VM (MSR filter) or per vCPU (CPUID).
+
+pub mod backend;
+pub mod perf;
+pub mod pmi;
+pub mod setup;
+
+use std::time::Instant;
+
+use crate::exit::{GpFault, MsrHandler};
+
+/// Which counter backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// hw when the host has a hardware PMU (`/sys/bus/event_source/devices/cpu`), else soft.
+    Auto,
+    /// perf software task-clock: runs anywhere; only cycle events count.
+    Soft,
+    /// perf raw hardware events (needs a host PMU and VT-x/SVM).
+    Hw,
+}
+
+/// Which PMU the guest sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelChoice {
+    /// Follow the guest's CPUID vendor (the host's).
+    Auto,
+    Intel,
+    Amd,
+}
+
+/// Per-vCPU PMU state on the vCPU thread.
+pub struct VcpuPmu {
+    pub pmu: vpmu::Pmu,
+    pub limiter: pmi::PmiLimiter,
+    pub stats: PmuStats,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PmuStats {
+    pub msr_reads: u64,
+    pub msr_writes: u64,
+    pub gp_faults: u64,
+    pub pmis_nmi: u64,
+    pub pmis_vector: u64,
+    /// PMIs dropped because LVTPC was masked (as hardware does).
+    pub pmis_masked: u64,
+    /// PMIs dropped by the storm limit.
+    pub pmis_throttled: u64,
+}
+
+impl PmuStats {
+    pub fn add(&mut self, o: &PmuStats) {
+        self.msr_reads += o.msr_reads;
+        self.msr_writes += o.msr_writes;
+        self.gp_faults += o.gp_faults;
+        self.pmis_nmi += o.pmis_nmi;
+        self.pmis_vector += o.pmis_vector;
+        self.pmis_masked += o.pmis_masked;
+        self.pmis_throttled += o.pmis_throttled;
+    }
+}
+
+impl VcpuPmu {
+    pub fn new(pmu: vpmu::Pmu, pmi_limit: u32) -> Self {
+        VcpuPmu {
+            pmu,
+            limiter: pmi::PmiLimiter::new(pmi_limit, Instant::now()),
+            stats: PmuStats::default(),
+        }
+    }
+}
+
+impl MsrHandler for VcpuPmu {
+    fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault> {
+        self.stats.msr_reads += 1;
+        self.pmu.rdmsr(index).map_err(|f| {
+            self.stats.gp_faults += 1;
+            log::debug!("rdmsr {index:#x}: #GP ({f:?})");
+            GpFault
+        })
+    }
+
+    fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault> {
+        self.stats.msr_writes += 1;
+        self.pmu.wrmsr(index, value).map_err(|f| {
+            self.stats.gp_faults += 1;
+            log::debug!("wrmsr {index:#x} <- {value:#x}: #GP ({f:?})");
+            GpFault
+        })
+    }
+}

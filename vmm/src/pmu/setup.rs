@@ -1,0 +1,164 @@
+//! Once-per-VM and once-per-vCPU vPMU setup: choosing the model and backend, the MSR filter
+//! that sends exactly the model's MSRs to user space, and the guest CPUID edits.
+
+use std::ops::RangeInclusive;
+use std::path::Path;
+
+use kvm_bindings::{
+    kvm_cpuid_entry2, kvm_enable_cap, KVM_CAP_X86_USER_SPACE_MSR, KVM_MSR_EXIT_REASON_FILTER,
+};
+use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
+use vpmu::{CpuidEdit, CpuidEntry, PmuConfig};
+
+use super::{BackendChoice, ModelChoice};
+
+/// Whether the host has a hardware PMU that perf can use.
+pub fn host_has_pmu() -> bool {
+    ["cpu", "cpu_core"]
+        .iter()
+        .any(|d| Path::new("/sys/bus/event_source/devices").join(d).exists())
+}
+
+/// Resolves `--vpmu-backend auto`.
+pub fn resolve_backend(choice: BackendChoice) -> BackendChoice {
+    match choice {
+        BackendChoice::Auto if host_has_pmu() => BackendChoice::Hw,
+        BackendChoice::Auto => BackendChoice::Soft,
+        c => c,
+    }
+}
+
+/// The PMU model for `--pmu-model`, following the CPUID vendor string for `auto`.
+pub fn model_config(choice: ModelChoice, supported: &[kvm_cpuid_entry2]) -> PmuConfig {
+    let intel = match choice {
+        ModelChoice::Intel => true,
+        ModelChoice::Amd => false,
+        ModelChoice::Auto => supported
+            .iter()
+            .find(|e| e.function == 0)
+            .map(|e| e.ebx == u32::from_le_bytes(*b"Genu"))
+            .unwrap_or(false),
+    };
+    if intel {
+        PmuConfig::intel()
+    } else {
+        PmuConfig::amd()
+    }
+}
+
+/// Makes KVM send accesses to the MSRs in `ranges` to user space (KVM_EXIT_X86_RDMSR/WRMSR);
+/// every other MSR stays with KVM.
+pub fn install_msr_filter(
+    vm: &VmFd,
+    ranges: &[RangeInclusive<u32>],
+) -> Result<(), kvm_ioctls::Error> {
+    let cap = kvm_enable_cap {
+        cap: KVM_CAP_X86_USER_SPACE_MSR,
+        args: [u64::from(KVM_MSR_EXIT_REASON_FILTER), 0, 0, 0],
+        ..Default::default()
+    };
+    vm.enable_cap(&cap)?;
+    let bitmaps: Vec<Vec<u8>> = ranges
+        .iter()
+        .map(|r| vec![0u8; (r.end() - r.start() + 1).div_ceil(8) as usize])
+        .collect();
+    let filter: Vec<MsrFilterRange<'_>> = ranges
+        .iter()
+        .zip(&bitmaps)
+        .map(|(r, bitmap)| MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+            base: *r.start(),
+            msr_count: r.end() - r.start() + 1,
+            bitmap,
+        })
+        .collect();
+    vm.set_msr_filter(MsrFilterDefaultAction::ALLOW, &filter)
+}
+
+/// Applies the vPMU's CPUID edits to a KVM CPUID table.
+pub fn apply_cpuid(table: &mut Vec<kvm_cpuid_entry2>, edits: &[CpuidEdit]) {
+    let mut entries: Vec<CpuidEntry> = table
+        .iter()
+        .map(|e| CpuidEntry {
+            function: e.function,
+            index: e.index,
+            eax: e.eax,
+            ebx: e.ebx,
+            ecx: e.ecx,
+            edx: e.edx,
+        })
+        .collect();
+    vpmu::cpuid::apply(edits, &mut entries);
+    let flags_of = |f: u32, i: u32| {
+        table
+            .iter()
+            .find(|e| e.function == f && e.index == i)
+            .map(|e| e.flags)
+    };
+    let new: Vec<kvm_cpuid_entry2> = entries
+        .iter()
+        .map(|e| kvm_cpuid_entry2 {
+            function: e.function,
+            index: e.index,
+            flags: flags_of(e.function, e.index).unwrap_or(0),
+            eax: e.eax,
+            ebx: e.ebx,
+            ecx: e.ecx,
+            edx: e.edx,
+            ..Default::default()
+        })
+        .collect();
+    *table = new;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(function: u32, index: u32, ebx: u32, ecx: u32) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            ebx,
+            ecx,
+            flags: 7,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn model_follows_the_vendor_string() {
+        let amd = [entry(0, 0, u32::from_le_bytes(*b"Auth"), 0)];
+        let intel = [entry(0, 0, u32::from_le_bytes(*b"Genu"), 0)];
+        assert_eq!(
+            model_config(ModelChoice::Auto, &amd).vendor(),
+            vpmu::Vendor::Amd
+        );
+        assert_eq!(
+            model_config(ModelChoice::Auto, &intel).vendor(),
+            vpmu::Vendor::Intel
+        );
+        assert_eq!(
+            model_config(ModelChoice::Intel, &amd).vendor(),
+            vpmu::Vendor::Intel
+        );
+    }
+
+    #[test]
+    fn cpuid_edits_keep_kvm_flags_and_hide_the_pmu() {
+        let mut t = vec![
+            entry(0x8000_0000, 0, 0, 0),
+            entry(0x8000_0001, 0, 0, 1 << 23),
+            entry(1, 0, 0, 1 << 15),
+        ];
+        t[0].eax = 0x8000_0022;
+        apply_cpuid(&mut t, &vpmu::cpuid::hide_pmu());
+        let ext = t.iter().find(|e| e.function == 0x8000_0001).unwrap();
+        assert_eq!(ext.ecx & (1 << 23), 0);
+        assert_eq!(ext.flags, 7);
+        assert_eq!(
+            t.iter().find(|e| e.function == 1).unwrap().ecx & (1 << 15),
+            0
+        );
+    }
+}
