@@ -21,8 +21,13 @@ pub use emulate::{EmulationFailure, GuestCpu};
 /// Kernel options that keep Linux off instructions this host's emulator cannot run:
 /// * `noxsave`: XSAVE stays visible in CPUID.1:ECX whatever the VMM writes, and `xrstor64` hangs;
 /// * `clearcpuid=popcnt,smap` + `nosmap`: POPCNT cannot be hidden in CPUID; CLAC/STAC fail to emulate;
-/// * `nofsgsbase`: with FSGSBASE the NMI entry reads the CPU number with LSL, which fails to emulate.
-pub const KERNEL_OPTIONS: &str = "noxsave clearcpuid=popcnt,smap nosmap nofsgsbase";
+/// * `nofsgsbase`: with FSGSBASE the NMI entry reads the CPU number with LSL, which fails to emulate;
+/// * `clearcpuid=ssse3,sse4_1,...`: keeps kernel SIMD users (crypto, checksums; they run between
+///   kernel_fpu_begin/end) on their scalar code: the emulator fails on SSE register moves such
+///   as `movd xmm15, ecx` (seen in the Debian cloud kernel after its network initcalls). AVX is
+///   already off through `noxsave`.
+pub const KERNEL_OPTIONS: &str =
+    "noxsave clearcpuid=popcnt,smap,ssse3,sse4_1,sse4_2,pclmulqdq,aes,sha_ni nosmap nofsgsbase";
 
 /// How the user asked quirks to be chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
