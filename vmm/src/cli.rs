@@ -107,6 +107,7 @@ impl RunArgs {
             pmu_backend: self.vpmu_backend,
             pmi_limit: self.pmi_limit,
             io_delay_us: 0,
+            const_msrs: Vec::new(),
             serial2: self.serial2.clone(),
             host_quirks: self.host_quirks,
             timeout,

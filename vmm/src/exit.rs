@@ -29,6 +29,19 @@ impl MsrHandler for NoMsrs {
     }
 }
 
+/// Reads give 0 and writes are accepted: the cheapest possible user-space MSR exit (the
+/// baseline the vPMU's cost is measured against, benches/).
+pub struct ConstMsrs;
+
+impl MsrHandler for ConstMsrs {
+    fn rdmsr(&mut self, _index: u32) -> Result<u64, GpFault> {
+        Ok(0)
+    }
+    fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
+        Ok(())
+    }
+}
+
 /// Per-vCPU exit counts by kind.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ExitCounts {

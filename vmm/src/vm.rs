@@ -85,6 +85,9 @@ pub struct VmConfig {
     /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
     /// thread (VMM work done for the guest). 0 = no device.
     pub io_delay_us: u32,
+    /// Benchmark baseline, only with `--vpmu=off`: these MSRs are sent to user space and
+    /// answered with 0 (a bare user-space MSR exit).
+    pub const_msrs: Vec<u32>,
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
     /// from here to the moment the vCPUs may enter KVM_RUN.
     pub started: Option<Instant>,
@@ -370,6 +373,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             Some((config, backend, mode, probe.cpuid_edits()))
         }
     };
+    if vpmu_plan.is_none() && !cfg.const_msrs.is_empty() {
+        let ranges: Vec<_> = cfg.const_msrs.iter().map(|&m| m..=m).collect();
+        pmu::setup::install_msr_filter(&vm, &ranges).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+    }
     let pmu_edits = match &vpmu_plan {
         Some((_, _, _, edits)) => edits.clone(),
         None => vpmu::cpuid::hide_pmu(),
@@ -430,6 +437,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             quirks_expected: quirks.is_some(),
             pmu: vcpu_pmu,
             vm: vm.clone(),
+            const_msrs: !cfg.const_msrs.is_empty(),
         });
     }
     let setup_time = t0.elapsed();

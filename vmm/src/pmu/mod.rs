@@ -50,7 +50,12 @@ pub struct PmuStats {
     pub pmis_masked: u64,
     /// PMIs dropped by the storm limit.
     pub pmis_throttled: u64,
+    /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
+    /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
+    pub pmi_signal_tsc: Vec<u64>,
 }
+
+pub const MAX_PMI_TSCS: usize = 1024;
 
 impl PmuStats {
     pub fn add(&mut self, o: &PmuStats) {
@@ -61,6 +66,7 @@ impl PmuStats {
         self.pmis_vector += o.pmis_vector;
         self.pmis_masked += o.pmis_masked;
         self.pmis_throttled += o.pmis_throttled;
+        self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
     }
 }
 

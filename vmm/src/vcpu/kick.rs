@@ -14,6 +14,13 @@ thread_local! {
     /// Set by the handler: a signal (a stop request or a counter-overflow notification from
     /// perf) arrived on this thread since the flag was last taken.
     static SIGNALLED: Cell<bool> = const { Cell::new(false) };
+    /// TSC when the last signal arrived (for PMI latency measurements).
+    static SIGNAL_TSC: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The TSC value when the last kick or overflow signal arrived on this thread.
+pub fn last_signal_tsc() -> u64 {
+    SIGNAL_TSC.with(|t| t.get())
 }
 
 /// Whether a kick or overflow signal arrived on this thread since the last call.
@@ -28,6 +35,8 @@ pub fn kick_signal() -> i32 {
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     SIGNALLED.with(|s| s.set(true));
+    // SAFETY: RDTSC has no preconditions (and is async-signal-safe).
+    SIGNAL_TSC.with(|t| t.set(unsafe { core::arch::x86_64::_rdtsc() }));
     let run = KVM_RUN.with(|p| p.get());
     if !run.is_null() {
         // SAFETY: the pointer is this thread's own mmap'd kvm_run, set by `bind` before the first

@@ -34,6 +34,8 @@ pub struct VcpuRunner {
     pub pmu: Option<VcpuPmu>,
     /// For MSIs (PMIs with a fixed LVTPC vector).
     pub vm: Arc<VmFd>,
+    /// Answer filtered MSRs with 0 when there is no vPMU (`VmConfig::const_msrs`).
+    pub const_msrs: bool,
 }
 
 impl VcpuRunner {
@@ -45,6 +47,7 @@ impl VcpuRunner {
         self.control
             .register_thread(unsafe { libc::pthread_self() });
         let mut no_msrs = NoMsrs;
+        let mut const_msrs = exit::ConstMsrs;
         while !self.control.stopping() {
             if let Some(p) = &mut self.pmu {
                 p.pmu.enter_guest();
@@ -55,6 +58,7 @@ impl VcpuRunner {
             }
             let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
                 Some(p) => p,
+                None if self.const_msrs => &mut const_msrs,
                 None => &mut no_msrs,
             };
             let outcome = exit::handle(
@@ -101,7 +105,12 @@ impl VcpuRunner {
         };
         let lvtpc = pmi::lapic_reg(&lapic.regs, pmi::APIC_LVTPC);
         let delivered = match pmi::route(lvtpc) {
-            pmi::Route::Nmi => self.fd.nmi().map(|_| p.stats.pmis_nmi += 1),
+            pmi::Route::Nmi => self.fd.nmi().map(|_| {
+                p.stats.pmis_nmi += 1;
+                if p.stats.pmi_signal_tsc.len() < crate::pmu::MAX_PMI_TSCS {
+                    p.stats.pmi_signal_tsc.push(kick::last_signal_tsc());
+                }
+            }),
             pmi::Route::Vector(v) => {
                 let msi = kvm_bindings::kvm_msi {
                     address_lo: 0xfee0_0000 | (self.id << 12),

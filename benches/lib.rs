@@ -1,0 +1,1 @@
+//! Benchmarks live in `vpmu.rs` (a `harness = false` bench); nothing to export.

@@ -1,0 +1,112 @@
+// load: 0x100000
+// Benchmark guest: AMD counter 0 counts cycles with INT set and a period; the NMI handler reads
+// the TSC first thing, keeps up to 256 of those, acks (PerfMonV2 STATUS_CLR) and re-arms. Sends
+// the count and the TSCs over COM2; the VMM records the TSC at each overflow signal.
+#define PERIOD 5000000
+#define CTR_MAX 0x1000000000000
+#define MAXS 256
+    .code64
+    .globl start
+start:
+    cli
+    lea nmi(%rip), %rax
+    lea idt(%rip), %rdi
+    mov %ax, 32(%rdi)
+    movw $0x08, 34(%rdi)
+    movw $0x8e00, 36(%rdi)
+    shr $16, %rax
+    mov %ax, 38(%rdi)
+    shr $16, %rax
+    mov %eax, 40(%rdi)
+    lea idt(%rip), %rax
+    mov %rax, idtr_base(%rip)
+    lidt idtr(%rip)
+    mov $0xfee000f0, %ebx           // APIC software enable
+    movl $0x1ff, (%rbx)
+    mov $0xfee00340, %ebx           // LVTPC = NMI
+    movl $0x400, (%rbx)
+    call arm
+    mov $0xc0010200, %ecx           // PERF_CTL0 = cycles | USR | OS | INT | EN
+    mov $(0x76 | (1 << 16) | (1 << 17) | (1 << 20) | (1 << 22)), %eax
+    xor %edx, %edx
+    wrmsr
+    mov $300000, %ecx
+1:  dec %ecx
+    jnz 1b
+    mov $0xc0010200, %ecx
+    xor %eax, %eax
+    xor %edx, %edx
+    wrmsr
+    mov count(%rip), %rax
+    call emit
+    mov count(%rip), %r9
+    cmp $MAXS, %r9
+    jbe 2f
+    mov $MAXS, %r9
+2:  lea tscs(%rip), %rsi
+3:  test %r9, %r9
+    jz 4f
+    mov (%rsi), %rax
+    call emit
+    add $8, %rsi
+    dec %r9
+    jmp 3b
+4:  mov $((5 << 2) | (1 << 5)), %al
+    mov $0x600, %dx
+    out %al, %dx
+5:  hlt
+    jmp 5b
+
+arm:
+    mov $0xc0010201, %ecx
+    movabs $(CTR_MAX - PERIOD), %rax
+    mov %rax, %rdx
+    shr $32, %rdx
+    wrmsr
+    ret
+
+nmi:
+    push %rax
+    push %rcx
+    push %rdx
+    push %rbx
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov count(%rip), %rbx
+    cmp $MAXS, %rbx
+    jae 1f
+    lea tscs(%rip), %rcx
+    mov %rax, (%rcx,%rbx,8)
+1:  incq count(%rip)
+    mov $0xc0000302, %ecx           // PerfCntrGlobalStatusClr: counter 0
+    mov $1, %eax
+    xor %edx, %edx
+    wrmsr
+    call arm
+    pop %rbx
+    pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+
+emit:
+    push %rcx
+    push %rdx
+    mov $8, %ecx
+    mov $0x2f8, %dx
+1:  out %al, %dx
+    shr $8, %rax
+    dec %ecx
+    jnz 1b
+    pop %rdx
+    pop %rcx
+    ret
+
+    .balign 16
+idt:    .fill 6, 8, 0
+idtr:   .word 47
+idtr_base: .quad 0
+    .balign 8
+count:  .quad 0
+tscs:   .fill MAXS, 8, 0
