@@ -4,6 +4,7 @@
 pub mod cpuid;
 pub mod guest_cpu;
 pub mod kick;
+pub mod lapic;
 pub mod regs;
 
 use std::sync::Arc;
@@ -96,14 +97,14 @@ impl VcpuRunner {
             p.stats.pmis_throttled += 1;
             return;
         }
-        let mut lapic = match self.fd.get_lapic() {
+        let mut lapic_state = match self.fd.get_lapic() {
             Ok(l) => l,
             Err(e) => {
                 log::warn!("vCPU {}: KVM_GET_LAPIC failed, PMI dropped: {e}", self.id);
                 return;
             }
         };
-        let lvtpc = pmi::lapic_reg(&lapic.regs, pmi::APIC_LVTPC);
+        let lvtpc = lapic::reg(&lapic_state.regs, lapic::LVT_PERFCNT);
         let delivered = match pmi::route(lvtpc) {
             pmi::Route::Nmi => self.fd.nmi().map(|_| {
                 p.stats.pmis_nmi += 1;
@@ -136,8 +137,12 @@ impl VcpuRunner {
             return;
         }
         if due.mask_lvtpc {
-            pmi::set_lapic_reg(&mut lapic.regs, pmi::APIC_LVTPC, pmi::masked(lvtpc));
-            if let Err(e) = self.fd.set_lapic(&lapic) {
+            lapic::set_reg(
+                &mut lapic_state.regs,
+                lapic::LVT_PERFCNT,
+                pmi::masked(lvtpc),
+            );
+            if let Err(e) = self.fd.set_lapic(&lapic_state) {
                 log::warn!("vCPU {}: masking LVTPC failed: {e}", self.id);
             }
         }

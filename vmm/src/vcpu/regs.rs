@@ -7,6 +7,7 @@ use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msr
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use super::lapic;
 use crate::boot::layout::*;
 
 #[derive(Debug, thiserror::Error)]
@@ -170,23 +171,14 @@ pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
         log::debug!("KVM accepted {n} of {} boot MSRs", entries.len());
     }
 
-    const APIC_LVT0: usize = 0x350;
-    const APIC_LVT1: usize = 0x360;
-    const APIC_MODE_NMI: u32 = 0x4;
-    const APIC_MODE_EXTINT: u32 = 0x7;
     let mut lapic = vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?;
-    let set_lvt = |regs: &mut [std::os::raw::c_char; 1024], off: usize, mode: u32| {
-        let mut v = [0u8; 4];
-        for (i, b) in v.iter_mut().enumerate() {
-            *b = regs[off + i] as u8;
-        }
-        let val = (u32::from_le_bytes(v) & !0x700) | (mode << 8);
-        for (i, b) in val.to_le_bytes().iter().enumerate() {
-            regs[off + i] = *b as std::os::raw::c_char;
-        }
-    };
-    set_lvt(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
-    set_lvt(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
+    for (reg, mode) in [
+        (lapic::LVT_LINT0, lapic::DELIVERY_EXTINT),
+        (lapic::LVT_LINT1, lapic::DELIVERY_NMI),
+    ] {
+        let v = lapic::reg(&lapic.regs, reg);
+        lapic::set_reg(&mut lapic.regs, reg, lapic::with_delivery_mode(v, mode));
+    }
     vcpu.set_lapic(&lapic).map_err(kvm("KVM_SET_LAPIC"))?;
     Ok(())
 }
