@@ -33,7 +33,7 @@ pub fn masked(lvtpc: u32) -> u32 {
     lvtpc | LVT_MASKED
 }
 
-/// At most `limit` PMIs per second per vCPU (0 = no limit).
+/// At most `limit` PMIs per fixed one-second window per vCPU (0 = no limit).
 #[derive(Debug)]
 pub struct PmiLimiter {
     limit: u32,
