@@ -41,6 +41,7 @@ fn run(
         pmu_model: ModelChoice::Amd,
         pmu_backend: BackendChoice::Soft,
         pmi_limit: 0,
+        rdpmc: vmm::vm::RdpmcSetting::Patch,
         io_delay_us: 0,
         const_msrs,
         started: None,

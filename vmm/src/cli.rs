@@ -9,7 +9,8 @@ use crate::end::EXIT_CODES_HELP;
 use crate::host_quirks::QuirkSetting;
 use crate::pmu::{BackendChoice, ModelChoice};
 use crate::vm::{
-    Boot, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB,
+    Boot, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS,
+    MIN_MEMORY_MIB,
 };
 
 #[derive(Parser, Debug)]
@@ -70,6 +71,10 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// At most N PMIs per second per vCPU are delivered (0 = no limit); the rest are counted.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub pmi_limit: u32,
+    /// RDPMC in the guest kernel: patch = rewrite each RDPMC to RDMSR before boot (logged per
+    /// site) and answer it from the vPMU; off = leave it to KVM (it faults on hosts without a PMU).
+    #[arg(long, value_enum, default_value_t = RdpmcSetting::Patch)]
+    pub rdpmc: RdpmcSetting,
     /// Write what the guest sends to its second serial port (ttyS1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub serial2: Option<PathBuf>,
@@ -106,6 +111,7 @@ impl RunArgs {
             pmu_model: self.pmu_model,
             pmu_backend: self.vpmu_backend,
             pmi_limit: self.pmi_limit,
+            rdpmc: self.rdpmc,
             io_delay_us: 0,
             const_msrs: Vec::new(),
             serial2: self.serial2.clone(),

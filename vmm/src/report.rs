@@ -29,9 +29,15 @@ pub fn print(r: &RunReport) {
     if r.vpmu != crate::vm::VpmuSetting::Off {
         let p = &r.pmu;
         eprintln!(
-            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} throttled",
-            r.vpmu, p.msr_reads, p.msr_writes, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
+            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} throttled",
+            r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
         );
+        if p.rdpmc_genuine_msr > 0 {
+            eprintln!(
+                "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",
+                p.rdpmc_genuine_msr
+            );
+        }
     }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();

@@ -46,6 +46,16 @@ pub enum VpmuSetting {
     DomainSwitch,
 }
 
+/// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum RdpmcSetting {
+    /// Rewrite each RDPMC in the guest kernel's text to RDMSR and answer it from the vPMU.
+    #[default]
+    Patch,
+    /// Leave RDPMC to KVM (which, on hosts without a PMU, makes it fault).
+    Off,
+}
+
 /// What to boot.
 #[derive(Debug, Clone)]
 pub enum Boot {
@@ -82,6 +92,8 @@ pub struct VmConfig {
     pub pmu_model: ModelChoice,
     pub pmu_backend: BackendChoice,
     pub pmi_limit: u32,
+    /// `--rdpmc`: rewrite the guest kernel's RDPMCs so the vPMU answers them.
+    pub rdpmc: RdpmcSetting,
     /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
     /// thread (VMM work done for the guest). 0 = no device.
     pub io_delay_us: u32,
@@ -115,6 +127,8 @@ pub enum VmError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Rdpmc(#[from] pmu::rdpmc::RdpmcError),
     #[error("{0}")]
     Unsupported(String),
 }
@@ -227,7 +241,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         unsafe { vm.set_user_memory_region(r) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
     }
 
-    let (entry, cmdline) = match &cfg.boot {
+    let (entry, cmdline, guest_code) = match &cfg.boot {
         Boot::Linux {
             kernel,
             initrd,
@@ -260,7 +274,11 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                     .unwrap_or_default()
             );
             log::info!("kernel command line: {full}");
-            (loaded.entry.raw_value(), Some(full))
+            (
+                loaded.entry.raw_value(),
+                Some(full),
+                pmu::setup::GuestCode::Elf(loaded.elf),
+            )
         }
         Boot::Flat {
             image,
@@ -279,7 +297,14 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             }
             mem.write_slice(image, GuestAddress(*load_addr))
                 .map_err(|e| VmError::Memory(e.to_string()))?;
-            (*entry, None)
+            (
+                *entry,
+                None,
+                pmu::setup::GuestCode::Flat {
+                    image,
+                    base: *load_addr,
+                },
+            )
         }
     };
 
@@ -363,22 +388,36 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
             let mut ranges = probe.msr_ranges();
             ranges.sort_by_key(|r| *r.start());
-            pmu::setup::install_msr_filter(&vm, &ranges).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+            let rdpmc = match cfg.rdpmc {
+                RdpmcSetting::Patch => {
+                    let sites = pmu::setup::patch_rdpmc(&mem, &guest_code)?;
+                    pmu::rdpmc::RdpmcSites::new(probe.rdpmc_ranges(), &sites)
+                }
+                RdpmcSetting::Off => pmu::rdpmc::RdpmcSites::default(),
+            };
+            let rdpmc_ranges = if rdpmc.is_empty() {
+                Vec::new()
+            } else {
+                probe.rdpmc_ranges()
+            };
+            pmu::setup::install_msr_filter(&vm, &ranges, &rdpmc_ranges)
+                .map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+            let rdpmc = Arc::new(rdpmc);
             log::info!(
                 "vPMU: {:?} model, {mode:?} accounting, {backend:?} backend, PMI limit {}/s per vCPU; {} MSR ranges to user space",
                 config.vendor(),
                 cfg.pmi_limit,
                 ranges.len()
             );
-            Some((config, backend, mode, probe.cpuid_edits()))
+            Some((config, backend, mode, probe.cpuid_edits(), rdpmc))
         }
     };
     if vpmu_plan.is_none() && !cfg.const_msrs.is_empty() {
         let ranges: Vec<_> = cfg.const_msrs.iter().map(|&m| m..=m).collect();
-        pmu::setup::install_msr_filter(&vm, &ranges).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+        pmu::setup::install_msr_filter(&vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
     }
     let pmu_edits = match &vpmu_plan {
-        Some((_, _, _, edits)) => edits.clone(),
+        Some((_, _, _, edits, _)) => edits.clone(),
         None => vpmu::cpuid::hide_pmu(),
     };
     kick::install_handler().map_err(|e| VmError::Kvm {
@@ -396,7 +435,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let vcpu_pmu = match &vpmu_plan {
             None => None,
-            Some((config, backend, mode, _)) => {
+            Some((config, backend, mode, _, rdpmc)) => {
                 let source = match backend {
                     BackendChoice::Hw => pmu::backend::Source::Hw,
                     _ => pmu::backend::Source::Soft {
@@ -412,7 +451,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 );
                 let model = vpmu::Pmu::new(*config, Box::new(backend))
                     .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
-                Some(VcpuPmu::new(model, cfg.pmi_limit))
+                Some(VcpuPmu::new(model, cfg.pmi_limit, rdpmc.clone()))
             }
         };
         let table = CpuId::from_entries(&table)

@@ -20,6 +20,9 @@ struct Report {
     masked_nmis: u64,
     masked_status: u64,
     storm_nmis: u64,
+    rdpmc0: u64,
+    rdpmc1: u64,
+    msr0: u64,
 }
 
 const DELAY_US: u32 = 300;
@@ -45,7 +48,7 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
     );
     assert_eq!(
         r.serial2.len(),
-        64,
+        88,
         "{model:?}/{mode:?}: guest report incomplete"
     );
     let w: Vec<u64> = r
@@ -62,6 +65,9 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
         masked_nmis: w[5],
         masked_status: w[6],
         storm_nmis: w[7],
+        rdpmc0: w[8],
+        rdpmc1: w[9],
+        msr0: w[10],
     };
     let p = &r.report.pmu;
     eprintln!(
@@ -106,6 +112,12 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
         vm.pmu.pmis_nmi,
         vm.run_time
     );
+    // RDPMC, rewritten to RDMSR by the VMM, reads the running counter; the genuine RDMSR of
+    // MSR 0 (same number as RDPMC index 0) is answered by KVM (P5_MC_ADDR reads 0).
+    assert!(rep.rdpmc1 > rep.rdpmc0, "RDPMC did not advance: {rep:?}");
+    assert_eq!(rep.msr0, 0, "RDMSR 0 answered by the vPMU? {rep:?}");
+    assert_eq!(vm.pmu.rdpmc_reads, 2, "{:?}", vm.pmu);
+    assert_eq!(vm.pmu.rdpmc_genuine_msr, 1, "{:?}", vm.pmu);
     assert_eq!(
         vm.pmu.pmis_nmi,
         rep.samples + rep.storm_nmis,
@@ -141,4 +153,25 @@ fn amd_model_counts_samples_and_charges_by_mode() {
 #[test]
 fn intel_model_counts_samples_and_charges_by_mode() {
     compare_modes(ModelChoice::Intel);
+}
+
+/// Without the rewrite, this host's KVM answers RDPMC with #GP: the tiny guest (no #GP handler)
+/// triple-faults. This is what `--rdpmc patch` fixes (and shows the test above can fail).
+#[test]
+fn without_the_rdpmc_rewrite_the_guest_faults() {
+    if !common::kvm_available() {
+        return;
+    }
+    let r = common::run_tiny_with(&tiny_guests::PMU_AMD64, Duration::from_secs(120), |cfg| {
+        cfg.vpmu = VpmuSetting::CpuSwitch;
+        cfg.pmu_model = ModelChoice::Amd;
+        cfg.pmu_backend = BackendChoice::Soft;
+        cfg.rdpmc = vmm::vm::RdpmcSetting::Off;
+    });
+    if vmm::pmu::setup::host_has_pmu() {
+        eprintln!("this host has a PMU: KVM may serve RDPMC itself; not checking the fault");
+        return;
+    }
+    assert_eq!(r.report.end, VmEnd::TripleFault, "console {}", r.console);
+    assert_eq!(r.serial2.len(), 64, "phases 1-4 should have reported");
 }

@@ -6,11 +6,13 @@
 pub mod backend;
 pub mod perf;
 pub mod pmi;
+pub mod rdpmc;
 pub mod setup;
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::exit::{GpFault, MsrHandler};
+use crate::exit::{GpFault, MsrHandler, VcpuView};
 
 /// Which counter backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -37,6 +39,8 @@ pub struct VcpuPmu {
     pub pmu: vpmu::Pmu,
     pub limiter: pmi::PmiLimiter,
     pub stats: PmuStats,
+    /// Rewritten RDPMC sites (empty with `--rdpmc off`).
+    pub rdpmc: Arc<rdpmc::RdpmcSites>,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -44,6 +48,10 @@ pub struct PmuStats {
     pub msr_reads: u64,
     pub msr_writes: u64,
     pub gp_faults: u64,
+    /// Rewritten guest RDPMCs answered from the vPMU.
+    pub rdpmc_reads: u64,
+    /// RDMSRs of an RDPMC index number from elsewhere (answered by KVM).
+    pub rdpmc_genuine_msr: u64,
     pub pmis_nmi: u64,
     pub pmis_vector: u64,
     /// PMIs dropped because LVTPC was masked (as hardware does).
@@ -62,6 +70,8 @@ impl PmuStats {
         self.msr_reads += o.msr_reads;
         self.msr_writes += o.msr_writes;
         self.gp_faults += o.gp_faults;
+        self.rdpmc_reads += o.rdpmc_reads;
+        self.rdpmc_genuine_msr += o.rdpmc_genuine_msr;
         self.pmis_nmi += o.pmis_nmi;
         self.pmis_vector += o.pmis_vector;
         self.pmis_masked += o.pmis_masked;
@@ -71,17 +81,32 @@ impl PmuStats {
 }
 
 impl VcpuPmu {
-    pub fn new(pmu: vpmu::Pmu, pmi_limit: u32) -> Self {
+    pub fn new(pmu: vpmu::Pmu, pmi_limit: u32, rdpmc: Arc<rdpmc::RdpmcSites>) -> Self {
         VcpuPmu {
             pmu,
             limiter: pmi::PmiLimiter::new(pmi_limit, Instant::now()),
             stats: PmuStats::default(),
+            rdpmc,
         }
     }
 }
 
 impl MsrHandler for VcpuPmu {
-    fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, index: u32, cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+        if self.rdpmc.is_index(index) {
+            // An RDPMC index number: a rewritten RDPMC (answered by the vPMU) or a genuine
+            // RDMSR of that MSR (answered by KVM, as if there were no filter).
+            if cpu.rip().is_some_and(|rip| self.rdpmc.is_site(rip)) {
+                self.stats.rdpmc_reads += 1;
+                return self.pmu.rdpmc(index).map_err(|f| {
+                    self.stats.gp_faults += 1;
+                    log::debug!("rdpmc {index:#x}: #GP ({f:?})");
+                    GpFault
+                });
+            }
+            self.stats.rdpmc_genuine_msr += 1;
+            return cpu.kvm_msr(index).ok_or(GpFault);
+        }
         self.stats.msr_reads += 1;
         self.pmu.rdmsr(index).map_err(|f| {
             self.stats.gp_faults += 1;

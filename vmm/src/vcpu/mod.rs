@@ -6,7 +6,9 @@ pub mod guest_cpu;
 pub mod kick;
 pub mod lapic;
 pub mod regs;
+pub mod view;
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,6 +55,7 @@ impl VcpuRunner {
             if let Some(p) = &mut self.pmu {
                 p.pmu.enter_guest();
             }
+            let view = view::KvmView(self.fd.as_raw_fd());
             let result = self.fd.run();
             if let Some(p) = &mut self.pmu {
                 p.pmu.leave_guest();
@@ -67,6 +70,7 @@ impl VcpuRunner {
                 &mut ExitContext {
                     pio: &self.pio,
                     msrs,
+                    cpu: &view,
                     counts: &mut counts,
                 },
             );

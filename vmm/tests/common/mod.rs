@@ -60,6 +60,7 @@ pub fn run_tiny_with(
         pmu_model: vmm::pmu::ModelChoice::Auto,
         pmu_backend: vmm::pmu::BackendChoice::Auto,
         pmi_limit: 2000,
+        rdpmc: vmm::vm::RdpmcSetting::Patch,
         io_delay_us: 0,
         const_msrs: Vec::new(),
         started: None,
