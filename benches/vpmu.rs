@@ -42,6 +42,7 @@ fn run(
         pmu_backend: BackendChoice::Soft,
         pmi_limit: 0,
         rdpmc: vmm::vm::RdpmcSetting::Patch,
+        vpmu_schedule: None,
         io_delay_us: 0,
         const_msrs,
         started: None,

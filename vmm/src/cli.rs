@@ -75,6 +75,12 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// site) and answer it from the vPMU; off = leave it to KVM (it faults on hosts without a PMU).
     #[arg(long, value_enum, default_value_t = RdpmcSetting::Patch)]
     pub rdpmc: RdpmcSetting,
+    /// Switch the accounting mode at run time: MODE:SECONDS,... (e.g.
+    /// cpu-switch:60,domain-switch:60), each in turn from the start, the last one staying. The
+    /// guest can also switch through the vPMU control port (0x511: 1 = cpu-switch,
+    /// 2 = domain-switch). Needs --vpmu cpu-switch or domain-switch.
+    #[arg(long, value_name = "LIST")]
+    pub vpmu_schedule: Option<crate::pmu::mode::Schedule>,
     /// Write what the guest sends to its second serial port (ttyS1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub serial2: Option<PathBuf>,
@@ -99,6 +105,9 @@ impl RunArgs {
             }
             t => t.map(Duration::from_secs_f64),
         };
+        if self.vpmu_schedule.is_some() && self.vpmu == VpmuSetting::Off {
+            return Err("--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into());
+        }
         Ok(VmConfig {
             boot: Boot::Linux {
                 kernel: self.kernel.clone(),
@@ -112,6 +121,7 @@ impl RunArgs {
             pmu_backend: self.vpmu_backend,
             pmi_limit: self.pmi_limit,
             rdpmc: self.rdpmc,
+            vpmu_schedule: self.vpmu_schedule.clone(),
             io_delay_us: 0,
             const_msrs: Vec::new(),
             serial2: self.serial2.clone(),

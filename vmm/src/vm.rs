@@ -19,7 +19,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
-use crate::devices::{acpi_shutdown::AcpiShutdown, delay, i8042, serial, PioBus, PioDevice};
+use crate::devices::{
+    acpi_shutdown::AcpiShutdown, delay, i8042, serial, vpmu_control, PioBus, PioDevice,
+};
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
 use crate::host_quirks::{self, FixupCounts, QuirkSetting};
@@ -94,6 +96,8 @@ pub struct VmConfig {
     pub pmi_limit: u32,
     /// `--rdpmc`: rewrite the guest kernel's RDPMCs so the vPMU answers them.
     pub rdpmc: RdpmcSetting,
+    /// `--vpmu-schedule`: accounting modes to switch through at run time (vPMU on only).
+    pub vpmu_schedule: Option<pmu::mode::Schedule>,
     /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
     /// thread (VMM work done for the guest). 0 = no device.
     pub io_delay_us: u32,
@@ -155,6 +159,13 @@ impl VmControl {
         self.threads.lock().unwrap().push(t);
     }
 
+    /// Kicks every vCPU out of KVM_RUN (it looks at what changed, then re-enters).
+    pub fn kick_all(&self) {
+        for &t in self.threads.lock().unwrap().iter() {
+            kick::kick(t);
+        }
+    }
+
     /// Records why the VM ends (the first reason wins) and kicks every vCPU out of KVM_RUN.
     pub fn request_end(&self, end: VmEnd) {
         let mut e = self.end.lock().unwrap();
@@ -198,6 +209,8 @@ pub struct RunReport {
     /// Summed over vCPUs; all zero with `--vpmu=off`.
     pub pmu: PmuStats,
     pub vpmu: VpmuSetting,
+    /// The accounting modes the run went through (initial mode first), with times.
+    pub mode_history: Vec<pmu::mode::Switch>,
     pub fixups: Vec<(&'static str, u64)>,
     pub console_tail: Vec<String>,
     pub cmdline: Option<String>,
@@ -308,6 +321,20 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         }
     };
 
+    // The accounting mode (switchable at run time: `--vpmu-schedule`, the vPMU control port).
+    let control = Arc::new(VmControl::default());
+    let mode_switch = match cfg.vpmu {
+        VpmuSetting::Off => None,
+        on => {
+            let initial = match &cfg.vpmu_schedule {
+                Some(s) => s.first(),
+                None if on == VpmuSetting::CpuSwitch => vpmu::AccountingMode::CpuSwitch,
+                None => vpmu::AccountingMode::DomainSwitch,
+            };
+            Some(Arc::new(pmu::mode::ModeSwitch::new(initial)))
+        }
+    };
+
     // Devices.
     let console_log = Arc::new(Mutex::new(ConsoleLog::default()));
     let console_out: Box<dyn std::io::Write + Send> = match &cfg.console_out {
@@ -351,6 +378,20 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             2,
             Arc::new(Mutex::new(AcpiShutdown)),
         );
+    let pio = match &mode_switch {
+        Some(m) => {
+            let c = control.clone();
+            pio.add(
+                vpmu_control::VPMU_CONTROL_PORT,
+                1,
+                Arc::new(Mutex::new(vpmu_control::VpmuControl::new(
+                    m.clone(),
+                    Box::new(move || c.kick_all()),
+                ))),
+            )
+        }
+        None => pio,
+    };
     let pio = if cfg.io_delay_us > 0 {
         let each = Duration::from_micros(u64::from(cfg.io_delay_us));
         pio.add(
@@ -376,13 +417,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     };
     let vpmu_plan = match cfg.vpmu {
         VpmuSetting::Off => None,
-        on => {
+        _ => {
             let config = pmu::setup::model_config(cfg.pmu_model, supported.as_slice());
             let backend = pmu::setup::resolve_backend(cfg.pmu_backend);
-            let mode = match on {
-                VpmuSetting::CpuSwitch => vpmu::AccountingMode::CpuSwitch,
-                _ => vpmu::AccountingMode::DomainSwitch,
-            };
+            let mode = mode_switch.as_ref().map(|m| m.get()).unwrap_or_default();
             // A throwaway model gives the MSR ranges and CPUID edits (the same for every vCPU).
             let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))
                 .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
@@ -424,7 +462,6 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         what: "installing the vCPU kick signal handler",
         source: e,
     })?;
-    let control = Arc::new(VmControl::default());
     let fixups = Arc::new(FixupCounts::default());
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
@@ -451,7 +488,12 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 );
                 let model = vpmu::Pmu::new(*config, Box::new(backend))
                     .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
-                Some(VcpuPmu::new(model, cfg.pmi_limit, rdpmc.clone()))
+                Some(VcpuPmu::new(
+                    model,
+                    cfg.pmi_limit,
+                    rdpmc.clone(),
+                    mode_switch.clone().expect("a vPMU has a mode"),
+                ))
             }
         };
         let table = CpuId::from_entries(&table)
@@ -499,6 +541,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 .map_err(|e| VmError::Memory(e.to_string()))?,
         );
     }
+    if let (Some(schedule), Some(m)) = (cfg.vpmu_schedule.clone(), &mode_switch) {
+        let (kick, stop) = (control.clone(), control.clone());
+        schedule.spawn(m.clone(), move || kick.kick_all(), move || stop.stopping());
+    }
     let mut end = control.wait(cfg.timeout);
     let mut exits: Vec<ExitCounts> = Vec::new();
     let mut pmu_stats = PmuStats::default();
@@ -517,6 +563,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         exits,
         pmu: pmu_stats,
         vpmu: cfg.vpmu,
+        mode_history: mode_switch.map(|m| m.history()).unwrap_or_default(),
         fixups: fixups.snapshot(),
         console_tail: log.tail(15),
         cmdline,

@@ -175,3 +175,47 @@ fn without_the_rdpmc_rewrite_the_guest_faults() {
     assert_eq!(r.report.end, VmEnd::TripleFault, "console {}", r.console);
     assert_eq!(r.serial2.len(), 64, "phases 1-4 should have reported");
 }
+
+/// The guest switches the accounting mode through the vPMU control port between two identical
+/// I/O loops, with one counter running across the switch: the loop run in domain-switch is
+/// charged the VMM's work, the one in cpu-switch is not — in one boot.
+#[test]
+fn guest_switches_the_accounting_mode_at_run_time() {
+    if !common::kvm_available() {
+        return;
+    }
+    let r = common::run_tiny_with(&tiny_guests::MODE_SWITCH64, Duration::from_secs(120), |cfg| {
+        cfg.vpmu = VpmuSetting::CpuSwitch;
+        cfg.pmu_model = ModelChoice::Amd;
+        cfg.pmu_backend = BackendChoice::Soft;
+        cfg.io_delay_us = DELAY_US;
+    });
+    assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
+    let w: Vec<u64> = r
+        .serial2
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(w.len(), 4, "guest report incomplete: {w:?}");
+    let (mode1, cpu_io, mode2, dom_io) = (w[0], w[1], w[2], w[3]);
+    eprintln!(
+        "mode switch in one boot: cpu-switch loop {cpu_io} cycles, domain-switch loop {dom_io} ({:.1}x); modes {:?}",
+        dom_io as f64 / cpu_io.max(1) as f64,
+        r.report.mode_history
+    );
+    assert_eq!((mode1, mode2), (1, 2), "control port read-back");
+    assert!(cpu_io > 0, "the counter must keep counting in cpu-switch");
+    assert!(
+        dom_io > 3 * cpu_io,
+        "domain-switch loop should be charged the VMM's I/O work: cpu {cpu_io}, domain {dom_io}"
+    );
+    let modes: Vec<_> = r.report.mode_history.iter().map(|s| (s.mode, s.by)).collect();
+    assert_eq!(
+        modes,
+        vec![
+            (vpmu::AccountingMode::CpuSwitch, "start"),
+            (vpmu::AccountingMode::DomainSwitch, "guest")
+        ]
+    );
+    assert_eq!(r.report.pmu.mode_switches, 1);
+}

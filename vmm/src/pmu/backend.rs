@@ -252,6 +252,13 @@ impl CounterBackend for PerfBackend {
         }
     }
 
+    fn set_mode(&mut self, mode: AccountingMode) {
+        // The model re-programs every running counter right after this, and `requests` follows
+        // the mode: soft cpu-switch events open disabled (we are outside KVM_RUN), hw events get
+        // the new mode's exclude bits.
+        self.mode = mode;
+    }
+
     fn leave_guest(&mut self) {
         self.in_guest = false;
         if matches!(self.source, Source::Soft { .. }) && self.mode == AccountingMode::CpuSwitch {

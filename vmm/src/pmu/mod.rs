@@ -4,6 +4,7 @@
 //! [`setup`] holds what is done once per VM (MSR filter) or per vCPU (CPUID).
 
 pub mod backend;
+pub mod mode;
 pub mod perf;
 pub mod pmi;
 pub mod rdpmc;
@@ -41,6 +42,9 @@ pub struct VcpuPmu {
     pub stats: PmuStats,
     /// Rewritten RDPMC sites (empty with `--rdpmc off`).
     pub rdpmc: Arc<rdpmc::RdpmcSites>,
+    /// The VM's accounting mode, and the one this vCPU counts in now.
+    pub mode_switch: Arc<mode::ModeSwitch>,
+    pub mode: vpmu::AccountingMode,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -52,6 +56,10 @@ pub struct PmuStats {
     pub rdpmc_reads: u64,
     /// RDMSRs of an RDPMC index number from elsewhere (answered by KVM).
     pub rdpmc_genuine_msr: u64,
+    /// PMIs delivered and RDPMCs served, per accounting mode ([`mode::index`]).
+    pub by_mode: [ModeCounts; 2],
+    /// Accounting-mode changes this vCPU applied.
+    pub mode_switches: u64,
     pub pmis_nmi: u64,
     pub pmis_vector: u64,
     /// PMIs dropped because LVTPC was masked (as hardware does).
@@ -65,6 +73,13 @@ pub struct PmuStats {
 
 pub const MAX_PMI_TSCS: usize = 1024;
 
+/// Counts taken in one accounting mode.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ModeCounts {
+    pub pmis: u64,
+    pub rdpmc_reads: u64,
+}
+
 impl PmuStats {
     pub fn add(&mut self, o: &PmuStats) {
         self.msr_reads += o.msr_reads;
@@ -72,6 +87,11 @@ impl PmuStats {
         self.gp_faults += o.gp_faults;
         self.rdpmc_reads += o.rdpmc_reads;
         self.rdpmc_genuine_msr += o.rdpmc_genuine_msr;
+        for (a, b) in self.by_mode.iter_mut().zip(&o.by_mode) {
+            a.pmis += b.pmis;
+            a.rdpmc_reads += b.rdpmc_reads;
+        }
+        self.mode_switches += o.mode_switches;
         self.pmis_nmi += o.pmis_nmi;
         self.pmis_vector += o.pmis_vector;
         self.pmis_masked += o.pmis_masked;
@@ -81,13 +101,36 @@ impl PmuStats {
 }
 
 impl VcpuPmu {
-    pub fn new(pmu: vpmu::Pmu, pmi_limit: u32, rdpmc: Arc<rdpmc::RdpmcSites>) -> Self {
+    pub fn new(
+        pmu: vpmu::Pmu,
+        pmi_limit: u32,
+        rdpmc: Arc<rdpmc::RdpmcSites>,
+        mode_switch: Arc<mode::ModeSwitch>,
+    ) -> Self {
+        let mode = mode_switch.get();
         VcpuPmu {
             pmu,
             limiter: pmi::PmiLimiter::new(pmi_limit, Instant::now()),
             stats: PmuStats::default(),
             rdpmc,
+            mode_switch,
+            mode,
         }
+    }
+
+    /// At each exit: if the VM's accounting mode changed, count in the new one from now on.
+    pub fn follow_mode(&mut self) {
+        let want = self.mode_switch.get();
+        if want != self.mode {
+            self.pmu.set_accounting_mode(want);
+            self.mode = want;
+            self.stats.mode_switches += 1;
+        }
+    }
+
+    /// The per-mode counts of the mode this vCPU counts in now.
+    pub fn in_mode(&mut self) -> &mut ModeCounts {
+        &mut self.stats.by_mode[mode::index(self.mode)]
     }
 }
 
@@ -98,6 +141,7 @@ impl MsrHandler for VcpuPmu {
             // RDMSR of that MSR (answered by KVM, as if there were no filter).
             if cpu.rip().is_some_and(|rip| self.rdpmc.is_site(rip)) {
                 self.stats.rdpmc_reads += 1;
+                self.in_mode().rdpmc_reads += 1;
                 return self.pmu.rdpmc(index).map_err(|f| {
                     self.stats.gp_faults += 1;
                     log::debug!("rdpmc {index:#x}: #GP ({f:?})");

@@ -53,6 +53,7 @@ impl VcpuRunner {
         let mut const_msrs = exit::ConstMsrs;
         while !self.control.stopping() {
             if let Some(p) = &mut self.pmu {
+                p.follow_mode();
                 p.pmu.enter_guest();
             }
             let view = view::KvmView(self.fd.as_raw_fd());
@@ -140,6 +141,7 @@ impl VcpuRunner {
             log::warn!("vCPU {}: PMI injection failed: {e}", self.id);
             return;
         }
+        p.in_mode().pmis += 1;
         if due.mask_lvtpc {
             lapic::set_reg(
                 &mut lapic_state.regs,

@@ -61,6 +61,7 @@ pub fn run_tiny_with(
         pmu_backend: vmm::pmu::BackendChoice::Auto,
         pmi_limit: 2000,
         rdpmc: vmm::vm::RdpmcSetting::Patch,
+        vpmu_schedule: None,
         io_delay_us: 0,
         const_msrs: Vec::new(),
         started: None,
