@@ -35,6 +35,32 @@ pub enum Command {
     /// Boot a guest kernel and run it until it powers off, reboots, panics or times out.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
+    /// side (table on stdout; CSV and SVG chart in --out).
+    Compare(CompareArgs),
+}
+
+/// Workloads of `vpmu-vmm compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// A bare-metal tiny guest that samples itself with the vPMU: an I/O-heavy function (port
+    /// writes to a device whose emulation takes --io-delay-us on the vCPU thread) and a
+    /// CPU-bound control. One boot, seconds.
+    Tiny,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// What to profile.
+    #[arg(long, value_enum, default_value_t = Workload::Tiny)]
+    pub workload: Workload,
+    /// Directory for the CSV and SVG files (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "vpmu-compare")]
+    pub out: PathBuf,
+    /// tiny: emulation time of each I/O access, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = crate::compare::tiny::DEFAULT_IO_DELAY_US,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub io_delay_us: u32,
 }
 
 #[derive(clap::Args, Debug)]
@@ -106,7 +132,9 @@ impl RunArgs {
             t => t.map(Duration::from_secs_f64),
         };
         if self.vpmu_schedule.is_some() && self.vpmu == VpmuSetting::Off {
-            return Err("--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into());
+            return Err(
+                "--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
+            );
         }
         Ok(VmConfig {
             boot: Boot::Linux {

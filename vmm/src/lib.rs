@@ -8,11 +8,13 @@
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
 //! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
+//! * [`compare`]: `vpmu-vmm compare`, profiles in both accounting modes side by side;
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
 //! * [`console`]: guest console tee, last lines, panic detection.
 
 pub mod boot;
 pub mod cli;
+pub mod compare;
 pub mod console;
 pub mod devices;
 pub mod end;

@@ -24,6 +24,13 @@ fn main() -> ExitCode {
         .init();
 
     match cli.command {
+        Command::Compare(args) => match vmm::compare::command(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(code::ERROR as u8)
+            }
+        },
         Command::Run(args) => {
             let cfg = match args.to_config(started) {
                 Ok(c) => c,

@@ -36,13 +36,23 @@ pub fn print(r: &RunReport) {
             let steps: Vec<String> = r
                 .mode_history
                 .iter()
-                .map(|s| format!("{} at {:.1} s ({})", crate::pmu::mode::name(s.mode), s.at.as_secs_f64(), s.by))
+                .map(|s| {
+                    format!(
+                        "{} at {:.1} s ({})",
+                        crate::pmu::mode::name(s.mode),
+                        s.at.as_secs_f64(),
+                        s.by
+                    )
+                })
                 .collect();
             eprintln!("[vpmu-vmm] accounting modes: {}", steps.join(" -> "));
         }
-        for (i, m) in [vpmu::AccountingMode::CpuSwitch, vpmu::AccountingMode::DomainSwitch]
-            .into_iter()
-            .enumerate()
+        for (i, m) in [
+            vpmu::AccountingMode::CpuSwitch,
+            vpmu::AccountingMode::DomainSwitch,
+        ]
+        .into_iter()
+        .enumerate()
         {
             let c = p.by_mode[i];
             if c.pmis + c.rdpmc_reads > 0 {

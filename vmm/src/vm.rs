@@ -141,6 +141,32 @@ fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
+impl VmConfig {
+    /// `boot` with the defaults of `vpmu-vmm run` (256 MiB, 1 vCPU, no vPMU, no timeout,
+    /// console to stdout); callers change what they need.
+    pub fn new(boot: Boot) -> Self {
+        VmConfig {
+            boot,
+            memory_mib: 256,
+            vcpus: 1,
+            vpmu: VpmuSetting::Off,
+            host_quirks: QuirkSetting::Auto,
+            timeout: None,
+            console_out: None,
+            console_in: false,
+            pmu_model: ModelChoice::Auto,
+            pmu_backend: BackendChoice::Auto,
+            pmi_limit: 2000,
+            rdpmc: RdpmcSetting::Patch,
+            vpmu_schedule: None,
+            io_delay_us: 0,
+            const_msrs: Vec::new(),
+            serial2: None,
+            started: None,
+        }
+    }
+}
+
 /// Shared between the vCPU threads and the thread waiting for the VM to end.
 #[derive(Default)]
 pub struct VmControl {

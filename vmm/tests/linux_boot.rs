@@ -131,8 +131,14 @@ fn stock_linux_boots_on_two_vcpus() {
         "too few watchdog PMIs\n{}",
         dump()
     );
-    assert!(cpu_pmis >= 5 && dom_pmis >= 5, "PMIs in each mode\n{stderr}");
-    assert!(cpu_rdpmc >= 1 && dom_rdpmc >= 1, "RDPMC in each mode\n{stderr}");
+    assert!(
+        cpu_pmis >= 5 && dom_pmis >= 5,
+        "PMIs in each mode\n{stderr}"
+    );
+    assert!(
+        cpu_rdpmc >= 1 && dom_rdpmc >= 1,
+        "RDPMC in each mode\n{stderr}"
+    );
 
     if vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some() {
         // Guest user space cannot run on this host: SYSCALL at CPL3 never reaches the guest

@@ -184,12 +184,16 @@ fn guest_switches_the_accounting_mode_at_run_time() {
     if !common::kvm_available() {
         return;
     }
-    let r = common::run_tiny_with(&tiny_guests::MODE_SWITCH64, Duration::from_secs(120), |cfg| {
-        cfg.vpmu = VpmuSetting::CpuSwitch;
-        cfg.pmu_model = ModelChoice::Amd;
-        cfg.pmu_backend = BackendChoice::Soft;
-        cfg.io_delay_us = DELAY_US;
-    });
+    let r = common::run_tiny_with(
+        &tiny_guests::MODE_SWITCH64,
+        Duration::from_secs(120),
+        |cfg| {
+            cfg.vpmu = VpmuSetting::CpuSwitch;
+            cfg.pmu_model = ModelChoice::Amd;
+            cfg.pmu_backend = BackendChoice::Soft;
+            cfg.io_delay_us = DELAY_US;
+        },
+    );
     assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
     let w: Vec<u64> = r
         .serial2
@@ -209,7 +213,12 @@ fn guest_switches_the_accounting_mode_at_run_time() {
         dom_io > 3 * cpu_io,
         "domain-switch loop should be charged the VMM's I/O work: cpu {cpu_io}, domain {dom_io}"
     );
-    let modes: Vec<_> = r.report.mode_history.iter().map(|s| (s.mode, s.by)).collect();
+    let modes: Vec<_> = r
+        .report
+        .mode_history
+        .iter()
+        .map(|s| (s.mode, s.by))
+        .collect();
     assert_eq!(
         modes,
         vec![

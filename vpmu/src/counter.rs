@@ -136,9 +136,7 @@ impl CounterCore {
     /// folded into its value (and its overflow noticed), the backend switched, and the counters
     /// re-armed from their values.
     pub fn set_mode(&mut self, mode: crate::AccountingMode) {
-        let running: Vec<usize> = (0..self.counters.len())
-            .filter(|&s| self.fold(s))
-            .collect();
+        let running: Vec<usize> = (0..self.counters.len()).filter(|&s| self.fold(s)).collect();
         self.backend.set_mode(mode);
         for s in running {
             self.arm(s, true);

@@ -344,7 +344,9 @@ fn mode_switch_keeps_counts_and_rearms_running_counters() {
     pmu.set_accounting_mode(vpmu::AccountingMode::DomainSwitch);
     let calls = fake.take_calls();
     assert!(
-        calls.contains(&vpmu::fake::Call::SetMode(vpmu::AccountingMode::DomainSwitch)),
+        calls.contains(&vpmu::fake::Call::SetMode(
+            vpmu::AccountingMode::DomainSwitch
+        )),
         "{calls:?}"
     );
     assert!(fake.is_running(GP0), "the counter must keep running");

@@ -180,7 +180,13 @@ mod tests {
                 (AccountingMode::DomainSwitch, Duration::from_secs(30))
             ]
         );
-        for bad in ["cpu:3", "cpu-switch", "cpu-switch:-1", "cpu-switch:x", "off:3"] {
+        for bad in [
+            "cpu:3",
+            "cpu-switch",
+            "cpu-switch:-1",
+            "cpu-switch:x",
+            "off:3",
+        ] {
             assert!(
                 matches!(bad.parse::<Schedule>(), Err(ScheduleError::Entry(_))),
                 "{bad}"
