@@ -29,7 +29,7 @@ pub fn print(r: &RunReport) {
     if r.vpmu != crate::vm::VpmuSetting::Off {
         let p = &r.pmu;
         eprintln!(
-            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} throttled",
+            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} held back by the rate limit",
             r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
         );
         if r.mode_history.len() > 1 {

@@ -141,6 +141,18 @@ fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
 }
 
+impl Boot {
+    /// A tiny test guest (guest-image/tiny), entered at its load address.
+    pub fn tiny(guest: &tiny_guests::TinyGuest) -> Boot {
+        Boot::Flat {
+            image: guest.image.to_vec(),
+            load_addr: guest.load_addr,
+            entry: guest.load_addr,
+            long_mode: guest.long_mode,
+        }
+    }
+}
+
 impl VmConfig {
     /// `boot` with the defaults of `vpmu-vmm run` (256 MiB, 1 vCPU, no vPMU, no timeout,
     /// console to stdout); callers change what they need.

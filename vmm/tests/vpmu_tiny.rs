@@ -95,9 +95,9 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     assert_eq!(rep.masked_nmis, 0, "{rep:?}");
     assert_eq!(rep.masked_status & 1, 1, "{rep:?}");
     assert!(vm.pmu.pmis_masked >= 1, "{:?}", vm.pmu);
-    // Storm: a period of 1 is capped by the per-vCPU PMI limit (on Intel it may also end
-    // earlier, when an overflow finds LVTPC still masked from the previous PMI: dropped, as on
-    // hardware, and nothing re-arms the counter).
+    // Storm: a period of 1 is capped by the per-vCPU PMI rate limit, which holds PMIs back (on
+    // Intel it may also end earlier, when an overflow finds LVTPC still masked from the previous
+    // PMI: dropped, as on hardware, and nothing re-arms the counter).
     assert!(
         vm.pmu.pmis_throttled + vm.pmu.pmis_masked >= 2,
         "storm neither throttled nor dropped: {:?}",
@@ -118,11 +118,14 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     assert_eq!(rep.msr0, 0, "RDMSR 0 answered by the vPMU? {rep:?}");
     assert_eq!(vm.pmu.rdpmc_reads, 2, "{:?}", vm.pmu);
     assert_eq!(vm.pmu.rdpmc_genuine_msr, 1, "{:?}", vm.pmu);
-    assert_eq!(
+    // Every NMI the VMM delivered reached the guest's handler; at most one (a PMI the rate
+    // limit held back, delivered late) may land after the guest stopped counting.
+    let seen = rep.samples + rep.storm_nmis;
+    assert!(
+        vm.pmu.pmis_nmi >= seen && vm.pmu.pmis_nmi - seen <= 1,
+        "VMM delivered {} NMIs, guest saw {seen}: {:?}",
         vm.pmu.pmis_nmi,
-        rep.samples + rep.storm_nmis,
-        "VMM and guest disagree on NMIs: {:?}",
-        vm.pmu
+        vm.pmu.by_mode
     );
     rep
 }

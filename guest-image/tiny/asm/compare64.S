@@ -16,7 +16,6 @@
 #define CTR_MAX     0x1000000000000
 #define PERIOD      400000
 #define ROUNDS      40
-#define LVTPC       0xfee00340
 #include "msr.inc"
 
 .macro BUSY n
@@ -52,23 +51,7 @@
     .globl start
 start:
     cli
-    lea nmi_handler(%rip), %rax
-    lea idt(%rip), %rdi
-    mov %ax, 32(%rdi)
-    movw $0x08, 34(%rdi)
-    movw $0x8e00, 36(%rdi)
-    shr $16, %rax
-    mov %ax, 38(%rdi)
-    shr $16, %rax
-    mov %eax, 40(%rdi)
-    movl $0, 44(%rdi)
-    lea idt(%rip), %rax
-    mov %rax, idtr_base(%rip)
-    lidt idtr(%rip)
-    mov $0xfee000f0, %ebx       // software-enable the LAPIC
-    movl $0x1ff, (%rbx)
-    mov $LVTPC, %ebx            // LVTPC: NMI
-    movl $0x400, (%rbx)
+    NMI_SETUP nmi_handler
     WRMSR64 GLOBAL_CTRL, 1
 
     SET_MODE 1
@@ -159,9 +142,6 @@ nmi_handler:
     pop %rax
     iretq
 
-    .balign 16
-idt:    .fill 6, 8, 0
-idtr:   .word 47
-idtr_base: .quad 0
+NMI_IDT_DATA
     .balign 8
 hist:   .quad 0, 0, 0, 0

@@ -31,12 +31,7 @@ pub struct TinyComparison {
 pub fn run(out: &Path, io_delay_us: u32) -> Result<TinyComparison, CompareError> {
     let guest = tiny_guests::COMPARE64;
     let serial2 = out.join("tiny-guest-com2.bin");
-    let mut cfg = VmConfig::new(Boot::Flat {
-        image: guest.image.to_vec(),
-        load_addr: guest.load_addr,
-        entry: guest.load_addr,
-        long_mode: guest.long_mode,
-    });
+    let mut cfg = VmConfig::new(Boot::tiny(&guest));
     cfg.memory_mib = 64;
     cfg.vpmu = VpmuSetting::CpuSwitch;
     cfg.pmu_model = ModelChoice::Amd;

@@ -39,6 +39,10 @@ pub enum ModelChoice {
 pub struct VcpuPmu {
     pub pmu: vpmu::Pmu,
     pub limiter: pmi::PmiLimiter,
+    /// A PMI the rate limit holds back, and the timer that brings the vCPU back when it may go
+    /// (created on the vCPU thread at first need).
+    pub held: Option<vpmu::Pmi>,
+    pub timer: Option<crate::vcpu::kick::KickTimer>,
     pub stats: PmuStats,
     /// Rewritten RDPMC sites (empty with `--rdpmc off`).
     pub rdpmc: Arc<rdpmc::RdpmcSites>,
@@ -64,7 +68,7 @@ pub struct PmuStats {
     pub pmis_vector: u64,
     /// PMIs dropped because LVTPC was masked (as hardware does).
     pub pmis_masked: u64,
-    /// PMIs dropped by the storm limit.
+    /// PMIs the rate limit held back (each delivered later, merged with any that came meanwhile).
     pub pmis_throttled: u64,
     /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
     /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
@@ -111,6 +115,8 @@ impl VcpuPmu {
         VcpuPmu {
             pmu,
             limiter: pmi::PmiLimiter::new(pmi_limit, Instant::now()),
+            held: None,
+            timer: None,
             stats: PmuStats::default(),
             rdpmc,
             mode_switch,

@@ -69,3 +69,56 @@ pub fn kick(thread: libc::pthread_t) {
     // vCPU thread that is joined only after it stopped being kicked.
     unsafe { libc::pthread_kill(thread, kick_signal()) };
 }
+
+/// A per-thread timer that kicks its vCPU thread at a chosen time (POSIX timer, SIGEV_THREAD_ID,
+/// the kick signal): brings back a vCPU that runs in the guest with no exits when something
+/// held back (a rate-limited PMI) may go.
+pub struct KickTimer {
+    timer: libc::timer_t,
+}
+
+impl KickTimer {
+    /// A timer for the calling thread.
+    pub fn for_this_thread() -> std::io::Result<Self> {
+        // SAFETY: sigevent is plain data; all-zero is a valid starting value.
+        let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
+        ev.sigev_notify = libc::SIGEV_THREAD_ID;
+        ev.sigev_signo = kick_signal();
+        // SAFETY: gettid has no preconditions.
+        ev.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut timer: libc::timer_t = null_mut();
+        // SAFETY: `ev` and `timer` are valid for the call; the timer is deleted in Drop.
+        if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut timer) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(KickTimer { timer })
+    }
+
+    /// Kicks this thread once, `after` from now (replacing any earlier setting).
+    pub fn kick_after(&self, after: std::time::Duration) {
+        let after = after.max(std::time::Duration::from_micros(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: after.subsec_nanos() as libc::c_long,
+            },
+        };
+        // SAFETY: a timer created by timer_create and not yet deleted; `spec` is valid.
+        unsafe { libc::timer_settime(self.timer, 0, &spec, null_mut()) };
+    }
+}
+
+// SAFETY: a timer_t is an id the kernel resolves for any thread of the process; the timer is
+// only armed and deleted by the value's owner.
+unsafe impl Send for KickTimer {}
+
+impl Drop for KickTimer {
+    fn drop(&mut self) {
+        // SAFETY: deletes the timer this value owns, once.
+        unsafe { libc::timer_delete(self.timer) };
+    }
+}

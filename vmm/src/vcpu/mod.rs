@@ -95,11 +95,34 @@ impl VcpuRunner {
     /// way LVTPC says, within the storm limit.
     fn deliver_pmi(&mut self) {
         let Some(p) = &mut self.pmu else { return };
-        let Some(due) = p.pmu.service_overflow() else {
-            return;
+        let was_held = p.held.is_some();
+        let due = match (p.held.take(), p.pmu.service_overflow()) {
+            (None, None) => return,
+            (Some(a), Some(b)) => vpmu::Pmi {
+                counters: a.counters | b.counters,
+                mask_lvtpc: a.mask_lvtpc || b.mask_lvtpc,
+            },
+            (a, b) => a.or(b).expect("one is Some"),
         };
-        if !p.limiter.allow(Instant::now()) {
-            p.stats.pmis_throttled += 1;
+        let now = Instant::now();
+        if let Err(at) = p.limiter.check(now) {
+            // Over the rate limit: hold the PMI and come back when it may go.
+            if !was_held {
+                p.stats.pmis_throttled += 1;
+            }
+            p.held = Some(due);
+            if p.timer.is_none() {
+                match kick::KickTimer::for_this_thread() {
+                    Ok(t) => p.timer = Some(t),
+                    Err(e) => log::warn!(
+                        "vCPU {}: no kick timer ({e}): a held PMI waits for the next exit",
+                        self.id
+                    ),
+                }
+            }
+            if let Some(t) = &p.timer {
+                t.kick_after(at - now);
+            }
             return;
         }
         let mut lapic_state = match self.fd.get_lapic() {
