@@ -14,8 +14,15 @@ use std::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 /// When the run switches from cpu-switch to domain-switch (the watchdog starts at about 7 s of
-/// a boot that reaches init after 40-100 s here).
+/// a boot that reaches init after 40-100 s here). VPMU_TEST_MODE_SWITCH_SECS overrides it.
 const MODE_SWITCH_SECS: u32 = 35;
+
+fn mode_switch_secs() -> u32 {
+    std::env::var("VPMU_TEST_MODE_SWITCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(MODE_SWITCH_SECS)
+}
 
 /// `[vpmu-vmm]   in MODE: N PMIs delivered, M RDPMC served` -> (N, M).
 fn per_mode(stderr: &str, mode: &str) -> (u64, u64) {
@@ -58,7 +65,7 @@ fn stock_linux_boots_on_two_vcpus() {
             "--vpmu",
             "domain-switch",
             "--vpmu-schedule",
-            &format!("cpu-switch:{MODE_SWITCH_SECS},domain-switch:1"),
+            &format!("cpu-switch:{},domain-switch:1", mode_switch_secs()),
         ])
         .args([
             "--cmdline",
