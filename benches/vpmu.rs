@@ -44,6 +44,7 @@ fn run(
         io_delay_us: 0,
         const_msrs,
         started: None,
+        record: Default::default(),
     };
     let r = vmm::vm::run(&cfg).expect("VM run");
     assert_eq!(r.end, VmEnd::PowerOff, "{}: {:?}", guest.name, r.end);

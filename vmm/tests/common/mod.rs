@@ -63,6 +63,7 @@ pub fn run_tiny_with(
         io_delay_us: 0,
         const_msrs: Vec::new(),
         started: None,
+        record: Default::default(),
     };
     let mut cfg = cfg;
     adjust(&mut cfg);
