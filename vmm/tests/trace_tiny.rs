@@ -7,6 +7,8 @@ mod common;
 use std::time::Duration;
 
 use vmm::end::VmEnd;
+use vmm::profile::report;
+use vmm::profile::symbols::SymbolTable;
 use vmm::trace::format::{Reason, Record, Trace};
 use vmm::trace::summary;
 use vmm::trace::{ProfileClock, ProfileConfig};
@@ -111,6 +113,28 @@ fn profile_run(clock: ProfileClock) -> (u64, u64, u64, Trace) {
         }
     }
     eprintln!("{clock:?}: compute {compute}, io_heavy {io}, elsewhere {other}");
+    // The report's symbolizer agrees, given a System.map of the guest's two functions.
+    // (io_heavy follows compute directly: compute_end == io_heavy.)
+    assert_eq!(w[1], w[2]);
+    let map = format!(
+        "{:016x} T compute\n{:016x} T io_heavy\n{:016x} T after\n",
+        w[0],
+        w[2],
+        w[3] + 1
+    );
+    let syms = SymbolTable::parse_system_map(&map, "tiny").unwrap();
+    let rows = report::profile(&t, Some(&syms));
+    let n = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map_or(0, |r| r.samples)
+    };
+    assert_eq!((n("compute"), n("io_heavy")), (compute, io));
+    eprintln!("{}", report::render_profile(&t, &rows, Some(&syms), 5));
+    eprintln!(
+        "{}",
+        report::render_system_wide(&t, &report::system_wide(&t, Some(&syms)), 6)
+    );
     (compute, io, other, t)
 }
 

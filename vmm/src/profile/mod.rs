@@ -9,5 +9,7 @@
 //! * [`report`] — the opreport-like table and the system-wide view (guest symbols beside the
 //!   VMM's exit handling).
 
+pub mod kallsyms;
 pub mod report;
 pub mod sampler;
+pub mod symbols;
