@@ -41,6 +41,9 @@ enum Trigger {
     Counter {
         backend: PerfBackend,
         period_ns: u64,
+        /// Counter value (ns) at which the next sample is due.
+        next_at: u64,
+        watch: kick::SignalWatch,
     },
     Wall {
         timer: Option<libc::timer_t>,
@@ -93,6 +96,8 @@ impl Sampler {
                         }),
                     ),
                     period_ns,
+                    next_at: period_ns,
+                    watch: kick::SignalWatch::default(),
                 }
             }
         };
@@ -112,7 +117,9 @@ impl Sampler {
     /// signal belong to the calling thread). Called on the first `enter_guest`.
     fn start(&mut self) -> Result<(), SamplerError> {
         match &mut self.trigger {
-            Trigger::Counter { backend, period_ns } => backend
+            Trigger::Counter {
+                backend, period_ns, ..
+            } => backend
                 .program(CTR, &CYCLES, Some(*period_ns))
                 .map_err(|e| SamplerError::Counter(e.to_string())),
             Trigger::Wall {
@@ -178,13 +185,24 @@ impl Sampler {
     /// passed since a signal came); re-arms for the next one.
     pub fn due(&mut self) -> Result<bool, SamplerError> {
         match &mut self.trigger {
-            Trigger::Counter { backend, period_ns } => {
-                if backend.take_overflows() & (1 << CTR.bit()) == 0 {
+            Trigger::Counter {
+                backend,
+                period_ns,
+                next_at,
+                watch,
+            } => {
+                // perf signals every period by itself (it was opened with a sample period):
+                // no re-arming, which costs a close + perf_event_open per sample (measured:
+                // milliseconds at times on this nested host). A signal is ours if our count
+                // passed the next sample point; else it was a vPMU overflow or a stop kick.
+                if !watch.take() {
                     return Ok(false);
                 }
-                backend
-                    .program(CTR, &CYCLES, Some(*period_ns))
-                    .map_err(|e| SamplerError::Counter(e.to_string()))?;
+                let count = backend.read(CTR);
+                if count < *next_at {
+                    return Ok(false);
+                }
+                *next_at = (count / *period_ns + 1) * *period_ns;
                 Ok(true)
             }
             Trigger::Wall {
