@@ -11,9 +11,10 @@
 //!  20 sample_clock u8 (0 none, 1 cpu-switch, 2 domain-switch, 3 wall)   21..24 reserved
 //!  24 start_tsc u64           32 sample_period_ns u64
 //!  40 kernel_path_len u16     42..48 reserved       48 kernel path (UTF-8), the image booted
-//! block header (16 bytes)
+//! block header (24 bytes)
 //!   0 tag "VBLK"   4 vcpu u16   6 kind u16 (1 records, 2 end)   8 count u32
 //!  12 dropped u32: records this vCPU dropped (no free buffer) just before this block
+//!  16 checksum u32: FNV-1a of the block's records   20 reserved u32
 //! record (32 bytes), `count` of them after a records block; an end block has exactly one
 //!   0 kind u8 (1 exit, 2 sample, 3 clock)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
 //!   8 addr u64   16 tsc_a u64   24 tsc_b u64
@@ -32,7 +33,7 @@ use std::fmt;
 pub const MAGIC: &[u8; 8] = b"VPMUTRAC";
 pub const VERSION: u16 = 1;
 pub const HEADER_FIXED: usize = 48;
-pub const BLOCK_HEADER: usize = 16;
+pub const BLOCK_HEADER: usize = 24;
 pub const RECORD_SIZE: usize = 32;
 pub const BLOCK_TAG: &[u8; 4] = b"VBLK";
 /// Largest block a reader accepts (writers use far smaller buffers).
@@ -463,9 +464,23 @@ impl Header {
     }
 }
 
-/// Encodes a block header.
-pub fn block_header(vcpu: u16, end: bool, count: u32, dropped: u32) -> [u8; BLOCK_HEADER] {
+/// 32-bit FNV-1a: catches damaged record bytes that would still decode.
+pub fn checksum(body: &[u8]) -> u32 {
+    body.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Encodes a block header for `body` (its `count` records).
+pub fn block_header(
+    vcpu: u16,
+    end: bool,
+    count: u32,
+    dropped: u32,
+    body: &[u8],
+) -> [u8; BLOCK_HEADER] {
     let mut h = [0u8; BLOCK_HEADER];
+    h[16..20].copy_from_slice(&checksum(body).to_le_bytes());
     h[0..4].copy_from_slice(BLOCK_TAG);
     h[4..6].copy_from_slice(&vcpu.to_le_bytes());
     h[6..8].copy_from_slice(&(if end { BLOCK_END } else { BLOCK_RECORDS }).to_le_bytes());
@@ -537,6 +552,16 @@ impl Trace {
                 ));
             }
             let body = off + BLOCK_HEADER;
+            let sum = u32_at(b, off + 16);
+            let check = |len: usize| -> Result<(), FormatError> {
+                if checksum(&b[body..body + len]) != sum {
+                    return Err(corrupt(
+                        body,
+                        format!("checksum mismatch in a block of vCPU {vcpu} (damaged records)"),
+                    ));
+                }
+                Ok(())
+            };
             match kind {
                 BLOCK_RECORDS => {
                     if count == 0 || count > MAX_BLOCK_RECORDS {
@@ -544,6 +569,7 @@ impl Trace {
                     }
                     let len = count as usize * RECORD_SIZE;
                     need(b, body, len, "block of records")?;
+                    check(len)?;
                     let t = &mut vcpus[v];
                     t.dropped += u64::from(dropped);
                     for (i, chunk) in b[body..body + len].chunks_exact(RECORD_SIZE).enumerate() {
@@ -558,6 +584,7 @@ impl Trace {
                         return Err(corrupt(off + 8, format!("end block of {count} records")));
                     }
                     need(b, body, RECORD_SIZE, "end block")?;
+                    check(RECORD_SIZE)?;
                     if b[body] != 4 {
                         return Err(corrupt(body, "end block without an end record".into()));
                     }
@@ -686,15 +713,18 @@ mod tests {
     fn file() -> Vec<u8> {
         let mut f = header().encode();
         let recs = records();
-        f.extend_from_slice(&block_header(0, false, recs.len() as u32, 3));
+        let mut body = Vec::new();
         for r in &recs {
             let mut b = [0u8; RECORD_SIZE];
             r.encode(&mut b);
-            f.extend_from_slice(&b);
+            body.extend_from_slice(&b);
         }
+        f.extend_from_slice(&block_header(0, false, recs.len() as u32, 3, &body));
+        f.extend_from_slice(&body);
         for v in 0..2 {
-            f.extend_from_slice(&block_header(v, true, 1, 0));
-            f.extend_from_slice(&end_record(5000, 3 * u64::from(1 - v), 42));
+            let end = end_record(5000, 3 * u64::from(1 - v), 42);
+            f.extend_from_slice(&block_header(v, true, 1, 0, &end));
+            f.extend_from_slice(&end);
         }
         f
     }
@@ -738,9 +768,10 @@ mod tests {
             (h, b'Z', "block tag"),
             (h + 4, 7, "vCPU 7"),
             (h + 6, 9, "unknown block kind"),
-            (h + BLOCK_HEADER, 9, "unknown record kind"),
-            (h + BLOCK_HEADER + 1, 99, "unknown exit reason"),
-            (h + BLOCK_HEADER + 2 * RECORD_SIZE + 3, 5, "CPL 5"),
+            (h + 16, 0x5a, "checksum mismatch"),
+            // A damaged TSC decodes fine; the checksum catches it.
+            (h + BLOCK_HEADER + 20, 0x77, "checksum mismatch"),
+            (f.len() - 3, 0x77, "checksum mismatch"),
         ];
         for (at, v, want) in cases {
             let mut bad = f.clone();
@@ -759,6 +790,29 @@ mod tests {
             }
             assert!(Trace::parse(&g).is_err());
         }
+    }
+
+    #[test]
+    fn bad_records_are_refused() {
+        let mut b = [0u8; RECORD_SIZE];
+        records()[2].encode(&mut b);
+        let cases: [(usize, u8, &str); 3] = [
+            (0, 9, "unknown record kind"),
+            (1, 99, "unknown exit reason"),
+            (3, 5, "CPL 5"),
+        ];
+        for (at, v, want) in cases {
+            let mut bad = b;
+            bad[at] = v;
+            let e = Record::decode(&bad).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        let mut back = [0u8; RECORD_SIZE];
+        records()[0].encode(&mut back);
+        back[24..32].copy_from_slice(&1u64.to_le_bytes());
+        assert!(Record::decode(&back)
+            .unwrap_err()
+            .contains("before it exited"));
     }
 
     #[test]

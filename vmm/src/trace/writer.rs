@@ -198,17 +198,20 @@ fn write_loop<W: Write>(
                 mut records,
                 dropped,
             } => {
-                bytes.extend_from_slice(&format::block_header(
-                    vcpu,
-                    false,
-                    records.len() as u32,
-                    dropped,
-                ));
+                bytes.resize(format::BLOCK_HEADER, 0);
                 let mut rec = [0u8; RECORD_SIZE];
                 for r in &records {
                     r.encode(&mut rec);
                     bytes.extend_from_slice(&rec);
                 }
+                let head = format::block_header(
+                    vcpu,
+                    false,
+                    records.len() as u32,
+                    dropped,
+                    &bytes[format::BLOCK_HEADER..],
+                );
+                bytes[..format::BLOCK_HEADER].copy_from_slice(&head);
                 stats.records += records.len() as u64;
                 stats.blocks += 1;
                 out.write_all(&bytes)?;
@@ -224,8 +227,9 @@ fn write_loop<W: Write>(
                 dropped_total,
                 thread_cpu_ns,
             } => {
-                bytes.extend_from_slice(&format::block_header(vcpu, true, 1, 0));
-                bytes.extend_from_slice(&format::end_record(end_tsc, dropped_total, thread_cpu_ns));
+                let end = format::end_record(end_tsc, dropped_total, thread_cpu_ns);
+                bytes.extend_from_slice(&format::block_header(vcpu, true, 1, 0, &end));
+                bytes.extend_from_slice(&end);
                 stats.dropped += dropped_total;
             }
         }
