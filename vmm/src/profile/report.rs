@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use super::symbols::{Origin, SymbolTable, SymbolsError};
 use crate::cli::ReportArgs;
 use crate::trace::command::{load, CommandError};
-use crate::trace::format::{Record, Trace};
+use crate::trace::format::{Reason, Record, Trace};
 use crate::trace::summary;
 
 pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
@@ -184,12 +184,22 @@ pub fn system_wide(t: &Trace, syms: Option<&SymbolTable>) -> Vec<TimeRow> {
         })
         .collect();
     let s = summary::summarize(t);
+    let preempted: u64 = s.vcpus.iter().map(|v| v.interrupted_off_cpu).sum();
     for (key, st) in &s.events {
+        let off = if key == Reason::Interrupted.name() {
+            preempted
+        } else {
+            0
+        };
         rows.push(TimeRow {
             name: format!("[vmm] {key}"),
-            ms: t.header.secs(st.total()) * 1e3,
+            ms: t.header.secs(st.total().saturating_sub(off)) * 1e3,
         });
     }
+    rows.push(TimeRow {
+        name: "[host] vCPU thread preempted during interrupted exits".into(),
+        ms: t.header.secs(preempted) * 1e3,
+    });
     // What neither accounts for: halted, off-CPU (host preemption), or not sampled.
     let wall_ms: f64 = s
         .vcpus
@@ -293,7 +303,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
 mod tests {
     use super::*;
     use crate::trace::format::{
-        ExitEvent, Header, Reason, SampleClock, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES,
+        ExitEvent, Header, SampleClock, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES,
     };
 
     fn sample(rip: u64, cpl: u8, during: bool) -> Record {

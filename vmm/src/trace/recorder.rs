@@ -1,7 +1,8 @@
 //! Recording on the vCPU thread: what `run --trace` and `run --host-profile` add to the KVM_RUN
 //! loop. Per exit: two RDTSCs and a `Vec` push (the record is completed with the re-entry TSC
 //! just before the next KVM_RUN). Per sample: KVM_GET_REGS + KVM_GET_SREGS. A clock record
-//! (thread CPU time) at most every [`CLOCK_EVERY_MS`] ms of TSC time.
+//! (thread CPU time) at most every [`CLOCK_EVERY_MS`] ms of TSC time, and on both sides of
+//! each interrupted exit.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -123,11 +124,20 @@ impl VcpuRecorder {
         let t = rdtsc();
         if let Some(sink) = &mut self.exits {
             match self.pending.take() {
-                Some((event, exit_tsc)) => sink.push(Record::Exit {
-                    event,
-                    exit_tsc,
-                    entry_tsc: t,
-                }),
+                Some((event, exit_tsc)) => {
+                    sink.push(Record::Exit {
+                        event,
+                        exit_tsc,
+                        entry_tsc: t,
+                    });
+                    if event.reason == Reason::Interrupted {
+                        self.last_clock = t;
+                        sink.push(Record::Clock {
+                            tsc: t,
+                            thread_cpu_ns: thread_cpu_ns(),
+                        });
+                    }
+                }
                 None => {
                     self.last_clock = t;
                     sink.push(Record::Clock {
@@ -146,9 +156,15 @@ impl VcpuRecorder {
         if let Some(s) = &mut self.sampler {
             s.leave_guest();
         }
-        self.pending = Some((classify(r), t));
+        let event = classify(r);
+        self.pending = Some((event, t));
         if let Some(sink) = &mut self.exits {
-            if t.wrapping_sub(self.last_clock) >= self.clock_every {
+            // Interrupted exits (kicks, overflow signals, profile samples) are bracketed by
+            // clock records: the host often preempts the thread right there, and the summary
+            // tells that off-CPU time apart from the VMM's own work.
+            if event.reason == Reason::Interrupted
+                || t.wrapping_sub(self.last_clock) >= self.clock_every
+            {
                 self.last_clock = t;
                 sink.push(Record::Clock {
                     tsc: t,

@@ -4,10 +4,11 @@
 //!
 //! Time split of one vCPU, from the header's start TSC to the vCPU's end TSC:
 //! * in VMM — from each exit (KVM_RUN returned) to the next KVM_RUN: exit handling, device
-//!   emulation, vPMU work, fix-ups (measured exactly, TSC at both ends);
-//! * halted/off-CPU — time inside KVM_RUN while the thread was not running (a halted vCPU
-//!   waiting for an interrupt, or the host scheduling something else): KVM_RUN time minus the
-//!   thread's CPU time, from the rate-limited clock records;
+//!   emulation, vPMU work, fix-ups (measured exactly, TSC at both ends), less the time the
+//!   thread was preempted during interrupted exits (clock records bracket those);
+//! * halted/off-CPU — time the thread was not running: a halted vCPU waiting in KVM_RUN, or
+//!   the host scheduling something else; wall time minus the thread's CPU time (clock
+//!   records). Preemption during other exits' handling stays in "in VMM";
 //! * in guest — the rest of the KVM_RUN time (guest code, and KVM's in-kernel exits).
 //!
 //! "cycles" are TSC ticks (the file's TSC kHz converts them to time).
@@ -63,6 +64,9 @@ pub struct TimeSplit {
 #[derive(Debug, Clone, Default)]
 pub struct VcpuSummary {
     pub reasons: BTreeMap<Reason, Stats>,
+    /// Of the interrupted exits' VMM time, how much the thread was not running (preempted by
+    /// the host), from the clock records around them.
+    pub interrupted_off_cpu: u64,
     pub split: TimeSplit,
     pub samples: u64,
     pub dropped: u64,
@@ -127,6 +131,9 @@ pub fn summarize(t: &Trace) -> Summary {
         };
         let mut in_vmm = 0u64;
         let mut first_clock: Option<(u64, u64)> = None;
+        let mut last_clock: Option<(u64, u64)> = None;
+        // An interrupted exit with a clock record at its exit: (entry TSC, CPU ns, VMM ticks).
+        let mut open: Option<(u64, u64, u64)> = None;
         for r in &v.records {
             match *r {
                 Record::Exit {
@@ -135,6 +142,14 @@ pub fn summarize(t: &Trace) -> Summary {
                     entry_tsc,
                 } => {
                     let d = vmm_ticks(exit_tsc, entry_tsc, end);
+                    open = match last_clock {
+                        Some((tsc, cpu))
+                            if event.reason == Reason::Interrupted && tsc == exit_tsc =>
+                        {
+                            Some((entry_tsc, cpu, d))
+                        }
+                        _ => None,
+                    };
                     in_vmm += d;
                     vs.reasons.entry(event.reason).or_default().add(d);
                     s.events.entry(event_key(&event)).or_default().add(d);
@@ -155,6 +170,11 @@ pub fn summarize(t: &Trace) -> Summary {
                 Record::Sample { .. } => vs.samples += 1,
                 Record::Clock { tsc, thread_cpu_ns } => {
                     first_clock.get_or_insert((tsc, thread_cpu_ns));
+                    if let Some((_, cpu0, d)) = open.take().filter(|o| o.0 == tsc) {
+                        let on_cpu = thread_cpu_ns.saturating_sub(cpu0) * khz / 1_000_000;
+                        vs.interrupted_off_cpu += d.saturating_sub(on_cpu);
+                    }
+                    last_clock = Some((tsc, thread_cpu_ns));
                 }
             }
         }
@@ -162,6 +182,8 @@ pub fn summarize(t: &Trace) -> Summary {
         // Before the first KVM_RUN (the first clock record) the thread was setting up: VMM.
         let (run_start, cpu_start) = first_clock.unwrap_or((start, v.end_thread_cpu_ns));
         in_vmm = (in_vmm + run_start.saturating_sub(start)).min(wall);
+        // Preempted time inside exit handling is off-CPU time, not VMM work.
+        in_vmm = in_vmm.saturating_sub(vs.interrupted_off_cpu);
         let span = end.saturating_sub(run_start);
         let cpu_ticks = v.end_thread_cpu_ns.saturating_sub(cpu_start) * khz / 1_000_000;
         let in_run = wall - in_vmm;
@@ -482,6 +504,44 @@ mod tests {
         assert!(text.contains("pio-out"), "{text}");
         assert!(text.contains("0x02f8 out"), "{text}");
         assert!(text.contains("dropped records: 0"), "{text}");
+    }
+
+    #[test]
+    fn preemption_in_interrupted_exits_is_off_cpu_not_vmm() {
+        // An interrupted exit 100..300 with clocks on both sides: 50 us of CPU in it.
+        let recs = vec![
+            Record::Clock {
+                tsc: 0,
+                thread_cpu_ns: 0,
+            },
+            Record::Clock {
+                tsc: 100,
+                thread_cpu_ns: 100_000,
+            },
+            Record::Exit {
+                event: ExitEvent::new(Reason::Interrupted),
+                exit_tsc: 100,
+                entry_tsc: 300,
+            },
+            Record::Clock {
+                tsc: 300,
+                thread_cpu_ns: 150_000,
+            },
+        ];
+        let t = trace(recs, 1000, 850_000);
+        let v = &summarize(&t).vcpus[0];
+        assert_eq!(v.interrupted_off_cpu, 150);
+        assert_eq!(v.reasons[&Reason::Interrupted].total(), 200);
+        // VMM work 50; off-CPU 1000 - 850 = 150; guest the rest.
+        assert_eq!(
+            v.split,
+            TimeSplit {
+                wall: 1000,
+                in_guest: 800,
+                in_vmm: 50,
+                halted: 150,
+            }
+        );
     }
 
     #[test]
