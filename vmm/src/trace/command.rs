@@ -27,7 +27,19 @@ pub fn load(file: &std::path::Path) -> Result<Trace, CommandError> {
     })
 }
 
+/// `trace summary`; a closed stdout (`| head`) ends it quietly.
 pub fn summary(args: &SummaryArgs) -> Result<(), CommandError> {
+    match run_summary(args) {
+        Err(CommandError::Write { source, .. })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+fn run_summary(args: &SummaryArgs) -> Result<(), CommandError> {
     if let Some(i) = args.interval.filter(|i| !(i.is_finite() && *i > 0.0)) {
         return Err(CommandError::Interval(i));
     }

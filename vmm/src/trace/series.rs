@@ -81,6 +81,8 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
         let vend = v.end_tsc.max(start);
         spread(&mut span, start, width, start, vend, 1.0);
         let mut clock: Option<(u64, u64)> = None;
+        // An interrupted exit bracketed by clock records: (exit, entry, CPU ns at the exit).
+        let mut open: Option<(u64, u64, u64)> = None;
         for r in &v.records {
             match *r {
                 Record::Exit {
@@ -97,10 +99,23 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
                         _ => b.other += 1,
                     }
                     let d = vmm_ticks(exit_tsc, entry_tsc, vend);
-                    spread(&mut vmm, start, width, exit_tsc, exit_tsc + d, 1.0);
+                    match clock {
+                        // As in the summary: its off-CPU part is not VMM work (see below).
+                        Some((t, c)) if event.reason == Reason::Interrupted && t == exit_tsc => {
+                            open = Some((exit_tsc, entry_tsc, c));
+                        }
+                        _ => spread(&mut vmm, start, width, exit_tsc, exit_tsc + d, 1.0),
+                    }
                 }
                 Record::Sample { tsc, .. } => out[bucket(tsc)].samples += 1,
                 Record::Clock { tsc, thread_cpu_ns } => {
+                    if let Some((x, e, c)) = open.take() {
+                        if e == tsc && tsc > x {
+                            let on = (thread_cpu_ns.saturating_sub(c) as f64 * khz / 1e6)
+                                .min((tsc - x) as f64);
+                            spread(&mut vmm, start, width, x, tsc, on / (tsc - x) as f64);
+                        }
+                    }
                     match clock {
                         // CPU time between two clock records, spread evenly over that time.
                         Some((t0, c0)) if tsc > t0 => {
