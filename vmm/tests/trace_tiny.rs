@@ -200,3 +200,54 @@ fn wall_clock_profile_samples_at_about_the_requested_rate() {
         "{n} vs {expected}"
     );
 }
+
+/// The vPMU's guest counters and the host profiler share the kick signal: with both on, the
+/// guest still gets exactly its PMIs (none lost, none invented) and the profile its samples.
+#[test]
+fn vpmu_overflows_and_profile_samples_share_the_signal() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("both.trace");
+    let r = common::run_tiny_with(&tiny_guests::PMU_AMD64, Duration::from_secs(120), |cfg| {
+        cfg.vpmu = vmm::vm::VpmuSetting::DomainSwitch;
+        cfg.pmu_model = vmm::pmu::ModelChoice::Amd;
+        cfg.pmu_backend = vmm::pmu::BackendChoice::Soft;
+        cfg.pmi_limit = 500;
+        cfg.io_delay_us = 300;
+        cfg.record.trace = Some(path.clone());
+        cfg.record.profile = Some(ProfileConfig {
+            path: path.clone(),
+            hz: 2000,
+            clock: ProfileClock::Auto,
+        });
+    });
+    assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);
+    let w: Vec<u64> = r
+        .serial2
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(w.len(), 8, "guest report incomplete");
+    let (guest_samples, in_loop, storm_nmis) = (w[3], w[4], w[7]);
+    let p = &r.report.pmu;
+    assert!(guest_samples >= 20, "guest PMIs: {w:?}");
+    assert!(in_loop * 10 >= guest_samples * 9, "{w:?}");
+    assert_eq!(p.pmis_nmi, guest_samples + storm_nmis, "{p:?} vs {w:?}");
+    let t = Trace::read_file(&path).unwrap();
+    assert_eq!(
+        t.header.sample_clock,
+        vmm::trace::format::SampleClock::DomainSwitch
+    );
+    let host_samples = t.vcpus[0]
+        .records
+        .iter()
+        .filter(|r| matches!(r, Record::Sample { .. }))
+        .count();
+    eprintln!(
+        "guest PMIs {guest_samples} (+{storm_nmis} storm), host samples {host_samples}, {:?}",
+        r.report.run_time
+    );
+    assert!(host_samples >= 20, "host samples: {host_samples}");
+}
