@@ -10,7 +10,9 @@
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
 //! * [`compare`]: `vpmu-vmm compare`, profiles in both accounting modes side by side;
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
-//! * [`console`]: guest console tee, last lines, panic detection.
+//! * [`console`]: guest console tee, last lines, panic detection;
+//! * [`trace`]: VM-exit tracing (`run --trace`, `trace summary`);
+//! * [`profile`]: host-side guest profiles (`run --host-profile`, `report`).
 
 pub mod boot;
 pub mod cli;
@@ -21,6 +23,8 @@ pub mod end;
 pub mod exit;
 pub mod host_quirks;
 pub mod pmu;
+pub mod profile;
 pub mod report;
+pub mod trace;
 pub mod vcpu;
 pub mod vm;

@@ -107,6 +107,8 @@ pub struct VmConfig {
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
     /// from here to the moment the vCPUs may enter KVM_RUN.
     pub started: Option<Instant>,
+    /// `--trace` / `--host-profile` (off by default).
+    pub record: crate::trace::RecordConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +137,8 @@ pub enum VmError {
     Rdpmc(#[from] pmu::rdpmc::RdpmcError),
     #[error("{0}")]
     Unsupported(String),
+    #[error(transparent)]
+    Record(#[from] crate::trace::recorder::RecordError),
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -175,6 +179,7 @@ impl VmConfig {
             const_msrs: Vec::new(),
             serial2: None,
             started: None,
+            record: Default::default(),
         }
     }
 }
@@ -557,7 +562,30 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             pmu: vcpu_pmu,
             vm: vm.clone(),
             const_msrs: !cfg.const_msrs.is_empty(),
+            recorder: None,
         });
+    }
+    let mut recording = match runners.first().filter(|_| cfg.record.is_on()) {
+        Some(r) => {
+            let tsc_khz = r.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
+            let kernel = match &cfg.boot {
+                Boot::Linux { kernel, .. } => Some(kernel.as_path()),
+                Boot::Flat { .. } => None,
+            };
+            crate::trace::recorder::Recording::start(
+                &cfg.record,
+                cfg.vcpus,
+                tsc_khz,
+                cfg.vpmu,
+                kernel,
+            )?
+        }
+        None => None,
+    };
+    if let Some(rec) = recording.as_mut() {
+        for r in &mut runners {
+            r.recorder = rec.take_vcpu();
+        }
     }
     let setup_time = t0.elapsed();
     log::info!(
@@ -592,6 +620,22 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         pmu_stats.add(&stats);
     }
     let run_time = t1.elapsed();
+    if let Some(rec) = recording {
+        for (path, st) in rec.finish()? {
+            log::info!(
+                "trace {}: {} records in {} blocks, {} bytes{}",
+                path.display(),
+                st.records,
+                st.blocks,
+                st.bytes,
+                if st.dropped > 0 {
+                    format!(", {} RECORDS DROPPED (the writer fell behind)", st.dropped)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
     let log = console_log.lock().unwrap();
     if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
         end = VmEnd::GuestPanic(line.to_string());

@@ -11,9 +11,9 @@ use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 thread_local! {
     static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(null_mut()) };
-    /// Set by the handler: a signal (a stop request or a counter-overflow notification from
-    /// perf) arrived on this thread since the flag was last taken.
-    static SIGNALLED: Cell<bool> = const { Cell::new(false) };
+    /// Counted by the handler: signals (stop requests, counter-overflow notifications from
+    /// perf for the vPMU or the host-side profiler) that arrived on this thread.
+    static SIGNALS: Cell<u64> = const { Cell::new(0) };
     /// TSC when the last signal arrived (for PMI latency measurements).
     static SIGNAL_TSC: Cell<u64> = const { Cell::new(0) };
 }
@@ -23,9 +23,24 @@ pub fn last_signal_tsc() -> u64 {
     SIGNAL_TSC.with(|t| t.get())
 }
 
-/// Whether a kick or overflow signal arrived on this thread since the last call.
-pub fn take_signalled() -> bool {
-    SIGNALLED.with(|s| s.replace(false))
+/// One consumer's view of the kick signal. Several consumers share the one signal (the vPMU's
+/// counters, the host-side profiler's counter or timer, stop requests); each keeps its own
+/// watch, so one of them taking a signal does not hide it from the others, and each then
+/// checks its own state (counter value, deadline) to see whether the signal was for it.
+#[derive(Debug, Default)]
+pub struct SignalWatch {
+    seen: u64,
+}
+
+impl SignalWatch {
+    /// Whether a kick or overflow signal arrived on the calling thread since this watch last
+    /// looked (a new watch reports any signal the thread has had).
+    pub fn take(&mut self) -> bool {
+        let n = SIGNALS.with(|s| s.get());
+        let new = n != self.seen;
+        self.seen = n;
+        new
+    }
 }
 
 /// The signal used to kick vCPU threads.
@@ -34,7 +49,7 @@ pub fn kick_signal() -> i32 {
 }
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    SIGNALLED.with(|s| s.set(true));
+    SIGNALS.with(|s| s.set(s.get().wrapping_add(1)));
     // SAFETY: RDTSC has no preconditions (and is async-signal-safe).
     SIGNAL_TSC.with(|t| t.set(unsafe { core::arch::x86_64::_rdtsc() }));
     let run = KVM_RUN.with(|p| p.get());

@@ -39,6 +39,8 @@ pub struct VcpuRunner {
     pub vm: Arc<VmFd>,
     /// Answer filtered MSRs with 0 when there is no vPMU (`VmConfig::const_msrs`).
     pub const_msrs: bool,
+    /// `--trace` / `--host-profile` (None: neither).
+    pub recorder: Option<crate::trace::recorder::VcpuRecorder>,
 }
 
 impl VcpuRunner {
@@ -57,7 +59,13 @@ impl VcpuRunner {
                 p.pmu.enter_guest();
             }
             let view = view::KvmView(self.fd.as_raw_fd());
+            if let Some(r) = &mut self.recorder {
+                r.before_run();
+            }
             let result = self.fd.run();
+            if let Some(r) = &mut self.recorder {
+                r.after_run(&result);
+            }
             if let Some(p) = &mut self.pmu {
                 p.pmu.leave_guest();
             }
@@ -85,7 +93,13 @@ impl VcpuRunner {
                 }
                 Outcome::Stop(end) => self.control.request_end(end),
             }
+            if let Some(r) = &mut self.recorder {
+                r.after_exit(&self.fd);
+            }
             self.deliver_pmi();
+        }
+        if let Some(r) = self.recorder.take() {
+            r.finish();
         }
         kick::unbind();
         (counts, self.pmu.map(|p| p.stats).unwrap_or_default())
