@@ -578,6 +578,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 tsc_khz,
                 cfg.vpmu,
                 kernel,
+                mode_switch.clone(),
             )?
         }
         None => None,

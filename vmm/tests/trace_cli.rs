@@ -61,6 +61,11 @@ fn trace_file(path: &Path, samples: bool) {
                 cpl: 0,
                 tsc: 2060 + 100 * i,
                 during: None,
+                mode: Some(if i % 2 == 0 {
+                    vpmu::AccountingMode::CpuSwitch
+                } else {
+                    vpmu::AccountingMode::DomainSwitch
+                }),
             });
         }
         for r in recs {

@@ -187,6 +187,8 @@ fn guest_switches_the_accounting_mode_at_run_time() {
     if !common::kvm_available() {
         return;
     }
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("profile");
     let r = common::run_tiny_with(
         &tiny_guests::MODE_SWITCH64,
         Duration::from_secs(120),
@@ -195,6 +197,11 @@ fn guest_switches_the_accounting_mode_at_run_time() {
             cfg.pmu_model = ModelChoice::Amd;
             cfg.pmu_backend = BackendChoice::Soft;
             cfg.io_delay_us = DELAY_US;
+            cfg.record.profile = Some(vmm::trace::ProfileConfig {
+                path: profile.clone(),
+                hz: 2000,
+                clock: vmm::trace::ProfileClock::Auto,
+            });
         },
     );
     assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
@@ -230,4 +237,15 @@ fn guest_switches_the_accounting_mode_at_run_time() {
         ]
     );
     assert_eq!(r.report.pmu.mode_switches, 1);
+    // The host-side profiler's counter followed the switch: its samples carry both modes.
+    let t = vmm::trace::format::Trace::read_file(&profile).unwrap();
+    let modes = vmm::profile::report::sample_modes(&t);
+    assert_eq!(
+        modes,
+        vec![
+            vpmu::AccountingMode::CpuSwitch,
+            vpmu::AccountingMode::DomainSwitch
+        ],
+        "host profile samples should be tagged with both modes"
+    );
 }

@@ -64,13 +64,45 @@ pub fn bucket(rip: u64, cpl: u8, syms: Option<&SymbolTable>) -> String {
 
 /// Samples per bucket, most first (ties by name).
 pub fn profile(t: &Trace, syms: Option<&SymbolTable>) -> Vec<Row> {
+    profile_in(t, syms, None)
+}
+
+/// The accounting modes the file's samples were counted in (run-time switches give several).
+pub fn sample_modes(t: &Trace) -> Vec<vpmu::AccountingMode> {
+    let mut modes = Vec::new();
+    for v in &t.vcpus {
+        for r in &v.records {
+            if let Record::Sample { mode: Some(m), .. } = *r {
+                if !modes.contains(&m) {
+                    modes.push(m);
+                }
+            }
+        }
+    }
+    modes.sort_by_key(|m| crate::pmu::mode::index(*m));
+    modes
+}
+
+/// Like [`profile`], only the samples counted in `mode` (None: all).
+pub fn profile_in(
+    t: &Trace,
+    syms: Option<&SymbolTable>,
+    mode: Option<vpmu::AccountingMode>,
+) -> Vec<Row> {
     let mut rows: HashMap<String, Row> = HashMap::new();
     for v in &t.vcpus {
         for r in &v.records {
             if let Record::Sample {
-                rip, cpl, during, ..
+                rip,
+                cpl,
+                during,
+                mode: m,
+                ..
             } = *r
             {
+                if mode.is_some() && m != mode {
+                    continue;
+                }
                 let name = bucket(rip, cpl, syms);
                 let row = rows.entry(name.clone()).or_insert_with(|| Row {
                     name,
@@ -288,6 +320,19 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
     let syms = symbols_for(&t, args.kernel.as_deref(), args.system_map.as_deref())?;
     let rows = profile(&t, syms.as_ref());
     let mut out = render_profile(&t, &rows, syms.as_ref(), args.top);
+    let modes = sample_modes(&t);
+    if modes.len() > 1 {
+        // The run switched accounting modes: each mode's samples on their own.
+        for m in modes {
+            let rows = profile_in(&t, syms.as_ref(), Some(m));
+            let _ = writeln!(
+                out,
+                "\nsamples counted in {} only:",
+                crate::pmu::mode::name(m)
+            );
+            out.push_str(&render_profile(&t, &rows, syms.as_ref(), args.top));
+        }
+    }
     if t.has_exits() {
         out.push_str(&render_system_wide(
             &t,
@@ -312,6 +357,7 @@ mod tests {
             cpl,
             tsc: 10,
             during: during.then_some((ExitEvent::new(Reason::IoOut), 5)),
+            mode: Some(vpmu::AccountingMode::DomainSwitch),
         }
     }
 
@@ -359,6 +405,38 @@ mod tests {
             "m",
         )
         .unwrap()
+    }
+
+    #[test]
+    fn samples_split_by_the_mode_they_were_counted_in() {
+        let mut t = trace();
+        assert_eq!(sample_modes(&t), vec![vpmu::AccountingMode::DomainSwitch]);
+        t.vcpus[0].records.push(Record::Sample {
+            rip: 0xffff_ffff_8100_0110,
+            cpl: 0,
+            tsc: 20,
+            during: None,
+            mode: Some(vpmu::AccountingMode::CpuSwitch),
+        });
+        assert_eq!(
+            sample_modes(&t),
+            vec![
+                vpmu::AccountingMode::CpuSwitch,
+                vpmu::AccountingMode::DomainSwitch
+            ]
+        );
+        let cpu = profile_in(&t, Some(&syms()), Some(vpmu::AccountingMode::CpuSwitch));
+        assert_eq!(cpu.len(), 1);
+        assert_eq!((cpu[0].name.as_str(), cpu[0].samples), ("io_function", 1));
+        let dom = profile_in(&t, Some(&syms()), Some(vpmu::AccountingMode::DomainSwitch));
+        assert_eq!(dom.iter().map(|r| r.samples).sum::<u64>(), 5);
+        assert_eq!(
+            profile(&t, Some(&syms()))
+                .iter()
+                .map(|r| r.samples)
+                .sum::<u64>(),
+            6
+        );
     }
 
     #[test]

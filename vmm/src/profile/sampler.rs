@@ -6,6 +6,10 @@
 //!
 //! The signal is shared with the vPMU's guest counters and with stop requests: `due` checks
 //! the sampler's own counter value (or its own deadline), never just "a signal came".
+//!
+//! With `--host-profile-clock auto` and the vPMU on, the counter follows the VM's run-time
+//! accounting mode (`pmu::mode::ModeSwitch`): at a switch it is re-opened under the new mode,
+//! and each sample is tagged with the mode it was counted in.
 
 use vpmu::{AccountingMode, CounterBackend, CounterId, Event, Vendor};
 
@@ -57,6 +61,10 @@ pub struct Sampler {
     trigger: Trigger,
     period_ns: u64,
     started: bool,
+    /// The counter's accounting mode now (None: wall clock).
+    mode: Option<AccountingMode>,
+    /// The VM's mode to follow (counter triggers with `--host-profile-clock auto`).
+    follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
 }
 
 // SAFETY: timer_t is an opaque kernel timer id (a pointer-sized handle), used and deleted only
@@ -70,7 +78,13 @@ fn rdtsc() -> u64 {
 
 impl Sampler {
     /// `clock` must not be [`SampleClock::None`]; `hz` > 0.
-    pub fn new(clock: SampleClock, hz: u32, tsc_khz: u32) -> Sampler {
+    pub fn new(
+        clock: SampleClock,
+        hz: u32,
+        tsc_khz: u32,
+        follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
+    ) -> Sampler {
+        let mut mode = None;
         let period_ns = 1_000_000_000 / u64::from(hz.max(1));
         let trigger = match clock {
             SampleClock::Wall => Trigger::Wall {
@@ -80,17 +94,18 @@ impl Sampler {
                 watch: kick::SignalWatch::default(),
             },
             c => {
-                let mode = if c == SampleClock::CpuSwitch {
-                    AccountingMode::CpuSwitch
-                } else {
-                    AccountingMode::DomainSwitch
+                let m = match (&follow, c) {
+                    (Some(f), _) => f.get(),
+                    (None, SampleClock::CpuSwitch) => AccountingMode::CpuSwitch,
+                    (None, _) => AccountingMode::DomainSwitch,
                 };
+                mode = Some(m);
                 Trigger::Counter {
                     backend: PerfBackend::new(
                         Source::Soft {
                             tsc_khz: u64::from(tsc_khz),
                         },
-                        mode,
+                        m,
                         Box::new(HostPerf {
                             signal: kick::kick_signal(),
                         }),
@@ -101,11 +116,19 @@ impl Sampler {
                 }
             }
         };
+        let follow = follow.filter(|_| mode.is_some());
         Sampler {
             trigger,
             period_ns,
             started: false,
+            mode,
+            follow,
         }
+    }
+
+    /// The accounting mode the counter counts in now (None: wall clock).
+    pub fn mode(&self) -> Option<AccountingMode> {
+        self.mode
     }
 
     /// Nanoseconds of the sampled clock per sample.
@@ -167,6 +190,27 @@ impl Sampler {
         if !self.started {
             self.started = true;
             self.start()?;
+        }
+        if let (
+            Some(f),
+            Trigger::Counter {
+                backend,
+                period_ns,
+                next_at,
+                ..
+            },
+        ) = (&self.follow, &mut self.trigger)
+        {
+            let want = f.get();
+            if Some(want) != self.mode {
+                // Re-open the counter under the new mode; it counts from 0 again.
+                backend.set_mode(want);
+                backend
+                    .program(CTR, &CYCLES, Some(*period_ns))
+                    .map_err(|e| SamplerError::Counter(e.to_string()))?;
+                *next_at = *period_ns;
+                self.mode = Some(want);
+            }
         }
         if let Trigger::Counter { backend, .. } = &mut self.trigger {
             backend.enter_guest();

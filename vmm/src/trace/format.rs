@@ -23,7 +23,9 @@
 //!   (0: the vCPU never re-entered); `detail` = port or MSR index, `addr` = MMIO address;
 //!   `flags` bit 0 = write/out, bits 1..=4 = access size in bytes.
 //! * sample: `addr` = guest RIP, `cpl`, `tsc_a` = when taken; `flags` bit 0 = the overflow
-//!   arrived while the VMM handled an exit, described by `reason`/`detail`/`tsc_b`=that exit's TSC.
+//!   arrived while the VMM handled an exit, described by `reason`/`detail`/`tsc_b`=that exit's TSC;
+//!   `flags` bits 5..=6 = the accounting mode the sampling counter counted in (0 none: wall
+//!   clock; 1 cpu-switch; 2 domain-switch), which follows run-time mode switches.
 //! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
 //!   KVM_RUN time into running and halted/off-CPU).
 //! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
@@ -217,6 +219,8 @@ pub enum Record {
         tsc: u64,
         /// The exit the VMM was handling when the overflow arrived (None: it interrupted the guest).
         during: Option<(ExitEvent, u64)>,
+        /// The accounting mode the sampling counter counted in (None: wall clock).
+        mode: Option<vpmu::AccountingMode>,
     },
     Clock {
         tsc: u64,
@@ -246,8 +250,9 @@ impl Record {
                 cpl,
                 tsc,
                 during,
+                mode,
             } => {
-                let (ev, at) = match during {
+                let (mut ev, at) = match during {
                     Some((e, at)) => (
                         ExitEvent {
                             flags: 1,
@@ -258,6 +263,7 @@ impl Record {
                     ),
                     None => (ExitEvent::new(Reason::Interrupted), 0),
                 };
+                ev.flags |= encode_mode(mode) << 5;
                 (2, ev, cpl, rip, tsc, at)
             }
             Record::Clock { tsc, thread_cpu_ns } => {
@@ -311,11 +317,13 @@ impl Record {
                     },
                     c,
                 ));
+                let mode = decode_mode((b[2] >> 5) & 3)?;
                 Ok(Record::Sample {
                     rip: addr,
                     cpl: b[3],
                     tsc: a,
                     during,
+                    mode,
                 })
             }
             3 => Ok(Record::Clock {
@@ -324,6 +332,23 @@ impl Record {
             }),
             k => Err(format!("unknown record kind {k}")),
         }
+    }
+}
+
+fn encode_mode(mode: Option<vpmu::AccountingMode>) -> u8 {
+    match mode {
+        None => 0,
+        Some(vpmu::AccountingMode::CpuSwitch) => 1,
+        Some(vpmu::AccountingMode::DomainSwitch) => 2,
+    }
+}
+
+fn decode_mode(bits: u8) -> Result<Option<vpmu::AccountingMode>, String> {
+    match bits {
+        0 => Ok(None),
+        1 => Ok(Some(vpmu::AccountingMode::CpuSwitch)),
+        2 => Ok(Some(vpmu::AccountingMode::DomainSwitch)),
+        b => Err(format!("sample with accounting mode code {b}")),
     }
 }
 
@@ -695,12 +720,14 @@ mod tests {
                     },
                     2140,
                 )),
+                mode: Some(vpmu::AccountingMode::CpuSwitch),
             },
             Record::Sample {
                 rip: 0x40_1000,
                 cpl: 3,
                 tsc: 2160,
                 during: None,
+                mode: None,
             },
             Record::Clock {
                 tsc: 2170,

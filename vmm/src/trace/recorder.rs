@@ -211,6 +211,7 @@ impl VcpuRecorder {
             cpl,
             tsc,
             during,
+            mode: s.mode(),
         };
         match (&mut self.samples, &mut self.exits) {
             (Some(sink), _) | (None, Some(sink)) => sink.push(rec),
@@ -268,6 +269,7 @@ impl Recording {
         tsc_khz: u32,
         vpmu: crate::vm::VpmuSetting,
         kernel: Option<&std::path::Path>,
+        follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
     ) -> Result<Option<Recording>, RecordError> {
         if !cfg.is_on() {
             return Ok(None);
@@ -337,10 +339,10 @@ impl Recording {
             .map(|(i, (exits, samples))| VcpuRecorder {
                 exits,
                 samples,
-                sampler: cfg
-                    .profile
-                    .as_ref()
-                    .map(|p| Sampler::new(clock, p.hz, tsc_khz)),
+                sampler: cfg.profile.as_ref().map(|p| {
+                    let follow = follow.clone().filter(|_| p.clock == ProfileClock::Auto);
+                    Sampler::new(clock, p.hz, tsc_khz, follow)
+                }),
                 pending: None,
                 clock_every: u64::from(tsc_khz) * CLOCK_EVERY_MS,
                 last_clock: 0,
