@@ -43,6 +43,7 @@ fn run(
         pmi_limit: 0,
         io_delay_us: 0,
         const_msrs,
+        net: None,
         started: None,
     };
     let r = vmm::vm::run(&cfg).expect("VM run");

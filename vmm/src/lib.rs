@@ -6,7 +6,9 @@
 //! * [`boot`]: memory layout, kernel/bzImage/initramfs loading, ACPI tables;
 //! * [`vcpu`]: CPUID, boot registers, the per-vCPU thread and its KVM_RUN loop;
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
-//! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
+//! * [`devices`]: port-I/O and MMIO buses, UARTs, i8042 reset, ACPI power-off register,
+//!   virtio-mmio network card;
+//! * [`net`]: the VMM's end of the guest's network: frames and the pinger;
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
 //! * [`console`]: guest console tee, last lines, panic detection.
@@ -18,6 +20,7 @@ pub mod devices;
 pub mod end;
 pub mod exit;
 pub mod host_quirks;
+pub mod net;
 pub mod pmu;
 pub mod report;
 pub mod vcpu;

@@ -33,6 +33,9 @@ pub fn print(r: &RunReport) {
             r.vpmu, p.msr_reads, p.msr_writes, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
         );
     }
+    if let Some(n) = &r.net {
+        print_net(n);
+    }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));
@@ -42,5 +45,34 @@ pub fn print(r: &RunReport) {
         for l in &r.console_tail {
             eprintln!("  | {l}");
         }
+    }
+}
+
+fn print_net(n: &crate::net::NetReport) {
+    let c = &n.card;
+    eprintln!(
+        "[vpmu-vmm] virtio-net: status {:#x}, {} frames to the guest, {} from it, {} dropped (no receive buffer), {} queue errors, {} bad register accesses; {} interrupts, {} rx / {} tx notifies",
+        n.status, c.rx_frames, c.tx_frames, c.rx_dropped, c.queue_errors, n.bad_accesses, n.interrupts, c.rx_notifies, c.tx_notifies
+    );
+    let Some(p) = &n.pinger else { return };
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprintln!(
+        "[vpmu-vmm] net pinger: {} echo requests pushed, {} replies ok, {} bad; {} not sent (no receive buffer), {} skipped (late); {} ARP answered, {} other frames{}{}",
+        p.requests_pushed,
+        p.replies_ok,
+        p.replies_bad,
+        p.requests_no_buffer,
+        p.requests_skipped_late,
+        p.arp_answered,
+        p.other_frames,
+        p.rtt_mean()
+            .map(|m| format!("; RTT mean {:.1} ms, max {:.1} ms", ms(m), ms(p.rtt_max)))
+            .unwrap_or_default(),
+        p.first_reply_after
+            .map(|d| format!("; first reply {:.1} s after the driver came up", d.as_secs_f64()))
+            .unwrap_or_default(),
+    );
+    if let Some(why) = &p.first_bad {
+        eprintln!("[vpmu-vmm] net pinger: first bad frame: {why}");
     }
 }

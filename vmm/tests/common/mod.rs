@@ -62,6 +62,7 @@ pub fn run_tiny_with(
         pmi_limit: 2000,
         io_delay_us: 0,
         const_msrs: Vec::new(),
+        net: None,
         started: None,
     };
     let mut cfg = cfg;

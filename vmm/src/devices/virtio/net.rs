@@ -1,0 +1,263 @@
+//! virtio-net: a network card with one receive and one transmit queue, no offloads, whose
+//! other end is the VMM's [`Pinger`]: on each tick it puts the echo requests that fell due into
+//! the receive queue; each frame the guest transmits goes to the pinger, and what it answers
+//! (ARP replies) goes back into the receive queue.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::time::Instant;
+
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::{virtio_net_hdr_v1, VIRTIO_NET_F_MAC};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+
+use super::{VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::net::packet::Mac;
+use crate::net::pinger::{NetStats, Pinger};
+
+pub const RX_QUEUE: u16 = 0;
+pub const TX_QUEUE: u16 = 1;
+/// Largest queue the driver may ask for.
+pub const QUEUE_SIZE: u16 = 256;
+/// The header in front of every frame in both directions (`virtio_net_hdr_v1`, 12 bytes: a
+/// modern device always has `num_buffers`).
+pub const NET_HDR_LEN: usize = std::mem::size_of::<virtio_net_hdr_v1>();
+/// Frames waiting for a receive buffer beyond this many are dropped.
+const MAX_PENDING: usize = 64;
+/// Largest frame accepted from the guest (no TSO/GSO was offered).
+const MAX_TX_FRAME: usize = 1514;
+
+/// What the device itself counted (the pinger counts the traffic).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NetDeviceCounts {
+    /// Frames put into the guest's receive queue.
+    pub rx_frames: u64,
+    /// Frames taken from the guest's transmit queue.
+    pub tx_frames: u64,
+    /// Frames for the guest dropped because it had no receive buffer for too long.
+    pub rx_dropped: u64,
+    /// Descriptor chains that could not be used (malformed, too small, bad addresses).
+    pub queue_errors: u64,
+    /// Times the driver notified the receive / transmit queue.
+    pub rx_notifies: u64,
+    pub tx_notifies: u64,
+}
+
+pub struct VirtioNet {
+    mac: Mac,
+    queues: [Queue; 2],
+    pinger: Option<Pinger>,
+    pending: VecDeque<Vec<u8>>,
+    pub counts: NetDeviceCounts,
+}
+
+impl VirtioNet {
+    /// A card with address `mac`; `pinger` (None: the link is silent) sends and checks traffic.
+    pub fn new(mac: Mac, pinger: Option<Pinger>) -> Self {
+        let q = || Queue::new(QUEUE_SIZE).expect("QUEUE_SIZE is a valid queue size");
+        VirtioNet {
+            mac,
+            queues: [q(), q()],
+            pinger,
+            pending: VecDeque::new(),
+            counts: NetDeviceCounts::default(),
+        }
+    }
+
+    pub fn pinger_stats(&self) -> Option<&NetStats> {
+        self.pinger.as_ref().map(|p| &p.stats)
+    }
+
+    fn queue_error(&mut self, what: std::fmt::Arguments<'_>) {
+        if self.counts.queue_errors == 0 {
+            log::warn!("virtio-net: {what} (further queue errors are only counted)");
+        }
+        self.counts.queue_errors += 1;
+    }
+
+    /// Puts one frame into the next receive buffer, made by `make` only once a buffer is there.
+    /// Returns false when the guest has no receive buffer available.
+    fn receive(&mut self, mem: &GuestMemoryMmap, make: impl FnOnce(&mut Self) -> Vec<u8>) -> bool {
+        let Some(chain) = self.queues[RX_QUEUE as usize].pop_descriptor_chain(mem) else {
+            return false;
+        };
+        let head = chain.head_index();
+        let frame = make(self);
+        let mut hdr = [0u8; NET_HDR_LEN];
+        // num_buffers (the last field): this frame fills one buffer.
+        hdr[NET_HDR_LEN - 2..].copy_from_slice(&1u16.to_le_bytes());
+        let written = match chain.writer(mem) {
+            Ok(mut w) if w.available_bytes() >= NET_HDR_LEN + frame.len() => w
+                .write_all(&hdr)
+                .and_then(|_| w.write_all(&frame))
+                .map(|_| w.bytes_written())
+                .map_err(|e| e.to_string()),
+            Ok(w) => Err(format!(
+                "receive buffer of {} bytes for a {}-byte frame",
+                w.available_bytes(),
+                NET_HDR_LEN + frame.len()
+            )),
+            Err(e) => Err(format!("receive chain: {e}")),
+        };
+        let len = match written {
+            Ok(n) => {
+                self.counts.rx_frames += 1;
+                n as u32
+            }
+            Err(e) => {
+                self.queue_error(format_args!("{e}"));
+                0
+            }
+        };
+        if let Err(e) = self.queues[RX_QUEUE as usize].add_used(mem, head, len) {
+            self.queue_error(format_args!("receive used ring: {e}"));
+        }
+        true
+    }
+
+    /// Frames waiting for receive buffers, oldest first, while buffers last.
+    fn flush_pending(&mut self, mem: &GuestMemoryMmap) -> bool {
+        let mut used = false;
+        while let Some(f) = self.pending.pop_front() {
+            let mut frame = Some(f);
+            if self.receive(mem, |_| frame.take().unwrap()) {
+                used = true;
+            } else {
+                self.pending.push_front(frame.take().unwrap());
+                break;
+            }
+        }
+        used
+    }
+
+    fn queue_for_guest(&mut self, frame: Vec<u8>) {
+        if self.pending.len() >= MAX_PENDING {
+            self.pending.pop_front();
+            self.counts.rx_dropped += 1;
+        }
+        self.pending.push_back(frame);
+    }
+
+    /// Takes every frame the guest queued for transmission.
+    fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant) -> bool {
+        let mut used = false;
+        while let Some(chain) = self.queues[TX_QUEUE as usize].pop_descriptor_chain(mem) {
+            used = true;
+            let head = chain.head_index();
+            let mut buf = Vec::new();
+            let read = chain.reader(mem).map_err(|e| e.to_string()).and_then(|r| {
+                if r.available_bytes() > NET_HDR_LEN + MAX_TX_FRAME {
+                    return Err(format!("{}-byte transmit chain", r.available_bytes()));
+                }
+                let mut r = r;
+                r.read_to_end(&mut buf).map_err(|e| e.to_string())
+            });
+            match read {
+                Ok(n) if n > NET_HDR_LEN => {
+                    self.counts.tx_frames += 1;
+                    let answer = self
+                        .pinger
+                        .as_mut()
+                        .and_then(|p| p.from_guest(&buf[NET_HDR_LEN..], now));
+                    if let Some(a) = answer {
+                        self.queue_for_guest(a);
+                    }
+                }
+                Ok(n) => self.queue_error(format_args!("{n}-byte transmit chain")),
+                Err(e) => self.queue_error(format_args!("transmit chain: {e}")),
+            }
+            if let Err(e) = self.queues[TX_QUEUE as usize].add_used(mem, head, 0) {
+                self.queue_error(format_args!("transmit used ring: {e}"));
+            }
+        }
+        used
+    }
+
+    /// Whether the driver wants an interrupt for queue `index` now that buffers were used.
+    fn wants_interrupt(&mut self, mem: &GuestMemoryMmap, index: u16) -> bool {
+        self.queues[index as usize]
+            .needs_notification(mem)
+            .unwrap_or(true)
+    }
+}
+
+impl VirtioDevice for VirtioNet {
+    fn device_id(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn features(&self) -> u64 {
+        VIRTIO_F_VERSION_1 | (1 << VIRTIO_NET_F_MAC)
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = self.mac.get(offset as usize + i).copied().unwrap_or(0);
+        }
+    }
+
+    fn queues(&self) -> &[Queue] {
+        &self.queues
+    }
+
+    fn queues_mut(&mut self) -> &mut [Queue] {
+        &mut self.queues
+    }
+
+    fn activate(&mut self, _features: u64, now: Instant) {
+        if !self.queues.iter().all(|q| q.ready()) {
+            log::warn!("virtio-net: driver ready but not all queues are");
+        }
+        log::info!("virtio-net: driver ready; the link is up");
+        if let Some(p) = &mut self.pinger {
+            p.start(now);
+        }
+    }
+
+    fn reset(&mut self) {
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.pending.clear();
+    }
+
+    fn queue_notify(&mut self, index: u16, mem: &GuestMemoryMmap, now: Instant) -> bool {
+        let (rx_used, tx_used) = match index {
+            RX_QUEUE => {
+                self.counts.rx_notifies += 1;
+                (self.flush_pending(mem), false)
+            }
+            TX_QUEUE => {
+                self.counts.tx_notifies += 1;
+                let tx = self.transmit(mem, now);
+                (self.flush_pending(mem), tx)
+            }
+            _ => {
+                self.queue_error(format_args!("notify of queue {index}"));
+                return false;
+            }
+        };
+        (rx_used && self.wants_interrupt(mem, RX_QUEUE))
+            | (tx_used && self.wants_interrupt(mem, TX_QUEUE))
+    }
+
+    fn tick(&mut self, mem: &GuestMemoryMmap, now: Instant) -> bool {
+        let mut used = self.flush_pending(mem);
+        let due = self.pinger.as_mut().map_or(0, |p| p.due(now));
+        for _ in 0..due {
+            let sent = self.receive(mem, |dev| {
+                dev.pinger
+                    .as_mut()
+                    .expect("requests fall due only with a pinger")
+                    .next_request(now)
+            });
+            if sent {
+                used = true;
+            } else if let Some(p) = &mut self.pinger {
+                p.no_buffer();
+            }
+        }
+        used && self.wants_interrupt(mem, RX_QUEUE)
+    }
+}
