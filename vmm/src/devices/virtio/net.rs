@@ -5,12 +5,14 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
+use std::sync::atomic::{fence, Ordering};
 use std::time::Instant;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{virtio_net_hdr_v1, VIRTIO_NET_F_MAC};
+use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::net::packet::Mac;
@@ -175,10 +177,18 @@ impl VirtioNet {
     }
 
     /// Whether the driver wants an interrupt for queue `index` now that buffers were used.
+    /// `virtio-queue` leaves VRING_AVAIL_F_NO_INTERRUPT (how a driver without EVENT_IDX, such
+    /// as Linux's here, silences a queue while it polls) to the device: it is checked here.
     fn wants_interrupt(&mut self, mem: &GuestMemoryMmap, index: u16) -> bool {
-        self.queues[index as usize]
-            .needs_notification(mem)
-            .unwrap_or(true)
+        let q = &mut self.queues[index as usize];
+        fence(Ordering::SeqCst); // the used-ring writes before the read of the driver's flags
+        let avail_flags = mem
+            .read_obj::<u16>(GuestAddress(q.avail_ring()))
+            .map(u16::from_le);
+        if matches!(avail_flags, Ok(f) if u32::from(f) & VRING_AVAIL_F_NO_INTERRUPT != 0) {
+            return false;
+        }
+        q.needs_notification(mem).unwrap_or(true)
     }
 }
 
