@@ -88,7 +88,7 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     #[arg(long)]
     pub net: bool,
     /// With --net: echo requests per second sent to the guest (0: none).
-    #[arg(long, value_name = "N", default_value_t = 20, requires = "net",
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "net",
           value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::net::MAX_RX_PPS)))]
     pub net_rx_pps: u32,
 }

@@ -68,10 +68,24 @@ fn print_net(n: &crate::net::NetReport) {
         p.rtt_mean()
             .map(|m| format!("; RTT mean {:.1} ms, max {:.1} ms", ms(m), ms(p.rtt_max)))
             .unwrap_or_default(),
-        p.first_reply_after
-            .map(|d| format!("; first reply {:.1} s after the driver came up", d.as_secs_f64()))
-            .unwrap_or_default(),
+        match (p.first_reply_after, p.last_reply_after) {
+            (Some(f), Some(l)) => format!(
+                "; replies from {:.1} s to {:.1} s after the driver came up",
+                f.as_secs_f64(),
+                l.as_secs_f64()
+            ),
+            _ => String::new(),
+        },
     );
+    if let Some(loss) = p.loss_after_first_reply() {
+        eprintln!(
+            "[vpmu-vmm] net pinger: after the first reply {} requests pushed, {} answered, {} still in flight, loss {:.1}%",
+            p.pushed_after_first_reply,
+            p.replies_after_first_reply,
+            p.unanswered_after_first_reply,
+            loss * 100.0
+        );
+    }
     if let Some(why) = &p.first_bad {
         eprintln!("[vpmu-vmm] net pinger: first bad frame: {why}");
     }

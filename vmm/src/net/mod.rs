@@ -48,7 +48,7 @@ pub struct NetReport {
 impl NetReport {
     pub fn from_card(t: &MmioTransport<VirtioNet>) -> Self {
         NetReport {
-            pinger: t.device().pinger_stats().cloned(),
+            pinger: t.device().pinger_stats(),
             card: t.device().counts.clone(),
             status: t.status(),
             interrupts: t.interrupts,

@@ -48,8 +48,18 @@ pub struct NetStats {
     /// Sum and maximum of request-to-reply times (replies_ok of them).
     pub rtt_total: Duration,
     pub rtt_max: Duration,
-    /// From the generator's start to the first good reply.
+    /// From the generator's start to the first and to the last good reply.
     pub first_reply_after: Option<Duration>,
+    pub last_reply_after: Option<Duration>,
+    /// Requests pushed once the guest had answered one (its IP is configured by then): the
+    /// base for the loss rate, which requests sent before the guest had an address would skew.
+    pub pushed_after_first_reply: u64,
+    /// Replies to those requests.
+    pub replies_after_first_reply: u64,
+    /// Requests still waiting for their reply when the statistics were taken (all, and of
+    /// those pushed after the first reply).
+    pub unanswered: u64,
+    pub unanswered_after_first_reply: u64,
     /// Why the first bad frame was bad.
     pub first_bad: Option<String>,
 }
@@ -57,6 +67,15 @@ pub struct NetStats {
 impl NetStats {
     pub fn rtt_mean(&self) -> Option<Duration> {
         (self.replies_ok > 0).then(|| self.rtt_total / self.replies_ok as u32)
+    }
+
+    /// Of the requests pushed after the first reply, the share that got no reply (those
+    /// still in flight at the end are not counted as lost).
+    pub fn loss_after_first_reply(&self) -> Option<f64> {
+        let base = self.pushed_after_first_reply;
+        let lost =
+            base.saturating_sub(self.replies_after_first_reply + self.unanswered_after_first_reply);
+        (base > 0).then(|| lost as f64 / base as f64)
     }
 }
 
@@ -66,7 +85,8 @@ pub struct Pinger {
     started: Option<Instant>,
     /// Requests accounted for so far (pushed, no buffer or skipped): the next sequence number.
     generated: u64,
-    in_flight: HashMap<u16, Instant>,
+    /// Sequence number -> when it was sent, and whether after the first reply.
+    in_flight: HashMap<u16, (Instant, bool)>,
     pub stats: NetStats,
 }
 
@@ -95,6 +115,16 @@ impl Pinger {
         self.started.is_some()
     }
 
+    /// The statistics, with the requests still in flight counted.
+    pub fn stats(&self) -> NetStats {
+        NetStats {
+            unanswered: self.in_flight.len() as u64,
+            unanswered_after_first_reply: self.in_flight.values().filter(|(_, a)| *a).count()
+                as u64,
+            ..self.stats.clone()
+        }
+    }
+
     /// Starts the clock (the guest's driver is up); requests fall due from now on.
     pub fn start(&mut self, now: Instant) {
         if self.started.is_none() {
@@ -121,18 +151,22 @@ impl Pinger {
         let seq = self.generated as u16;
         self.generated += 1;
         self.stats.requests_pushed += 1;
+        let after = self.stats.replies_ok > 0;
+        if after {
+            self.stats.pushed_after_first_reply += 1;
+        }
         if self.in_flight.len() >= MAX_IN_FLIGHT {
             // Forget the oldest: it will never be matched (and counts as unanswered).
             if let Some(&oldest) = self
                 .in_flight
                 .iter()
-                .min_by_key(|(_, t)| **t)
+                .min_by_key(|(_, (t, _))| *t)
                 .map(|(s, _)| s)
             {
                 self.in_flight.remove(&oldest);
             }
         }
-        self.in_flight.insert(seq, now);
+        self.in_flight.insert(seq, (now, after));
         packet::echo(
             false,
             HOST_MAC,
@@ -192,15 +226,18 @@ impl Pinger {
                 ];
                 if let Some((_, what)) = checks.iter().find(|(ok, _)| !ok) {
                     self.bad(format!("echo reply seq {seq}: wrong {what}"));
-                } else if let Some(sent) = self.in_flight.remove(&seq) {
+                } else if let Some((sent, after)) = self.in_flight.remove(&seq) {
                     let rtt = now.duration_since(sent);
                     let s = &mut self.stats;
                     s.replies_ok += 1;
+                    s.replies_after_first_reply += u64::from(after);
                     s.rtt_total += rtt;
                     s.rtt_max = s.rtt_max.max(rtt);
+                    let since_start = self.started.map(|t0| now.duration_since(t0));
                     if s.first_reply_after.is_none() {
-                        s.first_reply_after = self.started.map(|t0| now.duration_since(t0));
+                        s.first_reply_after = since_start;
                     }
+                    s.last_reply_after = since_start;
                 } else {
                     self.bad(format!(
                         "echo reply seq {seq}: no such request in flight (duplicate?)"
@@ -290,6 +327,42 @@ mod tests {
         p.from_guest(&reply_to(&r1), t1);
         assert_eq!(p.stats.replies_ok, 2);
         assert_eq!(p.stats.tx_frames, 5);
+    }
+
+    #[test]
+    fn loss_counts_only_requests_sent_after_the_first_reply() {
+        let t0 = Instant::now();
+        let mut p = Pinger::new(10);
+        p.start(t0);
+        // Before the guest has its address: two requests, never answered.
+        p.next_request(t0);
+        p.next_request(t0);
+        let r2 = p.next_request(t0);
+        p.from_guest(&reply_to(&r2), t0);
+        assert_eq!(
+            p.stats().loss_after_first_reply(),
+            None,
+            "nothing sent after it yet"
+        );
+        // After the first reply: 4 requests, 2 answered, 2 still in flight.
+        let reqs: Vec<_> = (0..4).map(|_| p.next_request(t0)).collect();
+        p.from_guest(&reply_to(&reqs[0]), t0);
+        p.from_guest(&reply_to(&reqs[2]), t0);
+        let s = p.stats();
+        assert_eq!(s.pushed_after_first_reply, 4);
+        assert_eq!(s.replies_after_first_reply, 2);
+        assert_eq!(s.unanswered, 4, "2 from before, 2 from after");
+        assert_eq!(s.unanswered_after_first_reply, 2);
+        assert_eq!(
+            s.loss_after_first_reply(),
+            Some(0.0),
+            "in flight is not lost"
+        );
+        let s = NetStats {
+            unanswered_after_first_reply: 0,
+            ..s
+        };
+        assert_eq!(s.loss_after_first_reply(), Some(0.5), "had they been lost");
     }
 
     #[test]

@@ -67,8 +67,8 @@ impl VirtioNet {
         }
     }
 
-    pub fn pinger_stats(&self) -> Option<&NetStats> {
-        self.pinger.as_ref().map(|p| &p.stats)
+    pub fn pinger_stats(&self) -> Option<NetStats> {
+        self.pinger.as_ref().map(Pinger::stats)
     }
 
     fn queue_error(&mut self, what: std::fmt::Arguments<'_>) {
