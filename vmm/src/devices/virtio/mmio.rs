@@ -277,3 +277,112 @@ impl<D: VirtioDevice> Tick for MmioTransport<D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::net::{VirtioNet, QUEUE_SIZE};
+    use vm_memory::GuestAddress;
+
+    fn transport() -> MmioTransport<VirtioNet> {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        MmioTransport::new(VirtioNet::new([1, 2, 3, 4, 5, 6], None), mem, irq)
+    }
+
+    fn rd(t: &mut MmioTransport<VirtioNet>, reg: u32) -> u32 {
+        let mut b = [0u8; 4];
+        t.read(u64::from(reg), &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn wr(t: &mut MmioTransport<VirtioNet>, reg: u32, v: u32) {
+        t.write(u64::from(reg), &v.to_le_bytes());
+    }
+
+    fn negotiate(t: &mut MmioTransport<VirtioNet>, high: u32, low: u32) -> u32 {
+        wr(t, VIRTIO_MMIO_STATUS, 0);
+        wr(t, VIRTIO_MMIO_STATUS, 1);
+        wr(t, VIRTIO_MMIO_STATUS, 3);
+        wr(t, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+        wr(t, VIRTIO_MMIO_DRIVER_FEATURES, high);
+        wr(t, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+        wr(t, VIRTIO_MMIO_DRIVER_FEATURES, low);
+        wr(t, VIRTIO_MMIO_STATUS, 0xb);
+        rd(t, VIRTIO_MMIO_STATUS)
+    }
+
+    #[test]
+    fn identity_features_and_config() {
+        let mut t = transport();
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_MAGIC_VALUE), MAGIC);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_VERSION), 2);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_DEVICE_ID), 1);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_VENDOR_ID), VENDOR_ID);
+        wr(&mut t, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_DEVICE_FEATURES), 1, "VERSION_1");
+        wr(&mut t, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_DEVICE_FEATURES), 1 << 5, "MAC");
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_QUEUE_NUM_MAX), u32::from(QUEUE_SIZE));
+        wr(&mut t, VIRTIO_MMIO_QUEUE_SEL, 2);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_QUEUE_NUM_MAX), 0, "no third queue");
+        let mut mac = [0u8; 8];
+        t.read(0x100, &mut mac[..6]);
+        t.read(0x106, &mut mac[6..]);
+        assert_eq!(mac, [1, 2, 3, 4, 5, 6, 0, 0]);
+        assert_eq!(t.bad_accesses, 0);
+        let mut half = [0u8; 2];
+        t.read(0, &mut half);
+        t.write(0x100, &[9]);
+        assert_eq!(t.bad_accesses, 2, "2-byte register read, config write");
+    }
+
+    #[test]
+    fn features_must_be_offered_and_modern() {
+        let mut t = transport();
+        assert_eq!(
+            negotiate(&mut t, 0, 1 << 5),
+            3,
+            "legacy driver: no FEATURES_OK"
+        );
+        assert_eq!(
+            negotiate(&mut t, 1 | 1 << 8, 0),
+            3,
+            "unoffered feature: no FEATURES_OK"
+        );
+        assert_eq!(negotiate(&mut t, 1, 1 << 5), 0xb);
+    }
+
+    #[test]
+    fn queues_are_fixed_while_live_and_reset_clears_everything() {
+        let mut t = transport();
+        assert_eq!(negotiate(&mut t, 1, 0), 0xb);
+        wr(&mut t, VIRTIO_MMIO_QUEUE_SEL, 0);
+        wr(&mut t, VIRTIO_MMIO_QUEUE_NUM, 8);
+        wr(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_QUEUE_READY), 1);
+        wr(&mut t, VIRTIO_MMIO_STATUS, 0xf);
+        assert_eq!(t.status(), 0xf);
+        wr(&mut t, VIRTIO_MMIO_QUEUE_NUM, 4);
+        assert_eq!(t.device().queues()[0].size(), 8, "ignored while live");
+        assert_eq!(t.bad_accesses, 1);
+        wr(&mut t, VIRTIO_MMIO_STATUS, 0);
+        assert_eq!(t.status(), 0);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_QUEUE_READY), 0);
+        assert_eq!(t.device().queues()[0].size(), QUEUE_SIZE);
+    }
+
+    #[test]
+    fn interrupts_latch_until_acknowledged() {
+        let mut t = transport();
+        t.raise();
+        assert_eq!(t.irq.read().unwrap(), 1, "the irqfd was signalled");
+        assert_eq!(
+            rd(&mut t, VIRTIO_MMIO_INTERRUPT_STATUS),
+            VIRTIO_MMIO_INT_VRING
+        );
+        wr(&mut t, VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
+        assert_eq!(rd(&mut t, VIRTIO_MMIO_INTERRUPT_STATUS), 0);
+        assert_eq!(t.interrupts, 1);
+    }
+}
