@@ -222,7 +222,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
             }
             VIRTIO_MMIO_QUEUE_NOTIFY => {
                 if !self.live() {
-                    self.bad(format!("queue notify before DRIVER_OK"));
+                    self.bad("queue notify before DRIVER_OK".to_string());
                     return;
                 }
                 if self.device.queue_notify(v as u16, &self.mem, now) {
@@ -243,7 +243,7 @@ impl<D: VirtioDevice> MmioDevice for MmioTransport<D> {
                 .read_config(offset - u64::from(VIRTIO_MMIO_CONFIG), data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || offset & 3 != 0 {
             self.bad(format!("{}-byte read at {offset:#x}", data.len()));
             data.fill(0);
             return;
@@ -262,7 +262,7 @@ impl<D: VirtioDevice> MmioDevice for MmioTransport<D> {
             self.bad(format!("{}-byte write at {offset:#x}", data.len()));
             return;
         };
-        if offset % 4 != 0 {
+        if offset & 3 != 0 {
             self.bad(format!("unaligned write at {offset:#x}"));
             return;
         }
