@@ -30,6 +30,25 @@ const MAX_PENDING: usize = 64;
 /// Largest frame accepted from the guest (no TSO/GSO was offered).
 const MAX_TX_FRAME: usize = 1514;
 
+/// Why a descriptor chain could not be used. Counted (and the first one logged), never fatal:
+/// the chain is returned to the driver unused and the device carries on.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("{queue} descriptor chain: {source}")]
+    Chain {
+        queue: &'static str,
+        source: virtio_queue::Error,
+    },
+    #[error("receive buffer of {have} bytes for a {need}-byte frame")]
+    BufferTooSmall { have: usize, need: usize },
+    #[error("{0}-byte transmit chain (a frame with its header is {min}..={max} bytes)", min = NET_HDR_LEN + 1, max = NET_HDR_LEN + MAX_TX_FRAME)]
+    BadFrameLength(usize),
+    #[error("guest memory: {0}")]
+    Memory(#[from] std::io::Error),
+    #[error("notify of queue {0}, which does not exist")]
+    NoSuchQueue(u16),
+}
+
 /// What the device itself counted (the pinger counts the traffic).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct NetDeviceCounts {
@@ -71,11 +90,15 @@ impl VirtioNet {
         self.pinger.as_ref().map(Pinger::stats)
     }
 
-    fn queue_error(&mut self, what: std::fmt::Arguments<'_>) {
+    fn queue_error(&mut self, e: QueueError) {
         if self.counts.queue_errors == 0 {
-            log::warn!("virtio-net: {what} (further queue errors are only counted)");
+            log::warn!("virtio-net: {e} (further queue errors are only counted)");
         }
         self.counts.queue_errors += 1;
+    }
+
+    fn chain_error(queue: &'static str) -> impl FnOnce(virtio_queue::Error) -> QueueError {
+        move |source| QueueError::Chain { queue, source }
     }
 
     /// Puts one frame into the next receive buffer, made by `make` only once a buffer is there.
@@ -89,31 +112,33 @@ impl VirtioNet {
         let mut hdr = [0u8; NET_HDR_LEN];
         // num_buffers (the last field): this frame fills one buffer.
         hdr[NET_HDR_LEN - 2..].copy_from_slice(&1u16.to_le_bytes());
-        let written = match chain.writer(mem) {
-            Ok(mut w) if w.available_bytes() >= NET_HDR_LEN + frame.len() => w
-                .write_all(&hdr)
-                .and_then(|_| w.write_all(&frame))
-                .map(|_| w.bytes_written())
-                .map_err(|e| e.to_string()),
-            Ok(w) => Err(format!(
-                "receive buffer of {} bytes for a {}-byte frame",
-                w.available_bytes(),
-                NET_HDR_LEN + frame.len()
-            )),
-            Err(e) => Err(format!("receive chain: {e}")),
-        };
+        let written = chain
+            .writer(mem)
+            .map_err(Self::chain_error("receive"))
+            .and_then(|mut w| {
+                let need = NET_HDR_LEN + frame.len();
+                if w.available_bytes() < need {
+                    return Err(QueueError::BufferTooSmall {
+                        have: w.available_bytes(),
+                        need,
+                    });
+                }
+                w.write_all(&hdr)?;
+                w.write_all(&frame)?;
+                Ok(w.bytes_written())
+            });
         let len = match written {
             Ok(n) => {
                 self.counts.rx_frames += 1;
                 n as u32
             }
             Err(e) => {
-                self.queue_error(format_args!("{e}"));
+                self.queue_error(e);
                 0
             }
         };
         if let Err(e) = self.queues[RX_QUEUE as usize].add_used(mem, head, len) {
-            self.queue_error(format_args!("receive used ring: {e}"));
+            self.queue_error(Self::chain_error("receive")(e));
         }
         true
     }
@@ -148,15 +173,18 @@ impl VirtioNet {
             used = true;
             let head = chain.head_index();
             let mut buf = Vec::new();
-            let read = chain.reader(mem).map_err(|e| e.to_string()).and_then(|r| {
-                if r.available_bytes() > NET_HDR_LEN + MAX_TX_FRAME {
-                    return Err(format!("{}-byte transmit chain", r.available_bytes()));
-                }
-                let mut r = r;
-                r.read_to_end(&mut buf).map_err(|e| e.to_string())
-            });
+            let read = chain
+                .reader(mem)
+                .map_err(Self::chain_error("transmit"))
+                .and_then(|mut r| {
+                    let n = r.available_bytes();
+                    if n <= NET_HDR_LEN || n > NET_HDR_LEN + MAX_TX_FRAME {
+                        return Err(QueueError::BadFrameLength(n));
+                    }
+                    Ok(r.read_to_end(&mut buf)?)
+                });
             match read {
-                Ok(n) if n > NET_HDR_LEN => {
+                Ok(_) => {
                     self.counts.tx_frames += 1;
                     let answer = self
                         .pinger
@@ -166,11 +194,10 @@ impl VirtioNet {
                         self.queue_for_guest(a);
                     }
                 }
-                Ok(n) => self.queue_error(format_args!("{n}-byte transmit chain")),
-                Err(e) => self.queue_error(format_args!("transmit chain: {e}")),
+                Err(e) => self.queue_error(e),
             }
             if let Err(e) = self.queues[TX_QUEUE as usize].add_used(mem, head, 0) {
-                self.queue_error(format_args!("transmit used ring: {e}"));
+                self.queue_error(Self::chain_error("transmit")(e));
             }
         }
         used
@@ -244,7 +271,7 @@ impl VirtioDevice for VirtioNet {
                 (self.flush_pending(mem), tx)
             }
             _ => {
-                self.queue_error(format_args!("notify of queue {index}"));
+                self.queue_error(QueueError::NoSuchQueue(index));
                 return false;
             }
         };
@@ -439,6 +466,12 @@ mod tests {
         dev.tick(&r.mem, t0 + Duration::from_millis(1001));
         assert_eq!(r.used(RX_QUEUE), (1, vec![(0, 0)]), "returned unused");
         assert!(!dev.queue_notify(7, &r.mem, t0));
-        assert_eq!(dev.counts.queue_errors, 2);
+        // A transmit chain too short to hold a header and a frame: used, not sent on.
+        r.offer(TX_QUEUE, 0, 0x40_0000, NET_HDR_LEN as u32, false);
+        assert!(dev.queue_notify(TX_QUEUE, &r.mem, t0));
+        assert_eq!(r.used(TX_QUEUE), (1, vec![(0, 0)]));
+        assert_eq!(dev.counts.tx_frames, 0);
+        assert_eq!(dev.pinger_stats().unwrap().tx_frames, 0);
+        assert_eq!(dev.counts.queue_errors, 3);
     }
 }
