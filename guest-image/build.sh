@@ -2,13 +2,15 @@
 # vPMU guest images: builds the guest kernels and initramfs and caches them outside the repo.
 #
 # Usage: guest-image/build.sh [TARGET...]
-#   all              (default) initramfs, debian-kernel, default-kernel
+#   all              (default) initramfs, spin-initramfs, debian-kernel, default-kernel
 #   default-kernel   minimal kernel from Debian's unmodified linux-source-6.1:
 #                    tinyconfig + guest-image/kernel/minimal.config (4-6 min on 2 cores)
 #   debian-kernel    the prebuilt linux-image-6.1.*-cloud-amd64 (downloaded, never installed;
 #                    its real System.map comes from the matching -dbg package)
 #   initramfs        busybox-static + guest-image/initramfs/init, uncompressed newc cpio (a guest
 #                    kernel whose code is emulated spends ~170 s inflating a 1 MB gzip one)
+#   spin-initramfs   only /init = guest-image/initramfs/spin-init.S: never makes a system call, so
+#                    the kernel stays up where guest user space cannot run (docs/virtio-net.md)
 #   paths            print NAME=PATH lines for the built artifacts: eval "$(build.sh paths)"
 #   -h, --help       this text
 #
@@ -28,6 +30,7 @@ HERE=$(dirname "$SCRIPT")
 CACHE=${VPMU_CACHE:-$HOME/.cache/vpmu}
 FRAGMENT=$HERE/kernel/minimal.config
 INIT_SCRIPT=$HERE/initramfs/init
+SPIN_INIT=$HERE/initramfs/spin-init.S
 JOBS=${JOBS:-$(nproc)}
 
 # Fragment options allowed to come out differently from what the fragment asks, with the reason.
@@ -328,13 +331,46 @@ build_initramfs() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# spin-initramfs
+
+build_spin_initramfs() {
+	need_pkgs build-essential cpio
+	local k final
+	k=$(key spin-initramfs "$(cat "$SPIN_INIT")" "$(gcc --version | head -n 1)" \
+		"$(declare -f build_spin_initramfs)")
+	final=$CACHE/spin-initramfs-$k
+	if [ ! -f "$final/spin-initramfs.cpio" ]; then
+		lock spin-initramfs
+		if [ ! -f "$final/spin-initramfs.cpio" ]; then
+			new_tmp spin-initramfs
+			local root=$TMP/root
+			mkdir -p "$root/dev"
+			gcc -nostdlib -static -o "$root/init" "$SPIN_INIT" || die "cannot assemble $SPIN_INIT"
+			if [ "$(id -u)" = 0 ]; then
+				mknod -m 600 "$root/dev/console" c 5 1
+			fi
+			find "$root" -exec touch -h -d @0 {} +
+			(cd "$root" && find . -mindepth 1 | LC_ALL=C sort |
+				cpio -o -H newc -R 0:0 --reproducible --quiet) >"$TMP/spin-initramfs.cpio"
+			rm -rf "$root"
+			publish "$final"
+			say "built: spin initramfs: $final"
+		fi
+		unlock
+	else
+		say "cached: spin initramfs (key $k): $final"
+	fi
+	link spin-initramfs.cpio "$final/spin-initramfs.cpio"
+}
+
+# ---------------------------------------------------------------------------------------------
 
 print_paths() {
 	local var file
 	for var in DEFAULT_VMLINUX:default-vmlinux DEFAULT_BZIMAGE:default-bzImage \
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
-		INITRAMFS:initramfs.cpio; do
+		INITRAMFS:initramfs.cpio SPIN_INITRAMFS:spin-initramfs.cpio; do
 		file=$CACHE/current/${var#*:}
 		[ -e "$file" ] || continue
 		printf '%s=%q\n' "${var%%:*}" "$(readlink -f "$file")"
@@ -348,12 +384,14 @@ for target in "$@"; do
 	paths) print_paths ;;
 	all)
 		build_initramfs
+		build_spin_initramfs
 		build_debian_kernel
 		build_default_kernel
 		;;
 	default-kernel) build_default_kernel ;;
 	debian-kernel) build_debian_kernel ;;
 	initramfs) build_initramfs ;;
+	spin-initramfs) build_spin_initramfs ;;
 	*)
 		usage >&2
 		die "unknown target: $target"

@@ -183,6 +183,15 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// guest time only; domain-switch or off: the VMM's exit handling is charged to the guest).
     #[arg(long, value_enum, default_value_t = ProfileClock::Auto)]
     pub host_profile_clock: ProfileClock,
+    /// A virtio-net card (virtio-mmio) whose other end is the VMM: it sends the guest ICMP echo
+    /// requests, answers its ARP and checks its replies (docs/virtio-net.md). Appends `ip=` to
+    /// the kernel command line.
+    #[arg(long)]
+    pub net: bool,
+    /// With --net: echo requests per second sent to the guest (0: none).
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "net",
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::net::MAX_RX_PPS)))]
+    pub net_rx_pps: u32,
 }
 
 impl RunArgs {
@@ -216,6 +225,9 @@ impl RunArgs {
             vpmu_schedule: self.vpmu_schedule.clone(),
             io_delay_us: 0,
             const_msrs: Vec::new(),
+            net: self.net.then_some(crate::net::NetConfig {
+                rx_pps: self.net_rx_pps,
+            }),
             serial2: self.serial2.clone(),
             host_quirks: self.host_quirks,
             timeout,

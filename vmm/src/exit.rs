@@ -4,6 +4,7 @@
 
 use kvm_ioctls::VcpuExit;
 
+use crate::devices::mmio_bus::MmioBus;
 use crate::devices::{DeviceEvent, PioBus, PioWrite};
 use crate::end::VmEnd;
 
@@ -117,6 +118,7 @@ pub enum Outcome {
 
 pub struct ExitContext<'a> {
     pub pio: &'a PioBus,
+    pub mmio: &'a MmioBus,
     pub msrs: &'a mut dyn MsrHandler,
     pub cpu: &'a dyn VcpuView,
     pub counts: &'a mut ExitCounts,
@@ -157,14 +159,15 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
                 }
             }
         }
-        VcpuExit::MmioRead(_, data) => {
-            // No MMIO devices: reads float high, as on a bus with nothing there.
+        VcpuExit::MmioRead(addr, data) => {
+            // Addresses no device claims float high, as on a bus with nothing there.
             ctx.counts.mmio += 1;
-            data.fill(0xff);
+            ctx.mmio.read(addr, data);
             Outcome::Continue
         }
-        VcpuExit::MmioWrite(..) => {
+        VcpuExit::MmioWrite(addr, data) => {
             ctx.counts.mmio += 1;
+            ctx.mmio.write(addr, data);
             Outcome::Continue
         }
         VcpuExit::X86Rdmsr(exit) => {
@@ -220,6 +223,7 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
 mod tests {
     use super::*;
     use crate::devices::i8042::I8042;
+    use crate::devices::mmio_bus::MmioDevice;
     use std::sync::{Arc, Mutex};
 
     struct Msrs(Vec<(u32, u64)>);
@@ -248,10 +252,12 @@ mod tests {
         let pio = PioBus::builder()
             .add(0x60, 5, Arc::new(Mutex::new(I8042)))
             .build();
+        let mmio = MmioBus::default();
         handle(
             exit,
             &mut ExitContext {
                 pio: &pio,
+                mmio: &mmio,
                 msrs,
                 cpu: &NoView,
                 counts,
@@ -282,6 +288,56 @@ mod tests {
             Outcome::Stop(VmEnd::Reboot)
         );
         assert_eq!((c.io_in, c.io_out, c.unclaimed_io), (2, 2, 2));
+    }
+
+    /// Reads return the offset plus the last value written.
+    struct Echo(u8);
+    impl MmioDevice for Echo {
+        fn read(&mut self, offset: u64, data: &mut [u8]) {
+            data.fill(offset as u8 + self.0);
+        }
+        fn write(&mut self, _offset: u64, data: &[u8]) {
+            self.0 = data[0];
+        }
+    }
+
+    fn mmio_exit(mmio: &MmioBus, counts: &mut ExitCounts, exit: VcpuExit<'_>) -> Outcome {
+        handle(
+            Ok(exit),
+            &mut ExitContext {
+                pio: &PioBus::default(),
+                mmio,
+                msrs: &mut Msrs(vec![]),
+                cpu: &NoView,
+                counts,
+            },
+        )
+    }
+
+    #[test]
+    fn mmio_goes_to_the_bus_and_unclaimed_reads_float_high() {
+        let dev = Arc::new(Mutex::new(Echo(0)));
+        let bus = MmioBus::builder()
+            .add(0xd000_0000, 0x1000, dev.clone())
+            .build();
+        let mut c = ExitCounts::default();
+        let write = VcpuExit::MmioWrite(0xd000_0010, &[7, 0, 0, 0]);
+        assert_eq!(mmio_exit(&bus, &mut c, write), Outcome::Continue);
+        let mut data = [0u8; 4];
+        let read = VcpuExit::MmioRead(0xd000_0004, &mut data);
+        assert_eq!(mmio_exit(&bus, &mut c, read), Outcome::Continue);
+        assert_eq!(
+            data,
+            [4 + 7; 4],
+            "offset within the device plus the value written"
+        );
+        let read = VcpuExit::MmioRead(0xc000_0000, &mut data);
+        assert_eq!(mmio_exit(&bus, &mut c, read), Outcome::Continue);
+        assert_eq!(data, [0xff; 4]);
+        let write = VcpuExit::MmioWrite(0xc000_0000, &[1]);
+        assert_eq!(mmio_exit(&bus, &mut c, write), Outcome::Continue);
+        assert_eq!(c.mmio, 4);
+        assert_eq!(dev.lock().unwrap().0, 7, "the unclaimed write went nowhere");
     }
 
     #[test]

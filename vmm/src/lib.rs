@@ -6,7 +6,9 @@
 //! * [`boot`]: memory layout, kernel/bzImage/initramfs loading, ACPI tables;
 //! * [`vcpu`]: CPUID, boot registers, the per-vCPU thread and its KVM_RUN loop;
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
-//! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
+//! * [`devices`]: port-I/O and MMIO buses, UARTs, i8042 reset, ACPI power-off register,
+//!   virtio-mmio network card;
+//! * [`net`]: the VMM's end of the guest's network: frames and the pinger;
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
 //! * [`compare`]: `vpmu-vmm compare`, profiles in both accounting modes side by side;
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
@@ -22,6 +24,7 @@ pub mod devices;
 pub mod end;
 pub mod exit;
 pub mod host_quirks;
+pub mod net;
 pub mod pmu;
 pub mod profile;
 pub mod report;

@@ -71,6 +71,9 @@ pub fn print(r: &RunReport) {
             );
         }
     }
+    if let Some(n) = &r.net {
+        print_net(n);
+    }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));
@@ -80,5 +83,48 @@ pub fn print(r: &RunReport) {
         for l in &r.console_tail {
             eprintln!("  | {l}");
         }
+    }
+}
+
+fn print_net(n: &crate::net::NetReport) {
+    let c = &n.card;
+    eprintln!(
+        "[vpmu-vmm] virtio-net: status {:#x}, {} frames to the guest, {} from it, {} dropped (no receive buffer), {} queue errors, {} bad register accesses; {} interrupts, {} rx / {} tx notifies",
+        n.status, c.rx_frames, c.tx_frames, c.rx_dropped, c.queue_errors, n.bad_accesses, n.interrupts, c.rx_notifies, c.tx_notifies
+    );
+    let Some(p) = &n.pinger else { return };
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    eprintln!(
+        "[vpmu-vmm] net pinger: {} echo requests pushed, {} replies ok, {} bad; {} not sent (no receive buffer), {} skipped (late); {} ARP answered, {} other frames{}{}",
+        p.requests_pushed,
+        p.replies_ok,
+        p.replies_bad,
+        p.requests_no_buffer,
+        p.requests_skipped_late,
+        p.arp_answered,
+        p.other_frames,
+        p.rtt_mean()
+            .map(|m| format!("; RTT mean {:.1} ms, max {:.1} ms", ms(m), ms(p.rtt_max)))
+            .unwrap_or_default(),
+        match (p.first_reply_after, p.last_reply_after) {
+            (Some(f), Some(l)) => format!(
+                "; replies from {:.1} s to {:.1} s after the driver came up",
+                f.as_secs_f64(),
+                l.as_secs_f64()
+            ),
+            _ => String::new(),
+        },
+    );
+    if let Some(loss) = p.loss_after_first_reply() {
+        eprintln!(
+            "[vpmu-vmm] net pinger: after the first reply {} requests pushed, {} answered, {} still in flight, loss {:.1}%",
+            p.pushed_after_first_reply,
+            p.replies_after_first_reply,
+            p.unanswered_after_first_reply,
+            loss * 100.0
+        );
+    }
+    if let Some(why) = &p.first_bad {
+        eprintln!("[vpmu-vmm] net pinger: first bad frame: {why}");
     }
 }

@@ -19,16 +19,20 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
+use crate::devices::mmio_bus::MmioBus;
+use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
+use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
     acpi_shutdown::AcpiShutdown, delay, i8042, serial, vpmu_control, PioBus, PioDevice,
 };
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
 use crate::host_quirks::{self, FixupCounts, QuirkSetting};
+use crate::net::{self, pinger::Pinger, NetConfig, NetReport};
 use crate::pmu::{
     self, backend::PerfBackend, perf::HostPerf, BackendChoice, ModelChoice, PmuStats, VcpuPmu,
 };
-use crate::vcpu::{cpuid, kick, regs, VcpuRunner};
+use crate::vcpu::{cpuid, kick, regs, ticker::Ticker, VcpuRunner};
 
 pub const MIN_MEMORY_MIB: u64 = 32;
 pub const MAX_MEMORY_MIB: u64 = layout::MMIO_HOLE_START >> 20;
@@ -104,6 +108,8 @@ pub struct VmConfig {
     /// Benchmark baseline, only with `--vpmu=off`: these MSRs are sent to user space and
     /// answered with 0 (a bare user-space MSR exit).
     pub const_msrs: Vec<u32>,
+    /// `--net`: a virtio-net card at [`layout::VIRTIO_NET_MMIO_BASE`] fed by the VMM's pinger.
+    pub net: Option<NetConfig>,
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
     /// from here to the moment the vCPUs may enter KVM_RUN.
     pub started: Option<Instant>,
@@ -180,6 +186,7 @@ impl VmConfig {
             serial2: None,
             started: None,
             record: Default::default(),
+            net: None,
         }
     }
 }
@@ -257,6 +264,8 @@ pub struct RunReport {
     pub fixups: Vec<(&'static str, u64)>,
     pub console_tail: Vec<String>,
     pub cmdline: Option<String>,
+    /// With `--net`: what the network card and the pinger counted.
+    pub net: Option<NetReport>,
     /// `VmConfig::started` (or the `run` call) to the moment the vCPUs may enter KVM_RUN.
     pub setup_time: Duration,
     pub run_time: Duration,
@@ -303,16 +312,30 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             initrd,
             cmdline,
         } => {
-            let rsdp = boot::acpi::create_acpi_tables(
+            let virtio: Vec<_> = cfg
+                .net
+                .iter()
+                .map(|_| boot::acpi::VirtioMmioAcpi {
+                    base: layout::VIRTIO_NET_MMIO_BASE as u32,
+                    len: MMIO_LEN as u32,
+                    gsi: net::NET_GSI,
+                })
+                .collect();
+            let rsdp = boot::acpi::create_acpi_tables_with(
                 &mem,
                 cfg.vcpus as u8,
                 layout::IOAPIC_ADDR,
                 layout::LAPIC_ADDR,
+                &virtio,
             )?;
             let mut full = DEFAULT_CMDLINE.to_string();
             if quirks.is_some() {
                 full.push(' ');
                 full.push_str(host_quirks::KERNEL_OPTIONS);
+            }
+            if cfg.net.is_some() {
+                full.push(' ');
+                full.push_str(&net::kernel_cmdline());
             }
             if !cmdline.trim().is_empty() {
                 full.push(' ');
@@ -449,6 +472,24 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     if cfg.console_in {
         serial::spawn_stdin_reader(com1);
     }
+    let net_card = match cfg.net {
+        None => None,
+        Some(n) => {
+            let pinger = (n.rx_pps > 0).then(|| Pinger::new(n.rx_pps));
+            let card = VirtioNet::new(net::pinger::GUEST_MAC, pinger);
+            Some(Arc::new(Mutex::new(MmioTransport::new(
+                card,
+                mem.clone(),
+                irq(net::NET_GSI)?,
+            ))))
+        }
+    };
+    let mmio = match &net_card {
+        None => MmioBus::default(),
+        Some(card) => MmioBus::builder()
+            .add(layout::VIRTIO_NET_MMIO_BASE, MMIO_LEN, card.clone())
+            .build(),
+    };
 
     // vCPUs.
     let supported = hv
@@ -556,6 +597,14 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             fd,
             mem: mem.clone(),
             pio: pio.clone(),
+            mmio: mmio.clone(),
+            // The pinger's clock runs on vCPU 0's thread: its work is charged to that vCPU.
+            ticker: match (&net_card, cfg.net) {
+                (Some(card), Some(n)) if id == 0 && n.rx_pps > 0 => {
+                    Some(Ticker::new(card.clone(), net::tick_period(n.rx_pps)))
+                }
+                _ => None,
+            },
             control: control.clone(),
             fixups: fixups.clone(),
             quirks_expected: quirks.is_some(),
@@ -641,8 +690,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
         end = VmEnd::GuestPanic(line.to_string());
     }
+    let net = net_card.map(|c| NetReport::from_card(&c.lock().unwrap()));
     Ok(RunReport {
         end,
+        net,
         exits,
         pmu: pmu_stats,
         vpmu: cfg.vpmu,

@@ -86,6 +86,11 @@ fn usage_errors_exit_2() {
         (vec!["run", "--kernel", &k, "--timeout", "0"], "--timeout"),
         (vec!["run"], "--kernel"),
         (vec!["frobnicate"], "frobnicate"),
+        (
+            vec!["run", "--kernel", &k, "--net", "--net-rx-pps", "5000"],
+            "--net-rx-pps",
+        ),
+        (vec!["run", "--kernel", &k, "--net-rx-pps", "5"], "--net"),
     ] {
         let o = vmm(&args);
         assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);

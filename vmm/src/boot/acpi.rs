@@ -115,13 +115,35 @@ pub fn create_acpi_tables(
     ioapic_addr: u32,
     lapic_addr: u32,
 ) -> Result<GuestAddress, AcpiError> {
+    create_acpi_tables_with(mem, num_cpus, ioapic_addr, lapic_addr, &[])
+}
+
+/// A virtio-mmio register block for the DSDT. A hardware-reduced Linux has no identity-mapped
+/// ISA IRQs, so `virtio_mmio.device=...:IRQ` on the command line cannot name a usable interrupt;
+/// a DSDT device with `_HID "LNRO0005"` (matched by Linux's virtio_mmio driver, as with
+/// Firecracker) and a `_CRS` naming the GSI does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtioMmioAcpi {
+    pub base: u32,
+    pub len: u32,
+    pub gsi: u32,
+}
+
+/// [`create_acpi_tables`], plus virtio-mmio devices in the DSDT.
+pub fn create_acpi_tables_with(
+    mem: &GuestMemoryMmap,
+    num_cpus: u8,
+    ioapic_addr: u32,
+    lapic_addr: u32,
+    virtio_mmio: &[VirtioMmioAcpi],
+) -> Result<GuestAddress, AcpiError> {
     if num_cpus == 0 {
         return Err(AcpiError::NoCpus);
     }
 
     // The DSDT and MADT do not point anywhere, and the FADT and XSDT have fixed sizes, so
     // every address is known before any pointer has to be filled in.
-    let dsdt = dsdt();
+    let dsdt = dsdt(virtio_mmio);
     let madt = madt(num_cpus, ioapic_addr, lapic_addr);
     let xsdt_len = HEADER_LEN as usize + 2 * std::mem::size_of::<u64>();
 
@@ -244,9 +266,9 @@ fn madt(num_cpus: u8, ioapic_addr: u32, lapic_addr: u32) -> Vec<u8> {
     madt.as_slice().to_vec()
 }
 
-/// DSDT (AML): `\_S5_` and the two UARTs. That is all a hardware-reduced Linux needs to power
-/// off: `\_S5_` gives SLP_TYP, the FADT gives the register to write it to.
-fn dsdt() -> Vec<u8> {
+/// DSDT (AML): `\_S5_`, the two UARTs and any virtio-mmio devices. `\_S5_` is all a
+/// hardware-reduced Linux needs to power off: it gives SLP_TYP, the FADT gives the register.
+fn dsdt(virtio_mmio: &[VirtioMmioAcpi]) -> Vec<u8> {
     let mut body = Vec::new();
 
     // Name (\_S5_, Package () { SLP_TYPa, SLP_TYPb, reserved, reserved }). A hardware-reduced
@@ -262,6 +284,23 @@ fn dsdt() -> Vec<u8> {
         let resources = aml::ResourceTemplate::new(vec![&ports, &interrupt]);
         aml::Device::new(
             format!("\\_SB_.{name}").as_str().into(),
+            vec![
+                &aml::Name::new("_HID".into(), &hid),
+                &aml::Name::new("_UID".into(), &uid),
+                &aml::Name::new("_CRS".into(), &resources),
+            ],
+        )
+        .to_aml_bytes(&mut body);
+    }
+
+    for (uid, v) in (0u8..).zip(virtio_mmio) {
+        let hid = aml::AmlString::from("LNRO0005");
+        let regs = aml::Memory32Fixed::new(true, v.base, v.len);
+        // consumer, edge-triggered, active-high, exclusive: an irqfd pulses the IOAPIC pin
+        let interrupt = aml::Interrupt::new(true, true, false, false, v.gsi);
+        let resources = aml::ResourceTemplate::new(vec![&regs, &interrupt]);
+        aml::Device::new(
+            format!("\\_SB_.VR{uid:02}").as_str().into(),
             vec![
                 &aml::Name::new("_HID".into(), &hid),
                 &aml::Name::new("_UID".into(), &uid),
@@ -472,6 +511,39 @@ mod tests {
                 "no IO descriptor for {base:#x}"
             );
         }
+    }
+
+    #[test]
+    fn virtio_mmio_devices_are_described_in_the_dsdt() {
+        let mem = guest_memory(256 << 20);
+        let dev = VirtioMmioAcpi {
+            base: 0xd000_0000,
+            len: 0x1000,
+            gsi: 5,
+        };
+        let rsdp = create_acpi_tables_with(&mem, 1, IOAPIC_ADDR, LAPIC_ADDR, &[dev]).unwrap();
+        let t = parse(&mem, rsdp);
+        check_dsdt(&t.dsdt);
+        let aml = &t.dsdt[36..];
+        assert!(aml.windows(8).any(|w| w == b"LNRO0005"), "no LNRO0005 _HID");
+        assert!(aml.windows(4).any(|w| w == b"VR00"), "no device VR00");
+        // Memory32Fixed: tag 0x86, length 9, read-write, base, length.
+        let mut mem32 = vec![0x86, 0x09, 0x00, 0x01];
+        mem32.extend_from_slice(&0xd000_0000u32.to_le_bytes());
+        mem32.extend_from_slice(&0x1000u32.to_le_bytes());
+        assert!(
+            aml.windows(mem32.len()).any(|w| w == mem32),
+            "no register block"
+        );
+        // Extended Interrupt: tag 0x89, length 6, flags (consumer, edge), 1 interrupt, GSI 5.
+        let irq = [0x89, 0x06, 0x00, 0x03, 0x01, 5, 0, 0, 0];
+        assert!(
+            aml.windows(irq.len()).any(|w| w == irq),
+            "no GSI 5 interrupt"
+        );
+        let plain = create_acpi_tables(&mem, 1, IOAPIC_ADDR, LAPIC_ADDR).unwrap();
+        let plain = parse(&mem, plain);
+        assert!(!plain.dsdt.windows(8).any(|w| w == b"LNRO0005"));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! 0x0002_0000  kernel command line      0x0009_fc00  end of low RAM (EBDA above)
 //! 0x000e_0000  ACPI tables (RSDP first) 0x0010_0000  high RAM starts; the kernel loads where its ELF says
 //! top of RAM   initramfs, page-aligned, as high as the kernel allows
+//! 0xd000_0000  virtio-net MMIO registers (4 KiB, `--net` only; described in the DSDT)
 //! 0xfec0_0000  IOAPIC                   0xfee0_0000  local APIC
 //! ```
 
@@ -27,5 +28,7 @@ pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
 pub const KVM_IDENTITY_MAP_ADDR: u64 = 0xfffb_c000;
 pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 pub const LAPIC_ADDR: u32 = 0xfee0_0000;
+/// The virtio-mmio network card's register block (in the MMIO hole).
+pub const VIRTIO_NET_MMIO_BASE: u64 = 0xd000_0000;
 /// Guest RAM must stay below the 32-bit MMIO hole.
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;

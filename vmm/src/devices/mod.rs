@@ -1,10 +1,13 @@
-//! Port-I/O devices and the bus that routes a port to its device. All device emulation for a
-//! vCPU's exits runs on that vCPU's thread (so domain-switch accounting charges it to the guest).
+//! Devices and the buses that route a guest access to them: port I/O here, MMIO in
+//! [`mmio_bus`]. All device emulation for a vCPU's exits runs on that vCPU's thread (so
+//! domain-switch accounting charges it to the guest), and so does periodic device work ([`Tick`]).
 
 pub mod acpi_shutdown;
 pub mod delay;
 pub mod i8042;
+pub mod mmio_bus;
 pub mod serial;
+pub mod virtio;
 pub mod vpmu_control;
 
 use std::sync::{Arc, Mutex};
@@ -16,6 +19,11 @@ pub enum DeviceEvent {
     Reset,
     /// The guest asked to power off (ACPI S5).
     PowerOff,
+}
+
+/// A device with periodic work (generating traffic), run by a vCPU thread when it falls due.
+pub trait Tick: Send {
+    fn tick(&mut self, now: std::time::Instant);
 }
 
 /// The result of a port write.

@@ -6,6 +6,7 @@ pub mod guest_cpu;
 pub mod kick;
 pub mod lapic;
 pub mod regs;
+pub mod ticker;
 pub mod view;
 
 use std::os::fd::AsRawFd;
@@ -15,6 +16,7 @@ use std::time::Instant;
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
+use crate::devices::mmio_bus::MmioBus;
 use crate::devices::PioBus;
 use crate::end::VmEnd;
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
@@ -28,6 +30,9 @@ pub struct VcpuRunner {
     pub fd: VcpuFd,
     pub mem: GuestMemoryMmap,
     pub pio: PioBus,
+    pub mmio: MmioBus,
+    /// Periodic device work done on this thread (the network pinger, on vCPU 0 with `--net`).
+    pub ticker: Option<ticker::Ticker>,
     pub control: Arc<VmControl>,
     pub fixups: Arc<FixupCounts>,
     /// Whether host quirks were detected before boot (otherwise the first emulation failure
@@ -51,6 +56,13 @@ impl VcpuRunner {
         // SAFETY: pthread_self has no preconditions.
         self.control
             .register_thread(unsafe { libc::pthread_self() });
+        if let Some(t) = &mut self.ticker {
+            if let Err(e) = t.start() {
+                log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
+                self.control
+                    .request_end(VmEnd::KvmFailure(format!("device ticker: {e}")));
+            }
+        }
         let mut no_msrs = NoMsrs;
         let mut const_msrs = exit::ConstMsrs;
         while !self.control.stopping() {
@@ -78,6 +90,7 @@ impl VcpuRunner {
                 result,
                 &mut ExitContext {
                     pio: &self.pio,
+                    mmio: &self.mmio,
                     msrs,
                     cpu: &view,
                     counts: &mut counts,
@@ -96,8 +109,12 @@ impl VcpuRunner {
             if let Some(r) = &mut self.recorder {
                 r.after_exit(&self.fd);
             }
+            if let Some(t) = &mut self.ticker {
+                t.poll();
+            }
             self.deliver_pmi();
         }
+        self.ticker = None;
         if let Some(r) = self.recorder.take() {
             r.finish();
         }

@@ -1,0 +1,58 @@
+//! The network the guest's virtio-net device is plugged into: frames ([`packet`]) and the VMM's
+//! end of the wire, a pinger that sends echo requests and checks replies ([`pinger`]).
+
+pub mod packet;
+pub mod pinger;
+
+use std::time::Duration;
+
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::{NetDeviceCounts, VirtioNet};
+use crate::net::pinger::{NetStats, GUEST_IP, HOST_IP};
+
+/// `--net`: a virtio-net card whose other end is the VMM's pinger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetConfig {
+    /// Echo requests per second sent to the guest (0: none; ARP is still answered).
+    pub rx_pps: u32,
+}
+
+/// The card's interrupt: IOAPIC pin (GSI) 5, free on this VMM (COM1 is 4, COM2 3).
+pub const NET_GSI: u32 = 5;
+/// Highest `--net-rx-pps`: the vCPU thread's tick runs at most every millisecond and sends at
+/// most a few requests per tick.
+pub const MAX_RX_PPS: u32 = 4000;
+
+/// What `--net` appends to a Linux guest's command line: static IP autoconfiguration of eth0,
+/// done by the kernel itself during boot (no user space needed).
+pub fn kernel_cmdline() -> String {
+    format!("ip={GUEST_IP}::{HOST_IP}:255.255.255.0::eth0:off")
+}
+
+/// How often vCPU 0 runs the pinger: once per request, but not more than once a millisecond.
+pub fn tick_period(rx_pps: u32) -> Duration {
+    Duration::from_secs_f64(1.0 / f64::from(rx_pps.max(1))).max(Duration::from_millis(1))
+}
+
+/// What the network card and the pinger counted, for the end-of-run report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetReport {
+    pub pinger: Option<NetStats>,
+    pub card: NetDeviceCounts,
+    /// virtio-mmio status register at the end (0xf: the driver is up), interrupts raised.
+    pub status: u32,
+    pub interrupts: u64,
+    pub bad_accesses: u64,
+}
+
+impl NetReport {
+    pub fn from_card(t: &MmioTransport<VirtioNet>) -> Self {
+        NetReport {
+            pinger: t.device().pinger_stats(),
+            card: t.device().counts.clone(),
+            status: t.status(),
+            interrupts: t.interrupts,
+            bad_accesses: t.bad_accesses,
+        }
+    }
+}
