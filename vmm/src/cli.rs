@@ -34,6 +34,20 @@ pub enum Command {
     /// Boot a guest kernel and run it until it powers off, reboots, panics or times out.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Decode the result frames a guest sent over COM2 (the file of `run --serial2 FILE`):
+    /// verify each frame's length and CRC-32, write its payload to DIR/<mode>/<name>, report
+    /// damaged, truncated or missing frames (exit code 1 if any).
+    Results(ResultsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ResultsArgs {
+    /// The COM2 output file (`vpmu-vmm run --serial2 FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Directory for the decoded payloads (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "vpmu-results")]
+    pub out: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]

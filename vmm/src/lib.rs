@@ -9,7 +9,8 @@
 //! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
-//! * [`console`]: guest console tee, last lines, panic detection.
+//! * [`console`]: guest console tee, last lines, panic detection;
+//! * [`guest_results`]: decoder for the result frames a guest sends over COM2 (`vpmu-vmm results`).
 
 pub mod boot;
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod console;
 pub mod devices;
 pub mod end;
 pub mod exit;
+pub mod guest_results;
 pub mod host_quirks;
 pub mod pmu;
 pub mod report;

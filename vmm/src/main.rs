@@ -24,6 +24,14 @@ fn main() -> ExitCode {
         .init();
 
     match cli.command {
+        Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(code::ERROR as u8),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(code::ERROR as u8)
+            }
+        },
         Command::Run(args) => {
             let cfg = match args.to_config(started) {
                 Ok(c) => c,
