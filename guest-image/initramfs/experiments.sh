@@ -180,6 +180,7 @@ vpmu_mode_code() {
 # vpmu_read_mode: the mode the port reports (cpu-switch, domain-switch), or `-`.
 vpmu_read_mode() {
 	local b
+	[ -e "$VPMU_PORT_DEV" ] || { echo -; return 0; }
 	b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$VPMU_CONTROL_PORT" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
 	case "$b" in
 	1) echo cpu-switch ;;
@@ -192,6 +193,8 @@ vpmu_read_mode() {
 vpmu_set_mode() {
 	local code
 	code=$(vpmu_mode_code "$1") || return 2
+	# (dd would create a missing device as a plain file, and then read our own byte back.)
+	[ -e "$VPMU_PORT_DEV" ] || return 1
 	printf "\\$code" | dd of="$VPMU_PORT_DEV" bs=1 seek="$VPMU_CONTROL_PORT" count=1 conv=notrunc 2>/dev/null ||
 		return 1
 	[ "$(vpmu_read_mode)" = "$1" ]
