@@ -10,7 +10,8 @@
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
 //! * [`console`]: guest console tee, last lines, panic detection;
-//! * [`guest_results`]: decoder for the result frames a guest sends over COM2 (`vpmu-vmm results`).
+//! * [`guest_results`]: decoder for the result frames a guest sends over COM2 (`vpmu-vmm results`),
+//!   and [`guest_reports`]: readers for the profiler outputs in them.
 
 pub mod boot;
 pub mod cli;
@@ -18,6 +19,7 @@ pub mod console;
 pub mod devices;
 pub mod end;
 pub mod exit;
+pub mod guest_reports;
 pub mod guest_results;
 pub mod host_quirks;
 pub mod pmu;
