@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use vmm::end::VmEnd;
-use vmm::host_quirks::QuirkSetting;
 use vmm::pmu::{BackendChoice, ModelChoice};
 use vmm::vm::{Boot, RunReport, VmConfig, VpmuSetting};
 
@@ -24,26 +23,16 @@ fn run(
     let dir = tempfile::tempdir().unwrap();
     let serial2 = dir.path().join("serial2");
     let cfg = VmConfig {
-        boot: Boot::Flat {
-            image: guest.image.to_vec(),
-            load_addr: guest.load_addr,
-            entry: guest.load_addr,
-            long_mode: true,
-        },
         memory_mib: 64,
-        vcpus: 1,
         vpmu,
         serial2: Some(serial2.clone()),
-        host_quirks: QuirkSetting::Auto,
         timeout: Some(Duration::from_secs(300)),
         console_out: Some(dir.path().join("console")),
-        console_in: false,
         pmu_model: ModelChoice::Amd,
         pmu_backend: BackendChoice::Soft,
         pmi_limit: 0,
-        io_delay_us: 0,
         const_msrs,
-        started: None,
+        ..VmConfig::new(Boot::tiny(guest))
     };
     let r = vmm::vm::run(&cfg).expect("VM run");
     assert_eq!(r.end, VmEnd::PowerOff, "{}: {:?}", guest.name, r.end);

@@ -8,8 +8,10 @@ use clap::{Parser, Subcommand};
 use crate::end::EXIT_CODES_HELP;
 use crate::host_quirks::QuirkSetting;
 use crate::pmu::{BackendChoice, ModelChoice};
+use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
 use crate::vm::{
-    Boot, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB,
+    Boot, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS,
+    MIN_MEMORY_MIB,
 };
 
 #[derive(Parser, Debug)]
@@ -34,10 +36,83 @@ pub enum Command {
     /// Boot a guest kernel and run it until it powers off, reboots, panics or times out.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
+    /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
+    /// side (table on stdout; CSV and SVG chart in --out).
+    Compare(CompareArgs),
+    /// Read VM-exit traces written by `run --trace` (docs/tracing.md).
+    #[command(subcommand)]
+    Trace(TraceCommand),
+    /// Host-side guest profile (`run --host-profile`): samples per guest symbol, opreport-style;
+    /// with exit records in the same file, the VMM's exit handling beside the guest symbols.
+    Report(ReportArgs),
     /// Decode the result frames a guest sent over COM2 (the file of `run --serial2 FILE`):
     /// verify each frame's length and CRC-32, write its payload to DIR/<mode>/<name>, report
     /// damaged, truncated or missing frames (exit code 1 if any).
     Results(ResultsArgs),
+}
+
+/// Workloads of `vpmu-vmm compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// A bare-metal tiny guest that samples itself with the vPMU: an I/O-heavy function (port
+    /// writes to a device whose emulation takes --io-delay-us on the vCPU thread) and a
+    /// CPU-bound control. One boot, seconds.
+    Tiny,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// What to profile.
+    #[arg(long, value_enum, default_value_t = Workload::Tiny)]
+    pub workload: Workload,
+    /// Directory for the CSV and SVG files (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "vpmu-compare")]
+    pub out: PathBuf,
+    /// tiny: emulation time of each I/O access, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = crate::compare::tiny::DEFAULT_IO_DELAY_US,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub io_delay_us: u32,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TraceCommand {
+    /// Per-vCPU exit reasons (count, time, % of run, mean and p5/p50/p95 cycles), tables per
+    /// I/O port, MSR and MMIO address, and the in-guest / in-VMM / halted split of wall time.
+    Summary(SummaryArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SummaryArgs {
+    /// Trace file (`run --trace FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Also print a CSV time series with one row per SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+    /// Draw the time series into an SVG file (interval: --interval, or 1/50 of the run).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Print one line per record (time, vCPU, event, detail), all vCPUs merged in time order,
+    /// instead of the tables.
+    #[arg(long)]
+    pub dump: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Profile file (`run --host-profile FILE`, possibly also `--trace FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Guest kernel (ELF vmlinux or bzImage) whose kallsyms tables resolve guest addresses
+    /// (default: the kernel the run booted, as recorded in the file).
+    #[arg(long, value_name = "PATH", conflicts_with = "system_map")]
+    pub kernel: Option<PathBuf>,
+    /// Resolve guest addresses with this System.map instead.
+    #[arg(long, value_name = "FILE")]
+    pub system_map: Option<PathBuf>,
+    /// Show at most N rows (0 = all).
+    #[arg(long, value_name = "N", default_value_t = 40)]
+    pub top: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -84,6 +159,16 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// At most N PMIs per second per vCPU are delivered (0 = no limit); the rest are counted.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub pmi_limit: u32,
+    /// RDPMC in the guest kernel: patch = rewrite each RDPMC to RDMSR before boot (logged per
+    /// site) and answer it from the vPMU; off = leave it to KVM (it faults on hosts without a PMU).
+    #[arg(long, value_enum, default_value_t = RdpmcSetting::Patch)]
+    pub rdpmc: RdpmcSetting,
+    /// Switch the accounting mode at run time: MODE:SECONDS,... (e.g.
+    /// cpu-switch:60,domain-switch:60), each in turn from the start, the last one staying. The
+    /// guest can also switch through the vPMU control port (0x511: 1 = cpu-switch,
+    /// 2 = domain-switch). Needs --vpmu cpu-switch or domain-switch.
+    #[arg(long, value_name = "LIST")]
+    pub vpmu_schedule: Option<crate::pmu::mode::Schedule>,
     /// Write what the guest sends to its second serial port (ttyS1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub serial2: Option<PathBuf>,
@@ -96,6 +181,22 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// Write the guest console to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub console: Option<PathBuf>,
+    /// Record every VM exit that reaches the VMM (reason, port/MSR/MMIO, TSC at exit and
+    /// re-entry) to FILE; read it with `vpmu-vmm trace summary FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Sample each vCPU's guest RIP and CPL from the VMM into FILE (no profiler in the guest);
+    /// read it with `vpmu-vmm report FILE`. May be the same FILE as --trace (one file, both).
+    #[arg(long, value_name = "FILE")]
+    pub host_profile: Option<PathBuf>,
+    /// Host profile samples per second of the sampled clock, per vCPU.
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    pub host_profile_hz: u32,
+    /// What drives the host profile: auto = a cycles counter gated like --vpmu (cpu-switch:
+    /// guest time only; domain-switch or off: the VMM's exit handling is charged to the guest).
+    #[arg(long, value_enum, default_value_t = ProfileClock::Auto)]
+    pub host_profile_clock: ProfileClock,
 }
 
 impl RunArgs {
@@ -108,6 +209,11 @@ impl RunArgs {
             }
             t => t.map(Duration::from_secs_f64),
         };
+        if self.vpmu_schedule.is_some() && self.vpmu == VpmuSetting::Off {
+            return Err(
+                "--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
+            );
+        }
         Ok(VmConfig {
             boot: Boot::Linux {
                 kernel: self.kernel.clone(),
@@ -120,6 +226,8 @@ impl RunArgs {
             pmu_model: self.pmu_model,
             pmu_backend: self.vpmu_backend,
             pmi_limit: self.pmi_limit,
+            rdpmc: self.rdpmc,
+            vpmu_schedule: self.vpmu_schedule.clone(),
             io_delay_us: 0,
             const_msrs: Vec::new(),
             serial2: self.serial2.clone(),
@@ -128,6 +236,15 @@ impl RunArgs {
             console_out: self.console.clone(),
             console_in: true,
             started: Some(started),
+            record: RecordConfig {
+                trace: self.trace.clone(),
+                profile: self.host_profile.as_ref().map(|p| ProfileConfig {
+                    path: p.clone(),
+                    hz: self.host_profile_hz,
+                    clock: self.host_profile_clock,
+                }),
+                pool: Default::default(),
+            },
         })
     }
 }

@@ -11,9 +11,31 @@ use crate::end::VmEnd;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpFault;
 
+/// What an MSR handler may ask about the vCPU that exited. Each answer costs an ioctl, so
+/// handlers ask only when they must (the RDPMC service's RIP check).
+pub trait VcpuView {
+    /// The guest RIP of the exiting instruction.
+    fn rip(&self) -> Option<u64>;
+    /// The MSR as KVM itself holds it (KVM_GET_MSRS, which the MSR filter does not apply to);
+    /// None if KVM does not know it (a guest RDMSR of it would take #GP).
+    fn kvm_msr(&self, index: u32) -> Option<u64>;
+}
+
+/// A vCPU with no state to show (tests, and handlers that never ask).
+pub struct NoView;
+
+impl VcpuView for NoView {
+    fn rip(&self) -> Option<u64> {
+        None
+    }
+    fn kvm_msr(&self, _index: u32) -> Option<u64> {
+        None
+    }
+}
+
 /// Answers the MSR accesses that KVM sends to user space (through the MSR filter).
 pub trait MsrHandler {
-    fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault>;
+    fn rdmsr(&mut self, index: u32, cpu: &dyn VcpuView) -> Result<u64, GpFault>;
     fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault>;
 }
 
@@ -21,7 +43,7 @@ pub trait MsrHandler {
 pub struct NoMsrs;
 
 impl MsrHandler for NoMsrs {
-    fn rdmsr(&mut self, _index: u32) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, _index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
         Err(GpFault)
     }
     fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
@@ -34,7 +56,7 @@ impl MsrHandler for NoMsrs {
 pub struct ConstMsrs;
 
 impl MsrHandler for ConstMsrs {
-    fn rdmsr(&mut self, _index: u32) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, _index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
         Ok(0)
     }
     fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
@@ -96,6 +118,7 @@ pub enum Outcome {
 pub struct ExitContext<'a> {
     pub pio: &'a PioBus,
     pub msrs: &'a mut dyn MsrHandler,
+    pub cpu: &'a dyn VcpuView,
     pub counts: &'a mut ExitCounts,
 }
 
@@ -146,7 +169,7 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
         }
         VcpuExit::X86Rdmsr(exit) => {
             ctx.counts.msr += 1;
-            match ctx.msrs.rdmsr(exit.index) {
+            match ctx.msrs.rdmsr(exit.index, ctx.cpu) {
                 Ok(v) => *exit.data = v,
                 Err(GpFault) => *exit.error = 1,
             }
@@ -201,7 +224,7 @@ mod tests {
 
     struct Msrs(Vec<(u32, u64)>);
     impl MsrHandler for Msrs {
-        fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault> {
+        fn rdmsr(&mut self, index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
             self.0
                 .iter()
                 .find(|(i, _)| *i == index)
@@ -230,6 +253,7 @@ mod tests {
             &mut ExitContext {
                 pio: &pio,
                 msrs,
+                cpu: &NoView,
                 counts,
             },
         )

@@ -8,13 +8,17 @@
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
 //! * [`devices`]: port-I/O bus, UARTs, i8042 reset, ACPI power-off register;
 //! * [`pmu`]: the VMM side of the vPMU (backends over perf, MSR filter, PMI delivery);
+//! * [`compare`]: `vpmu-vmm compare`, profiles in both accounting modes side by side;
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
 //! * [`console`]: guest console tee, last lines, panic detection;
+//! * [`trace`]: VM-exit tracing (`run --trace`, `trace summary`);
+//! * [`profile`]: host-side guest profiles (`run --host-profile`, `report`);
 //! * [`guest_results`]: decoder for the result frames a guest sends over COM2 (`vpmu-vmm results`),
 //!   and [`guest_reports`]: readers for the profiler outputs in them.
 
 pub mod boot;
 pub mod cli;
+pub mod compare;
 pub mod console;
 pub mod devices;
 pub mod end;
@@ -23,6 +27,8 @@ pub mod guest_reports;
 pub mod guest_results;
 pub mod host_quirks;
 pub mod pmu;
+pub mod profile;
 pub mod report;
+pub mod trace;
 pub mod vcpu;
 pub mod vm;

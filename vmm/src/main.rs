@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vmm::cli::{Cli, Command};
+use vmm::cli::{Cli, Command, TraceCommand};
 use vmm::end::code;
 
 fn main() -> ExitCode {
@@ -24,6 +24,13 @@ fn main() -> ExitCode {
         .init();
 
     match cli.command {
+        Command::Compare(args) => match vmm::compare::command(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(code::ERROR as u8)
+            }
+        },
         Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(code::ERROR as u8),
@@ -50,6 +57,19 @@ fn main() -> ExitCode {
                     ExitCode::from(code::ERROR as u8)
                 }
             }
+        }
+        Command::Trace(TraceCommand::Summary(args)) => done(vmm::trace::command::summary(&args)),
+        Command::Report(args) => done(vmm::profile::report::command(&args)),
+    }
+}
+
+/// Exit 0, or print the error and exit 1 (bad or unreadable input).
+fn done<E: std::fmt::Display>(r: Result<(), E>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(code::ERROR as u8)
         }
     }
 }

@@ -29,9 +29,47 @@ pub fn print(r: &RunReport) {
     if r.vpmu != crate::vm::VpmuSetting::Off {
         let p = &r.pmu;
         eprintln!(
-            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} throttled",
-            r.vpmu, p.msr_reads, p.msr_writes, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
+            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} held back by the rate limit",
+            r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
         );
+        if r.mode_history.len() > 1 {
+            let steps: Vec<String> = r
+                .mode_history
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} at {:.1} s ({})",
+                        crate::pmu::mode::name(s.mode),
+                        s.at.as_secs_f64(),
+                        s.by
+                    )
+                })
+                .collect();
+            eprintln!("[vpmu-vmm] accounting modes: {}", steps.join(" -> "));
+        }
+        for (i, m) in [
+            vpmu::AccountingMode::CpuSwitch,
+            vpmu::AccountingMode::DomainSwitch,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let c = p.by_mode[i];
+            if c.pmis + c.rdpmc_reads > 0 {
+                eprintln!(
+                    "[vpmu-vmm]   in {}: {} PMIs delivered, {} RDPMC served",
+                    crate::pmu::mode::name(m),
+                    c.pmis,
+                    c.rdpmc_reads
+                );
+            }
+        }
+        if p.rdpmc_genuine_msr > 0 {
+            eprintln!(
+                "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",
+                p.rdpmc_genuine_msr
+            );
+        }
     }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();

@@ -19,7 +19,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
-use crate::devices::{acpi_shutdown::AcpiShutdown, delay, i8042, serial, PioBus, PioDevice};
+use crate::devices::{
+    acpi_shutdown::AcpiShutdown, delay, i8042, serial, vpmu_control, PioBus, PioDevice,
+};
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
 use crate::host_quirks::{self, FixupCounts, QuirkSetting};
@@ -44,6 +46,16 @@ pub enum VpmuSetting {
     CpuSwitch,
     /// Counters run whenever the vCPU thread runs, VMM exit handling included.
     DomainSwitch,
+}
+
+/// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum RdpmcSetting {
+    /// Rewrite each RDPMC in the guest kernel's text to RDMSR and answer it from the vPMU.
+    #[default]
+    Patch,
+    /// Leave RDPMC to KVM (which, on hosts without a PMU, makes it fault).
+    Off,
 }
 
 /// What to boot.
@@ -82,6 +94,10 @@ pub struct VmConfig {
     pub pmu_model: ModelChoice,
     pub pmu_backend: BackendChoice,
     pub pmi_limit: u32,
+    /// `--rdpmc`: rewrite the guest kernel's RDPMCs so the vPMU answers them.
+    pub rdpmc: RdpmcSetting,
+    /// `--vpmu-schedule`: accounting modes to switch through at run time (vPMU on only).
+    pub vpmu_schedule: Option<pmu::mode::Schedule>,
     /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
     /// thread (VMM work done for the guest). 0 = no device.
     pub io_delay_us: u32,
@@ -91,6 +107,8 @@ pub struct VmConfig {
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
     /// from here to the moment the vCPUs may enter KVM_RUN.
     pub started: Option<Instant>,
+    /// `--trace` / `--host-profile` (off by default).
+    pub record: crate::trace::RecordConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,12 +133,55 @@ pub enum VmError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Rdpmc(#[from] pmu::rdpmc::RdpmcError),
     #[error("{0}")]
     Unsupported(String),
+    #[error(transparent)]
+    Record(#[from] crate::trace::recorder::RecordError),
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
+}
+
+impl Boot {
+    /// A tiny test guest (guest-image/tiny), entered at its load address.
+    pub fn tiny(guest: &tiny_guests::TinyGuest) -> Boot {
+        Boot::Flat {
+            image: guest.image.to_vec(),
+            load_addr: guest.load_addr,
+            entry: guest.load_addr,
+            long_mode: guest.long_mode,
+        }
+    }
+}
+
+impl VmConfig {
+    /// `boot` with the defaults of `vpmu-vmm run` (256 MiB, 1 vCPU, no vPMU, no timeout,
+    /// console to stdout); callers change what they need.
+    pub fn new(boot: Boot) -> Self {
+        VmConfig {
+            boot,
+            memory_mib: 256,
+            vcpus: 1,
+            vpmu: VpmuSetting::Off,
+            host_quirks: QuirkSetting::Auto,
+            timeout: None,
+            console_out: None,
+            console_in: false,
+            pmu_model: ModelChoice::Auto,
+            pmu_backend: BackendChoice::Auto,
+            pmi_limit: 2000,
+            rdpmc: RdpmcSetting::Patch,
+            vpmu_schedule: None,
+            io_delay_us: 0,
+            const_msrs: Vec::new(),
+            serial2: None,
+            started: None,
+            record: Default::default(),
+        }
+    }
 }
 
 /// Shared between the vCPU threads and the thread waiting for the VM to end.
@@ -139,6 +200,13 @@ impl VmControl {
 
     pub fn register_thread(&self, t: libc::pthread_t) {
         self.threads.lock().unwrap().push(t);
+    }
+
+    /// Kicks every vCPU out of KVM_RUN (it looks at what changed, then re-enters).
+    pub fn kick_all(&self) {
+        for &t in self.threads.lock().unwrap().iter() {
+            kick::kick(t);
+        }
     }
 
     /// Records why the VM ends (the first reason wins) and kicks every vCPU out of KVM_RUN.
@@ -184,6 +252,8 @@ pub struct RunReport {
     /// Summed over vCPUs; all zero with `--vpmu=off`.
     pub pmu: PmuStats,
     pub vpmu: VpmuSetting,
+    /// The accounting modes the run went through (initial mode first), with times.
+    pub mode_history: Vec<pmu::mode::Switch>,
     pub fixups: Vec<(&'static str, u64)>,
     pub console_tail: Vec<String>,
     pub cmdline: Option<String>,
@@ -227,7 +297,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         unsafe { vm.set_user_memory_region(r) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
     }
 
-    let (entry, cmdline) = match &cfg.boot {
+    let (entry, cmdline, guest_code) = match &cfg.boot {
         Boot::Linux {
             kernel,
             initrd,
@@ -260,7 +330,11 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                     .unwrap_or_default()
             );
             log::info!("kernel command line: {full}");
-            (loaded.entry.raw_value(), Some(full))
+            (
+                loaded.entry.raw_value(),
+                Some(full),
+                pmu::setup::GuestCode::Elf(loaded.elf),
+            )
         }
         Boot::Flat {
             image,
@@ -279,7 +353,28 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             }
             mem.write_slice(image, GuestAddress(*load_addr))
                 .map_err(|e| VmError::Memory(e.to_string()))?;
-            (*entry, None)
+            (
+                *entry,
+                None,
+                pmu::setup::GuestCode::Flat {
+                    image,
+                    base: *load_addr,
+                },
+            )
+        }
+    };
+
+    // The accounting mode (switchable at run time: `--vpmu-schedule`, the vPMU control port).
+    let control = Arc::new(VmControl::default());
+    let mode_switch = match cfg.vpmu {
+        VpmuSetting::Off => None,
+        on => {
+            let initial = match &cfg.vpmu_schedule {
+                Some(s) => s.first(),
+                None if on == VpmuSetting::CpuSwitch => vpmu::AccountingMode::CpuSwitch,
+                None => vpmu::AccountingMode::DomainSwitch,
+            };
+            Some(Arc::new(pmu::mode::ModeSwitch::new(initial)))
         }
     };
 
@@ -326,6 +421,20 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             2,
             Arc::new(Mutex::new(AcpiShutdown)),
         );
+    let pio = match &mode_switch {
+        Some(m) => {
+            let c = control.clone();
+            pio.add(
+                vpmu_control::VPMU_CONTROL_PORT,
+                1,
+                Arc::new(Mutex::new(vpmu_control::VpmuControl::new(
+                    m.clone(),
+                    Box::new(move || c.kick_all()),
+                ))),
+            )
+        }
+        None => pio,
+    };
     let pio = if cfg.io_delay_us > 0 {
         let each = Duration::from_micros(u64::from(cfg.io_delay_us));
         pio.add(
@@ -351,41 +460,51 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     };
     let vpmu_plan = match cfg.vpmu {
         VpmuSetting::Off => None,
-        on => {
+        _ => {
             let config = pmu::setup::model_config(cfg.pmu_model, supported.as_slice());
             let backend = pmu::setup::resolve_backend(cfg.pmu_backend);
-            let mode = match on {
-                VpmuSetting::CpuSwitch => vpmu::AccountingMode::CpuSwitch,
-                _ => vpmu::AccountingMode::DomainSwitch,
-            };
+            let mode = mode_switch.as_ref().map(|m| m.get()).unwrap_or_default();
             // A throwaway model gives the MSR ranges and CPUID edits (the same for every vCPU).
             let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))
                 .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
             let mut ranges = probe.msr_ranges();
             ranges.sort_by_key(|r| *r.start());
-            pmu::setup::install_msr_filter(&vm, &ranges).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+            let rdpmc = match cfg.rdpmc {
+                RdpmcSetting::Patch => {
+                    let sites = pmu::setup::patch_rdpmc(&mem, &guest_code)?;
+                    pmu::rdpmc::RdpmcSites::new(probe.rdpmc_ranges(), &sites)
+                }
+                RdpmcSetting::Off => pmu::rdpmc::RdpmcSites::default(),
+            };
+            let rdpmc_ranges = if rdpmc.is_empty() {
+                Vec::new()
+            } else {
+                probe.rdpmc_ranges()
+            };
+            pmu::setup::install_msr_filter(&vm, &ranges, &rdpmc_ranges)
+                .map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+            let rdpmc = Arc::new(rdpmc);
             log::info!(
                 "vPMU: {:?} model, {mode:?} accounting, {backend:?} backend, PMI limit {}/s per vCPU; {} MSR ranges to user space",
                 config.vendor(),
                 cfg.pmi_limit,
                 ranges.len()
             );
-            Some((config, backend, mode, probe.cpuid_edits()))
+            Some((config, backend, mode, probe.cpuid_edits(), rdpmc))
         }
     };
     if vpmu_plan.is_none() && !cfg.const_msrs.is_empty() {
         let ranges: Vec<_> = cfg.const_msrs.iter().map(|&m| m..=m).collect();
-        pmu::setup::install_msr_filter(&vm, &ranges).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+        pmu::setup::install_msr_filter(&vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
     }
     let pmu_edits = match &vpmu_plan {
-        Some((_, _, _, edits)) => edits.clone(),
+        Some((_, _, _, edits, _)) => edits.clone(),
         None => vpmu::cpuid::hide_pmu(),
     };
     kick::install_handler().map_err(|e| VmError::Kvm {
         what: "installing the vCPU kick signal handler",
         source: e,
     })?;
-    let control = Arc::new(VmControl::default());
     let fixups = Arc::new(FixupCounts::default());
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
@@ -396,7 +515,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let vcpu_pmu = match &vpmu_plan {
             None => None,
-            Some((config, backend, mode, _)) => {
+            Some((config, backend, mode, _, rdpmc)) => {
                 let source = match backend {
                     BackendChoice::Hw => pmu::backend::Source::Hw,
                     _ => pmu::backend::Source::Soft {
@@ -412,7 +531,12 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 );
                 let model = vpmu::Pmu::new(*config, Box::new(backend))
                     .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
-                Some(VcpuPmu::new(model, cfg.pmi_limit))
+                Some(VcpuPmu::new(
+                    model,
+                    cfg.pmi_limit,
+                    rdpmc.clone(),
+                    mode_switch.clone().expect("a vPMU has a mode"),
+                ))
             }
         };
         let table = CpuId::from_entries(&table)
@@ -438,7 +562,30 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             pmu: vcpu_pmu,
             vm: vm.clone(),
             const_msrs: !cfg.const_msrs.is_empty(),
+            recorder: None,
         });
+    }
+    let mut recording = match runners.first().filter(|_| cfg.record.is_on()) {
+        Some(r) => {
+            let tsc_khz = r.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
+            let kernel = match &cfg.boot {
+                Boot::Linux { kernel, .. } => Some(kernel.as_path()),
+                Boot::Flat { .. } => None,
+            };
+            crate::trace::recorder::Recording::start(
+                &cfg.record,
+                cfg.vcpus,
+                tsc_khz,
+                cfg.vpmu,
+                kernel,
+            )?
+        }
+        None => None,
+    };
+    if let Some(rec) = recording.as_mut() {
+        for r in &mut runners {
+            r.recorder = rec.take_vcpu();
+        }
     }
     let setup_time = t0.elapsed();
     log::info!(
@@ -460,6 +607,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 .map_err(|e| VmError::Memory(e.to_string()))?,
         );
     }
+    if let (Some(schedule), Some(m)) = (cfg.vpmu_schedule.clone(), &mode_switch) {
+        let (kick, stop) = (control.clone(), control.clone());
+        schedule.spawn(m.clone(), move || kick.kick_all(), move || stop.stopping());
+    }
     let mut end = control.wait(cfg.timeout);
     let mut exits: Vec<ExitCounts> = Vec::new();
     let mut pmu_stats = PmuStats::default();
@@ -469,6 +620,22 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         pmu_stats.add(&stats);
     }
     let run_time = t1.elapsed();
+    if let Some(rec) = recording {
+        for (path, st) in rec.finish()? {
+            log::info!(
+                "trace {}: {} records in {} blocks, {} bytes{}",
+                path.display(),
+                st.records,
+                st.blocks,
+                st.bytes,
+                if st.dropped > 0 {
+                    format!(", {} RECORDS DROPPED (the writer fell behind)", st.dropped)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
     let log = console_log.lock().unwrap();
     if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
         end = VmEnd::GuestPanic(line.to_string());
@@ -478,6 +645,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         exits,
         pmu: pmu_stats,
         vpmu: cfg.vpmu,
+        mode_history: mode_switch.map(|m| m.history()).unwrap_or_default(),
         fixups: fixups.snapshot(),
         console_tail: log.tail(15),
         cmdline,

@@ -20,6 +20,9 @@ struct Report {
     masked_nmis: u64,
     masked_status: u64,
     storm_nmis: u64,
+    rdpmc0: u64,
+    rdpmc1: u64,
+    msr0: u64,
 }
 
 const DELAY_US: u32 = 300;
@@ -45,7 +48,7 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
     );
     assert_eq!(
         r.serial2.len(),
-        64,
+        88,
         "{model:?}/{mode:?}: guest report incomplete"
     );
     let w: Vec<u64> = r
@@ -62,6 +65,9 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
         masked_nmis: w[5],
         masked_status: w[6],
         storm_nmis: w[7],
+        rdpmc0: w[8],
+        rdpmc1: w[9],
+        msr0: w[10],
     };
     let p = &r.report.pmu;
     eprintln!(
@@ -89,9 +95,9 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     assert_eq!(rep.masked_nmis, 0, "{rep:?}");
     assert_eq!(rep.masked_status & 1, 1, "{rep:?}");
     assert!(vm.pmu.pmis_masked >= 1, "{:?}", vm.pmu);
-    // Storm: a period of 1 is capped by the per-vCPU PMI limit (on Intel it may also end
-    // earlier, when an overflow finds LVTPC still masked from the previous PMI: dropped, as on
-    // hardware, and nothing re-arms the counter).
+    // Storm: a period of 1 is capped by the per-vCPU PMI rate limit, which holds PMIs back (on
+    // Intel it may also end earlier, when an overflow finds LVTPC still masked from the previous
+    // PMI: dropped, as on hardware, and nothing re-arms the counter).
     assert!(
         vm.pmu.pmis_throttled + vm.pmu.pmis_masked >= 2,
         "storm neither throttled nor dropped: {:?}",
@@ -106,11 +112,20 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
         vm.pmu.pmis_nmi,
         vm.run_time
     );
-    assert_eq!(
+    // RDPMC, rewritten to RDMSR by the VMM, reads the running counter; the genuine RDMSR of
+    // MSR 0 (same number as RDPMC index 0) is answered by KVM (P5_MC_ADDR reads 0).
+    assert!(rep.rdpmc1 > rep.rdpmc0, "RDPMC did not advance: {rep:?}");
+    assert_eq!(rep.msr0, 0, "RDMSR 0 answered by the vPMU? {rep:?}");
+    assert_eq!(vm.pmu.rdpmc_reads, 2, "{:?}", vm.pmu);
+    assert_eq!(vm.pmu.rdpmc_genuine_msr, 1, "{:?}", vm.pmu);
+    // Every NMI the VMM delivered reached the guest's handler; at most one (a PMI the rate
+    // limit held back, delivered late) may land after the guest stopped counting.
+    let seen = rep.samples + rep.storm_nmis;
+    assert!(
+        vm.pmu.pmis_nmi >= seen && vm.pmu.pmis_nmi - seen <= 1,
+        "VMM delivered {} NMIs, guest saw {seen}: {:?}",
         vm.pmu.pmis_nmi,
-        rep.samples + rep.storm_nmis,
-        "VMM and guest disagree on NMIs: {:?}",
-        vm.pmu
+        vm.pmu.by_mode
     );
     rep
 }
@@ -141,4 +156,78 @@ fn amd_model_counts_samples_and_charges_by_mode() {
 #[test]
 fn intel_model_counts_samples_and_charges_by_mode() {
     compare_modes(ModelChoice::Intel);
+}
+
+/// Without the rewrite, this host's KVM answers RDPMC with #GP: the tiny guest (no #GP handler)
+/// triple-faults. This is what `--rdpmc patch` fixes (and shows the test above can fail).
+#[test]
+fn without_the_rdpmc_rewrite_the_guest_faults() {
+    if !common::kvm_available() {
+        return;
+    }
+    let r = common::run_tiny_with(&tiny_guests::PMU_AMD64, Duration::from_secs(120), |cfg| {
+        cfg.vpmu = VpmuSetting::CpuSwitch;
+        cfg.pmu_model = ModelChoice::Amd;
+        cfg.pmu_backend = BackendChoice::Soft;
+        cfg.rdpmc = vmm::vm::RdpmcSetting::Off;
+    });
+    if vmm::pmu::setup::host_has_pmu() {
+        eprintln!("this host has a PMU: KVM may serve RDPMC itself; not checking the fault");
+        return;
+    }
+    assert_eq!(r.report.end, VmEnd::TripleFault, "console {}", r.console);
+    assert_eq!(r.serial2.len(), 64, "phases 1-4 should have reported");
+}
+
+/// The guest switches the accounting mode through the vPMU control port between two identical
+/// I/O loops, with one counter running across the switch: the loop run in domain-switch is
+/// charged the VMM's work, the one in cpu-switch is not — in one boot.
+#[test]
+fn guest_switches_the_accounting_mode_at_run_time() {
+    if !common::kvm_available() {
+        return;
+    }
+    let r = common::run_tiny_with(
+        &tiny_guests::MODE_SWITCH64,
+        Duration::from_secs(120),
+        |cfg| {
+            cfg.vpmu = VpmuSetting::CpuSwitch;
+            cfg.pmu_model = ModelChoice::Amd;
+            cfg.pmu_backend = BackendChoice::Soft;
+            cfg.io_delay_us = DELAY_US;
+        },
+    );
+    assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
+    let w: Vec<u64> = r
+        .serial2
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(w.len(), 4, "guest report incomplete: {w:?}");
+    let (mode1, cpu_io, mode2, dom_io) = (w[0], w[1], w[2], w[3]);
+    eprintln!(
+        "mode switch in one boot: cpu-switch loop {cpu_io} cycles, domain-switch loop {dom_io} ({:.1}x); modes {:?}",
+        dom_io as f64 / cpu_io.max(1) as f64,
+        r.report.mode_history
+    );
+    assert_eq!((mode1, mode2), (1, 2), "control port read-back");
+    assert!(cpu_io > 0, "the counter must keep counting in cpu-switch");
+    assert!(
+        dom_io > 3 * cpu_io,
+        "domain-switch loop should be charged the VMM's I/O work: cpu {cpu_io}, domain {dom_io}"
+    );
+    let modes: Vec<_> = r
+        .report
+        .mode_history
+        .iter()
+        .map(|s| (s.mode, s.by))
+        .collect();
+    assert_eq!(
+        modes,
+        vec![
+            (vpmu::AccountingMode::CpuSwitch, "start"),
+            (vpmu::AccountingMode::DomainSwitch, "guest")
+        ]
+    );
+    assert_eq!(r.report.pmu.mode_switches, 1);
 }

@@ -178,10 +178,18 @@ pub trait CounterBackend: Send {
     /// Called by the VMM (through [`Pmu::leave_guest`](crate::Pmu::leave_guest)) just after
     /// KVM_RUN returns. The model never calls it. Default: nothing.
     fn leave_guest(&mut self) {}
+
+    /// Switches the accounting mode at run time, outside KVM_RUN. The model calls it from
+    /// [`Pmu::set_accounting_mode`](crate::Pmu::set_accounting_mode) with every running counter
+    /// folded into its value, and re-programs them right after, so a backend only has to make
+    /// its next [`program`](Self::program) calls follow the new mode. Default: nothing (a backend
+    /// that cannot tell the modes apart, like the fake).
+    fn set_mode(&mut self, _mode: AccountingMode) {}
 }
 
-/// What a backend charges to the guest's counters. Backends take it at construction; the model
-/// does not know about it (the guest-visible rules are the same in both modes).
+/// What a backend charges to the guest's counters. Backends take it at construction and may be
+/// switched at run time ([`CounterBackend::set_mode`]); the model's guest-visible rules are the
+/// same in both modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum AccountingMode {
     /// Count only while the vCPU is in the guest: the host's work on exits (KVM, the VMM's exit

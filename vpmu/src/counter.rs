@@ -132,6 +132,17 @@ impl CounterCore {
         self.pending_pmi = 0;
     }
 
+    /// Switches the backend's accounting mode without losing counts: every running counter is
+    /// folded into its value (and its overflow noticed), the backend switched, and the counters
+    /// re-armed from their values.
+    pub fn set_mode(&mut self, mode: crate::AccountingMode) {
+        let running: Vec<usize> = (0..self.counters.len()).filter(|&s| self.fold(s)).collect();
+        self.backend.set_mode(mode);
+        for s in running {
+            self.arm(s, true);
+        }
+    }
+
     /// Mask of a counter's value (2^width - 1).
     pub fn value_mask(&self) -> u64 {
         self.mask

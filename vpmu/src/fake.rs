@@ -30,6 +30,8 @@ pub enum Call {
     },
     /// [`CounterBackend::stop`].
     Stop { ctr: CounterId },
+    /// [`CounterBackend::set_mode`].
+    SetMode(crate::AccountingMode),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -247,5 +249,9 @@ impl CounterBackend for FakeBackend {
 
     fn leave_guest(&mut self) {
         self.lock().guest_exits += 1;
+    }
+
+    fn set_mode(&mut self, mode: crate::AccountingMode) {
+        self.lock().calls.push(Call::SetMode(mode));
     }
 }

@@ -3,7 +3,7 @@
 use std::ops::RangeInclusive;
 
 use crate::amd::{self, AmdModel};
-use crate::backend::{CounterBackend, CounterId};
+use crate::backend::{AccountingMode, CounterBackend, CounterId};
 use crate::counter::CounterCore;
 use crate::cpuid::{CpuidEdit, CpuidEntry};
 use crate::intel::{self, IntelModel};
@@ -222,6 +222,12 @@ impl Pmu {
     /// Forwards to [`CounterBackend::leave_guest`]: call just after KVM_RUN returns.
     pub fn leave_guest(&mut self) {
         self.core.backend_mut().leave_guest();
+    }
+
+    /// Switches the accounting mode at run time (call outside KVM_RUN): counts so far are kept,
+    /// counting goes on under the new mode's rules.
+    pub fn set_accounting_mode(&mut self, mode: AccountingMode) {
+        self.core.set_mode(mode);
     }
 
     /// The backend, e.g. to print its statistics.

@@ -328,3 +328,33 @@ fn guest_entry_and_exit_reach_the_backend() {
     pmu.enter_guest();
     assert_eq!(fake.guest_switches(), (2, 1));
 }
+
+/// A run-time switch of the accounting mode keeps the counts so far, re-arms the running
+/// counters (with the overflow point still where the guest put it) and leaves stopped ones alone.
+#[test]
+fn mode_switch_keeps_counts_and_rearms_running_counters() {
+    let (mut pmu, fake) = intel();
+    intel_enable_all(&mut pmu);
+    wr(&mut pmu, pmc(0), 0);
+    wr(&mut pmu, evtsel(0), INTEL_CYCLES | EVTSEL_INT);
+    wr(&mut pmu, pmc(0), MASK48 - 999); // 1000 to the overflow (sign-extended from bit 31)
+    let armed_before = fake.armed(GP0);
+    fake.advance(GP0, 400);
+    fake.take_calls();
+    pmu.set_accounting_mode(vpmu::AccountingMode::DomainSwitch);
+    let calls = fake.take_calls();
+    assert!(
+        calls.contains(&vpmu::fake::Call::SetMode(
+            vpmu::AccountingMode::DomainSwitch
+        )),
+        "{calls:?}"
+    );
+    assert!(fake.is_running(GP0), "the counter must keep running");
+    assert!(!fake.is_running(GP1), "a stopped counter stays stopped");
+    assert_eq!(fake.count(GP0), 0, "re-programmed from its folded value");
+    // 400 counted before the switch: 600 left to the overflow.
+    assert_eq!(armed_before.map(|a| a - 400), fake.armed(GP0));
+    fake.advance(GP0, 100);
+    let v = rd(&mut pmu, pmc(0));
+    assert_eq!(v, MASK48 - 999 + 500, "value {v:#x}");
+}

@@ -5,26 +5,12 @@
 #define PERIOD 5000000
 #define CTR_MAX 0x1000000000000
 #define MAXS 256
+#include "msr.inc"
     .code64
     .globl start
 start:
     cli
-    lea nmi(%rip), %rax
-    lea idt(%rip), %rdi
-    mov %ax, 32(%rdi)
-    movw $0x08, 34(%rdi)
-    movw $0x8e00, 36(%rdi)
-    shr $16, %rax
-    mov %ax, 38(%rdi)
-    shr $16, %rax
-    mov %eax, 40(%rdi)
-    lea idt(%rip), %rax
-    mov %rax, idtr_base(%rip)
-    lidt idtr(%rip)
-    mov $0xfee000f0, %ebx           // APIC software enable
-    movl $0x1ff, (%rbx)
-    mov $0xfee00340, %ebx           // LVTPC = NMI
-    movl $0x400, (%rbx)
+    NMI_SETUP nmi
     call arm
     mov $0xc0010200, %ecx           // PERF_CTL0 = cycles | USR | OS | INT | EN
     mov $(0x76 | (1 << 16) | (1 << 17) | (1 << 20) | (1 << 22)), %eax
@@ -103,10 +89,7 @@ emit:
     pop %rcx
     ret
 
-    .balign 16
-idt:    .fill 6, 8, 0
-idtr:   .word 47
-idtr_base: .quad 0
+NMI_IDT_DATA
     .balign 8
 count:  .quad 0
 tscs:   .fill MAXS, 8, 0

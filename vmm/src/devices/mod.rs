@@ -5,6 +5,7 @@ pub mod acpi_shutdown;
 pub mod delay;
 pub mod i8042;
 pub mod serial;
+pub mod vpmu_control;
 
 use std::sync::{Arc, Mutex};
 

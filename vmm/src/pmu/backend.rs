@@ -52,6 +52,7 @@ pub struct PerfBackend {
     sys: Box<dyn PerfSys>,
     counters: BTreeMap<u8, Open>,
     in_guest: bool,
+    signals: crate::vcpu::kick::SignalWatch,
 }
 
 impl PerfBackend {
@@ -62,6 +63,7 @@ impl PerfBackend {
             sys,
             counters: BTreeMap::new(),
             in_guest: false,
+            signals: Default::default(),
         }
     }
 
@@ -224,7 +226,7 @@ impl CounterBackend for PerfBackend {
     }
 
     fn take_overflows(&mut self) -> u64 {
-        if !crate::vcpu::kick::take_signalled() {
+        if !self.signals.take() {
             return 0;
         }
         let armed: Vec<(u8, u64)> = self
@@ -250,6 +252,13 @@ impl CounterBackend for PerfBackend {
                 }
             }
         }
+    }
+
+    fn set_mode(&mut self, mode: AccountingMode) {
+        // The model re-programs every running counter right after this, and `requests` follows
+        // the mode: soft cpu-switch events open disabled (we are outside KVM_RUN), hw events get
+        // the new mode's exclude bits.
+        self.mode = mode;
     }
 
     fn leave_guest(&mut self) {

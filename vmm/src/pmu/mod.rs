@@ -4,13 +4,16 @@
 //! [`setup`] holds what is done once per VM (MSR filter) or per vCPU (CPUID).
 
 pub mod backend;
+pub mod mode;
 pub mod perf;
 pub mod pmi;
+pub mod rdpmc;
 pub mod setup;
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::exit::{GpFault, MsrHandler};
+use crate::exit::{GpFault, MsrHandler, VcpuView};
 
 /// Which counter backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,7 +39,16 @@ pub enum ModelChoice {
 pub struct VcpuPmu {
     pub pmu: vpmu::Pmu,
     pub limiter: pmi::PmiLimiter,
+    /// A PMI the rate limit holds back, and the timer that brings the vCPU back when it may go
+    /// (created on the vCPU thread at first need).
+    pub held: Option<vpmu::Pmi>,
+    pub timer: Option<crate::vcpu::kick::KickTimer>,
     pub stats: PmuStats,
+    /// Rewritten RDPMC sites (empty with `--rdpmc off`).
+    pub rdpmc: Arc<rdpmc::RdpmcSites>,
+    /// The VM's accounting mode, and the one this vCPU counts in now.
+    pub mode_switch: Arc<mode::ModeSwitch>,
+    pub mode: vpmu::AccountingMode,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -44,11 +56,19 @@ pub struct PmuStats {
     pub msr_reads: u64,
     pub msr_writes: u64,
     pub gp_faults: u64,
+    /// Rewritten guest RDPMCs answered from the vPMU.
+    pub rdpmc_reads: u64,
+    /// RDMSRs of an RDPMC index number from elsewhere (answered by KVM).
+    pub rdpmc_genuine_msr: u64,
+    /// PMIs delivered and RDPMCs served, per accounting mode ([`mode::index`]).
+    pub by_mode: [ModeCounts; 2],
+    /// Accounting-mode changes this vCPU applied.
+    pub mode_switches: u64,
     pub pmis_nmi: u64,
     pub pmis_vector: u64,
     /// PMIs dropped because LVTPC was masked (as hardware does).
     pub pmis_masked: u64,
-    /// PMIs dropped by the storm limit.
+    /// PMIs the rate limit held back (each delivered later, merged with any that came meanwhile).
     pub pmis_throttled: u64,
     /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
     /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
@@ -57,11 +77,25 @@ pub struct PmuStats {
 
 pub const MAX_PMI_TSCS: usize = 1024;
 
+/// Counts taken in one accounting mode.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ModeCounts {
+    pub pmis: u64,
+    pub rdpmc_reads: u64,
+}
+
 impl PmuStats {
     pub fn add(&mut self, o: &PmuStats) {
         self.msr_reads += o.msr_reads;
         self.msr_writes += o.msr_writes;
         self.gp_faults += o.gp_faults;
+        self.rdpmc_reads += o.rdpmc_reads;
+        self.rdpmc_genuine_msr += o.rdpmc_genuine_msr;
+        for (a, b) in self.by_mode.iter_mut().zip(&o.by_mode) {
+            a.pmis += b.pmis;
+            a.rdpmc_reads += b.rdpmc_reads;
+        }
+        self.mode_switches += o.mode_switches;
         self.pmis_nmi += o.pmis_nmi;
         self.pmis_vector += o.pmis_vector;
         self.pmis_masked += o.pmis_masked;
@@ -71,17 +105,58 @@ impl PmuStats {
 }
 
 impl VcpuPmu {
-    pub fn new(pmu: vpmu::Pmu, pmi_limit: u32) -> Self {
+    pub fn new(
+        pmu: vpmu::Pmu,
+        pmi_limit: u32,
+        rdpmc: Arc<rdpmc::RdpmcSites>,
+        mode_switch: Arc<mode::ModeSwitch>,
+    ) -> Self {
+        let mode = mode_switch.get();
         VcpuPmu {
             pmu,
             limiter: pmi::PmiLimiter::new(pmi_limit, Instant::now()),
+            held: None,
+            timer: None,
             stats: PmuStats::default(),
+            rdpmc,
+            mode_switch,
+            mode,
         }
+    }
+
+    /// At each exit: if the VM's accounting mode changed, count in the new one from now on.
+    pub fn follow_mode(&mut self) {
+        let want = self.mode_switch.get();
+        if want != self.mode {
+            self.pmu.set_accounting_mode(want);
+            self.mode = want;
+            self.stats.mode_switches += 1;
+        }
+    }
+
+    /// The per-mode counts of the mode this vCPU counts in now.
+    pub fn in_mode(&mut self) -> &mut ModeCounts {
+        &mut self.stats.by_mode[mode::index(self.mode)]
     }
 }
 
 impl MsrHandler for VcpuPmu {
-    fn rdmsr(&mut self, index: u32) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, index: u32, cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+        if self.rdpmc.is_index(index) {
+            // An RDPMC index number: a rewritten RDPMC (answered by the vPMU) or a genuine
+            // RDMSR of that MSR (answered by KVM, as if there were no filter).
+            if cpu.rip().is_some_and(|rip| self.rdpmc.is_site(rip)) {
+                self.stats.rdpmc_reads += 1;
+                self.in_mode().rdpmc_reads += 1;
+                return self.pmu.rdpmc(index).map_err(|f| {
+                    self.stats.gp_faults += 1;
+                    log::debug!("rdpmc {index:#x}: #GP ({f:?})");
+                    GpFault
+                });
+            }
+            self.stats.rdpmc_genuine_msr += 1;
+            return cpu.kvm_msr(index).ok_or(GpFault);
+        }
         self.stats.msr_reads += 1;
         self.pmu.rdmsr(index).map_err(|f| {
             self.stats.gp_faults += 1;

@@ -1,8 +1,9 @@
 //! Delivering a PMI the way the local APIC would: through LVTPC (offset 0x340) of the in-kernel
 //! LAPIC. NMI delivery mode -> KVM_NMI; fixed mode -> an MSI to this vCPU's APIC with the vector;
 //! masked -> dropped (the overflow status bit stays set for the guest to find). Intel-compatible
-//! guests expect LVTPC masked after a PMI; the guest unmasks it. A per-vCPU limit keeps a guest
-//! from turning a tiny sampling period into an interrupt storm on the host.
+//! guests expect LVTPC masked after a PMI; the guest unmasks it. A per-vCPU rate limit keeps a
+//! guest from turning a tiny sampling period into an interrupt storm on the host: a PMI over it
+//! waits (the vCPU's kick timer brings it back when it may go).
 
 use std::time::{Duration, Instant};
 
@@ -33,38 +34,46 @@ pub fn masked(lvtpc: u32) -> u32 {
     lvtpc | LVT_MASKED
 }
 
-/// At most `limit` PMIs per fixed one-second window per vCPU (0 = no limit).
+/// At most `limit` PMIs per second per vCPU on average, in bursts of at most a tenth of that
+/// (0 = no limit): a generic cell-rate limiter. A PMI over the limit is not dropped but held
+/// back until [`check`](Self::check) says when it may go — a guest whose sampling driver re-arms
+/// its counter in the PMI handler would otherwise stop sampling for good.
 #[derive(Debug)]
 pub struct PmiLimiter {
-    limit: u32,
-    window_start: Instant,
-    in_window: u32,
+    /// Time between PMIs at the limit rate.
+    interval: Duration,
+    /// How far ahead of `now` the theoretical arrival time may run (the burst).
+    tolerance: Duration,
+    /// Theoretical arrival time of the next PMI.
+    tat: Instant,
+    unlimited: bool,
 }
 
 impl PmiLimiter {
+    /// `limit` PMIs per second; 0 = no limit.
     pub fn new(limit: u32, now: Instant) -> Self {
+        let interval = Duration::from_secs(1) / limit.max(1);
+        let burst = (limit / 10).max(1);
         PmiLimiter {
-            limit,
-            window_start: now,
-            in_window: 0,
+            interval,
+            tolerance: interval * (burst - 1),
+            tat: now,
+            unlimited: limit == 0,
         }
     }
 
-    /// Whether one more PMI may be delivered at `now`.
-    pub fn allow(&mut self, now: Instant) -> bool {
-        if self.limit == 0 {
-            return true;
+    /// Ok if one more PMI may be delivered at `now` (and counts it); otherwise the time from
+    /// which it may.
+    pub fn check(&mut self, now: Instant) -> Result<(), Instant> {
+        if self.unlimited {
+            return Ok(());
         }
-        if now.duration_since(self.window_start) >= Duration::from_secs(1) {
-            self.window_start = now;
-            self.in_window = 0;
+        let tat = self.tat.max(now);
+        if tat > now + self.tolerance {
+            return Err(tat - self.tolerance);
         }
-        if self.in_window < self.limit {
-            self.in_window += 1;
-            true
-        } else {
-            false
-        }
+        self.tat = tat + self.interval;
+        Ok(())
     }
 }
 
@@ -82,15 +91,27 @@ mod tests {
     }
 
     #[test]
-    fn limiter_caps_per_second() {
+    fn limiter_caps_the_rate_and_says_when_to_retry() {
         let t0 = Instant::now();
-        let mut l = PmiLimiter::new(3, t0);
-        let allowed = (0..10)
-            .filter(|_| l.allow(t0 + Duration::from_millis(10)))
-            .count();
-        assert_eq!(allowed, 3);
-        assert!(l.allow(t0 + Duration::from_millis(1100)));
+        // 100/s: interval 10 ms, bursts of 10.
+        let mut l = PmiLimiter::new(100, t0);
+        let allowed = (0..50).filter(|_| l.check(t0).is_ok()).count();
+        assert_eq!(allowed, 10, "burst");
+        let retry = l.check(t0).unwrap_err();
+        assert_eq!(retry, t0 + Duration::from_millis(10));
+        assert!(l.check(retry).is_ok());
+        assert!(l.check(retry).is_err());
+        // Over one second at most burst + rate.
+        let mut l = PmiLimiter::new(100, t0);
+        let mut n = 0;
+        for ms in 0..1000 {
+            let now = t0 + Duration::from_millis(ms);
+            while l.check(now).is_ok() {
+                n += 1;
+            }
+        }
+        assert!((100..=110).contains(&n), "{n}");
         let mut unlimited = PmiLimiter::new(0, t0);
-        assert!((0..10_000).all(|_| unlimited.allow(t0)));
+        assert!((0..10_000).all(|_| unlimited.check(t0).is_ok()));
     }
 }

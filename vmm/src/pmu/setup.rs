@@ -1,5 +1,5 @@
 //! Once-per-VM and once-per-vCPU vPMU setup: choosing the model and backend, the MSR filter
-//! that sends exactly the model's MSRs to user space, and the guest CPUID edits.
+//! that sends exactly the model's MSRs to user space, the guest CPUID edits, and the RDPMC rewrite.
 
 use std::ops::RangeInclusive;
 use std::path::Path;
@@ -10,7 +10,9 @@ use kvm_bindings::{
 use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vpmu::{CpuidEdit, CpuidEntry, PmuConfig};
 
-use super::{BackendChoice, ModelChoice};
+use vm_memory::GuestMemoryMmap;
+
+use super::{rdpmc, BackendChoice, ModelChoice};
 
 /// Whether the host has a hardware PMU that perf can use.
 pub fn host_has_pmu() -> bool {
@@ -46,11 +48,12 @@ pub fn model_config(choice: ModelChoice, supported: &[kvm_cpuid_entry2]) -> PmuC
     }
 }
 
-/// Makes KVM send accesses to the MSRs in `ranges` to user space (KVM_EXIT_X86_RDMSR/WRMSR);
-/// every other MSR stays with KVM.
+/// Makes KVM send accesses to the MSRs in `ranges`, and reads of those in `read_only`, to user
+/// space (KVM_EXIT_X86_RDMSR/WRMSR); every other MSR stays with KVM.
 pub fn install_msr_filter(
     vm: &VmFd,
     ranges: &[RangeInclusive<u32>],
+    read_only: &[RangeInclusive<u32>],
 ) -> Result<(), kvm_ioctls::Error> {
     let cap = kvm_enable_cap {
         cap: KVM_CAP_X86_USER_SPACE_MSR,
@@ -58,15 +61,20 @@ pub fn install_msr_filter(
         ..Default::default()
     };
     vm.enable_cap(&cap)?;
-    let bitmaps: Vec<Vec<u8>> = ranges
+    let all: Vec<(&RangeInclusive<u32>, MsrFilterRangeFlags)> = ranges
         .iter()
-        .map(|r| vec![0u8; (r.end() - r.start() + 1).div_ceil(8) as usize])
+        .map(|r| (r, MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE))
+        .chain(read_only.iter().map(|r| (r, MsrFilterRangeFlags::READ)))
         .collect();
-    let filter: Vec<MsrFilterRange<'_>> = ranges
+    let bitmaps: Vec<Vec<u8>> = all
+        .iter()
+        .map(|(r, _)| vec![0u8; (r.end() - r.start() + 1).div_ceil(8) as usize])
+        .collect();
+    let filter: Vec<MsrFilterRange<'_>> = all
         .iter()
         .zip(&bitmaps)
-        .map(|(r, bitmap)| MsrFilterRange {
-            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+        .map(|((r, flags), bitmap)| MsrFilterRange {
+            flags: *flags,
             base: *r.start(),
             msr_count: r.end() - r.start() + 1,
             bitmap,
@@ -109,6 +117,33 @@ pub fn apply_cpuid(table: &mut Vec<kvm_cpuid_entry2>, edits: &[CpuidEdit]) {
         })
         .collect();
     *table = new;
+}
+
+/// The guest code the RDPMC search looks at.
+pub enum GuestCode<'a> {
+    /// A kernel ELF (as loaded: no KASLR, so its addresses are the guest's).
+    Elf(Vec<u8>),
+    /// A flat binary at an identity-mapped address (tiny guests).
+    Flat { image: &'a [u8], base: u64 },
+}
+
+/// Finds the guest's RDPMC sites, rewrites them to RDMSR in guest memory, and logs each.
+pub fn patch_rdpmc(
+    mem: &GuestMemoryMmap,
+    code: &GuestCode<'_>,
+) -> Result<Vec<rdpmc::Site>, rdpmc::RdpmcError> {
+    let sites = match code {
+        GuestCode::Elf(elf) => rdpmc::find_sites(elf)?,
+        GuestCode::Flat { image, base } => rdpmc::find_sites_flat(image, *base)?,
+    };
+    rdpmc::patch(mem, &sites)?;
+    for s in &sites {
+        log::info!("RDPMC at {s}: rewritten to RDMSR, served by the vPMU");
+    }
+    if sites.is_empty() {
+        log::info!("RDPMC: the guest code has no RDPMC instruction");
+    }
+    Ok(sites)
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@ use vmm_sys_util::signal::{register_signal_handler, SIGRTMIN};
 
 thread_local! {
     static KVM_RUN: Cell<*mut kvm_run> = const { Cell::new(null_mut()) };
-    /// Set by the handler: a signal (a stop request or a counter-overflow notification from
-    /// perf) arrived on this thread since the flag was last taken.
-    static SIGNALLED: Cell<bool> = const { Cell::new(false) };
+    /// Counted by the handler: signals (stop requests, counter-overflow notifications from
+    /// perf for the vPMU or the host-side profiler) that arrived on this thread.
+    static SIGNALS: Cell<u64> = const { Cell::new(0) };
     /// TSC when the last signal arrived (for PMI latency measurements).
     static SIGNAL_TSC: Cell<u64> = const { Cell::new(0) };
 }
@@ -23,9 +23,24 @@ pub fn last_signal_tsc() -> u64 {
     SIGNAL_TSC.with(|t| t.get())
 }
 
-/// Whether a kick or overflow signal arrived on this thread since the last call.
-pub fn take_signalled() -> bool {
-    SIGNALLED.with(|s| s.replace(false))
+/// One consumer's view of the kick signal. Several consumers share the one signal (the vPMU's
+/// counters, the host-side profiler's counter or timer, stop requests); each keeps its own
+/// watch, so one of them taking a signal does not hide it from the others, and each then
+/// checks its own state (counter value, deadline) to see whether the signal was for it.
+#[derive(Debug, Default)]
+pub struct SignalWatch {
+    seen: u64,
+}
+
+impl SignalWatch {
+    /// Whether a kick or overflow signal arrived on the calling thread since this watch last
+    /// looked (a new watch reports any signal the thread has had).
+    pub fn take(&mut self) -> bool {
+        let n = SIGNALS.with(|s| s.get());
+        let new = n != self.seen;
+        self.seen = n;
+        new
+    }
 }
 
 /// The signal used to kick vCPU threads.
@@ -34,7 +49,7 @@ pub fn kick_signal() -> i32 {
 }
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    SIGNALLED.with(|s| s.set(true));
+    SIGNALS.with(|s| s.set(s.get().wrapping_add(1)));
     // SAFETY: RDTSC has no preconditions (and is async-signal-safe).
     SIGNAL_TSC.with(|t| t.set(unsafe { core::arch::x86_64::_rdtsc() }));
     let run = KVM_RUN.with(|p| p.get());
@@ -68,4 +83,57 @@ pub fn kick(thread: libc::pthread_t) {
     // SAFETY: pthread_kill with a valid signal number; the thread id comes from pthread_self of a
     // vCPU thread that is joined only after it stopped being kicked.
     unsafe { libc::pthread_kill(thread, kick_signal()) };
+}
+
+/// A per-thread timer that kicks its vCPU thread at a chosen time (POSIX timer, SIGEV_THREAD_ID,
+/// the kick signal): brings back a vCPU that runs in the guest with no exits when something
+/// held back (a rate-limited PMI) may go.
+pub struct KickTimer {
+    timer: libc::timer_t,
+}
+
+impl KickTimer {
+    /// A timer for the calling thread.
+    pub fn for_this_thread() -> std::io::Result<Self> {
+        // SAFETY: sigevent is plain data; all-zero is a valid starting value.
+        let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
+        ev.sigev_notify = libc::SIGEV_THREAD_ID;
+        ev.sigev_signo = kick_signal();
+        // SAFETY: gettid has no preconditions.
+        ev.sigev_notify_thread_id = unsafe { libc::gettid() };
+        let mut timer: libc::timer_t = null_mut();
+        // SAFETY: `ev` and `timer` are valid for the call; the timer is deleted in Drop.
+        if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut timer) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(KickTimer { timer })
+    }
+
+    /// Kicks this thread once, `after` from now (replacing any earlier setting).
+    pub fn kick_after(&self, after: std::time::Duration) {
+        let after = after.max(std::time::Duration::from_micros(1));
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: after.subsec_nanos() as libc::c_long,
+            },
+        };
+        // SAFETY: a timer created by timer_create and not yet deleted; `spec` is valid.
+        unsafe { libc::timer_settime(self.timer, 0, &spec, null_mut()) };
+    }
+}
+
+// SAFETY: a timer_t is an id the kernel resolves for any thread of the process; the timer is
+// only armed and deleted by the value's owner.
+unsafe impl Send for KickTimer {}
+
+impl Drop for KickTimer {
+    fn drop(&mut self) {
+        // SAFETY: deletes the timer this value owns, once.
+        unsafe { libc::timer_delete(self.timer) };
+    }
 }

@@ -6,7 +6,9 @@ pub mod guest_cpu;
 pub mod kick;
 pub mod lapic;
 pub mod regs;
+pub mod view;
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,6 +39,8 @@ pub struct VcpuRunner {
     pub vm: Arc<VmFd>,
     /// Answer filtered MSRs with 0 when there is no vPMU (`VmConfig::const_msrs`).
     pub const_msrs: bool,
+    /// `--trace` / `--host-profile` (None: neither).
+    pub recorder: Option<crate::trace::recorder::VcpuRecorder>,
 }
 
 impl VcpuRunner {
@@ -51,9 +55,17 @@ impl VcpuRunner {
         let mut const_msrs = exit::ConstMsrs;
         while !self.control.stopping() {
             if let Some(p) = &mut self.pmu {
+                p.follow_mode();
                 p.pmu.enter_guest();
             }
+            let view = view::KvmView(self.fd.as_raw_fd());
+            if let Some(r) = &mut self.recorder {
+                r.before_run();
+            }
             let result = self.fd.run();
+            if let Some(r) = &mut self.recorder {
+                r.after_run(&result);
+            }
             if let Some(p) = &mut self.pmu {
                 p.pmu.leave_guest();
             }
@@ -67,6 +79,7 @@ impl VcpuRunner {
                 &mut ExitContext {
                     pio: &self.pio,
                     msrs,
+                    cpu: &view,
                     counts: &mut counts,
                 },
             );
@@ -80,7 +93,13 @@ impl VcpuRunner {
                 }
                 Outcome::Stop(end) => self.control.request_end(end),
             }
+            if let Some(r) = &mut self.recorder {
+                r.after_exit(&self.fd);
+            }
             self.deliver_pmi();
+        }
+        if let Some(r) = self.recorder.take() {
+            r.finish();
         }
         kick::unbind();
         (counts, self.pmu.map(|p| p.stats).unwrap_or_default())
@@ -90,11 +109,34 @@ impl VcpuRunner {
     /// way LVTPC says, within the storm limit.
     fn deliver_pmi(&mut self) {
         let Some(p) = &mut self.pmu else { return };
-        let Some(due) = p.pmu.service_overflow() else {
-            return;
+        let was_held = p.held.is_some();
+        let due = match (p.held.take(), p.pmu.service_overflow()) {
+            (None, None) => return,
+            (Some(a), Some(b)) => vpmu::Pmi {
+                counters: a.counters | b.counters,
+                mask_lvtpc: a.mask_lvtpc || b.mask_lvtpc,
+            },
+            (a, b) => a.or(b).expect("one is Some"),
         };
-        if !p.limiter.allow(Instant::now()) {
-            p.stats.pmis_throttled += 1;
+        let now = Instant::now();
+        if let Err(at) = p.limiter.check(now) {
+            // Over the rate limit: hold the PMI and come back when it may go.
+            if !was_held {
+                p.stats.pmis_throttled += 1;
+            }
+            p.held = Some(due);
+            if p.timer.is_none() {
+                match kick::KickTimer::for_this_thread() {
+                    Ok(t) => p.timer = Some(t),
+                    Err(e) => log::warn!(
+                        "vCPU {}: no kick timer ({e}): a held PMI waits for the next exit",
+                        self.id
+                    ),
+                }
+            }
+            if let Some(t) = &p.timer {
+                t.kick_after(at - now);
+            }
             return;
         }
         let mut lapic_state = match self.fd.get_lapic() {
@@ -136,6 +178,7 @@ impl VcpuRunner {
             log::warn!("vCPU {}: PMI injection failed: {e}", self.id);
             return;
         }
+        p.in_mode().pmis += 1;
         if due.mask_lvtpc {
             lapic::set_reg(
                 &mut lapic_state.regs,

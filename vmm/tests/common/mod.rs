@@ -6,8 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tiny_guests::TinyGuest;
-use vmm::host_quirks::QuirkSetting;
-use vmm::vm::{Boot, RunReport, VmConfig, VpmuSetting};
+use vmm::vm::{Boot, RunReport, VmConfig};
 
 /// Returns false (after saying so loudly) when this tier cannot run here. Without /dev/kvm the
 /// test fails unless VPMU_ALLOW_NO_KVM=1 is set, so a machine without KVM never passes silently.
@@ -43,26 +42,11 @@ pub fn run_tiny_with(
     let console = dir.path().join("console");
     let serial2 = dir.path().join("serial2");
     let cfg = VmConfig {
-        boot: Boot::Flat {
-            image: guest.image.to_vec(),
-            load_addr: guest.load_addr,
-            entry: guest.load_addr,
-            long_mode: guest.long_mode,
-        },
         memory_mib: 64,
-        vcpus: 1,
-        vpmu: VpmuSetting::Off,
         serial2: Some(serial2.clone()),
-        host_quirks: QuirkSetting::Auto,
         timeout: Some(timeout),
         console_out: Some(console.clone()),
-        console_in: false,
-        pmu_model: vmm::pmu::ModelChoice::Auto,
-        pmu_backend: vmm::pmu::BackendChoice::Auto,
-        pmi_limit: 2000,
-        io_delay_us: 0,
-        const_msrs: Vec::new(),
-        started: None,
+        ..VmConfig::new(Boot::tiny(guest))
     };
     let mut cfg = cfg;
     adjust(&mut cfg);

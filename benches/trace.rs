@@ -1,0 +1,109 @@
+//! Tracing overhead on real /dev/kvm, as a ratio from one run (`cargo bench -p vpmu-benches
+//! --bench trace`; scripts/trace-overhead.sh also measures memory).
+//!
+//! T1  run time of an exit-heavy tiny guest (exit_storm64: 100000 port writes, each a VM exit
+//!     to the VMM) with `--trace` against without, alternating runs, median of each. Goal < 1.1x.
+//! `-- --long SECS` instead runs exit_forever64 for SECS seconds with tracing on and prints the
+//!     record count (run it under /usr/bin/time -v: max RSS must not grow with SECS).
+
+use std::time::Duration;
+
+use vmm::end::VmEnd;
+use vmm::trace::format::Trace;
+use vmm::vm::{Boot, RunReport, VmConfig};
+
+fn config(guest: &tiny_guests::TinyGuest, dir: &std::path::Path, secs: u64) -> VmConfig {
+    VmConfig {
+        memory_mib: 64,
+        timeout: Some(Duration::from_secs(secs)),
+        console_out: Some(dir.join("console")),
+        pmi_limit: 0,
+        ..VmConfig::new(Boot::tiny(guest))
+    }
+}
+
+fn run(traced: bool) -> (RunReport, Option<Trace>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&tiny_guests::EXIT_STORM64, dir.path(), 300);
+    let path = dir.path().join("t.trace");
+    if traced {
+        cfg.record.trace = Some(path.clone());
+    }
+    let r = vmm::vm::run(&cfg).expect("VM run");
+    assert_eq!(r.end, VmEnd::PowerOff, "{:?}", r.end);
+    let t = traced.then(|| Trace::read_file(&path).expect("trace readable"));
+    (r, t)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn long_run(secs: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&tiny_guests::EXIT_FOREVER64, dir.path(), secs);
+    let path = dir.path().join("long.trace");
+    cfg.record.trace = Some(path.clone());
+    let r = vmm::vm::run(&cfg).expect("VM run");
+    let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    // The file is not read back here: this process's max RSS is the recording's alone (the
+    // log line of vm::run gives the record and drop counts).
+    println!(
+        "long run: {:?} after {:.1} s, {} exits, trace file {:.1} MiB",
+        r.end,
+        r.run_time.as_secs_f64(),
+        r.exits[0].total(),
+        size as f64 / (1 << 20) as f64
+    );
+}
+
+fn main() {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("*** /dev/kvm is missing: the tracing benchmark CANNOT RUN here ***");
+        std::process::exit(1);
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--long") {
+        let secs = args
+            .get(i + 1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                eprintln!("usage: --long SECS");
+                std::process::exit(2)
+            });
+        return long_run(secs);
+    }
+    let rounds = 7;
+    let (mut plain, mut traced) = (Vec::new(), Vec::new());
+    // Warm-up, then alternate so drifting machine load hits both alike.
+    let _ = run(false);
+    for _ in 0..rounds {
+        let (r, _) = run(false);
+        plain.push(r.run_time.as_secs_f64());
+        let (r, t) = run(true);
+        traced.push(r.run_time.as_secs_f64());
+        let t = t.unwrap();
+        let recs: usize = t.vcpus[0].records.len();
+        let dropped = t.vcpus[0].dropped;
+        assert!(
+            r.exits[0].total() as usize <= recs + dropped as usize,
+            "every exit must be recorded or counted as dropped"
+        );
+        if dropped > 0 {
+            println!("  note: {dropped} records dropped in a traced run");
+        }
+    }
+    let (p, t) = (median(plain.clone()), median(traced.clone()));
+    println!(
+        "T1 exit_storm64 (100000 port-I/O exits), {rounds} alternating runs each:\n  \
+         without --trace: median {:.3} s (all: {:.3?})\n  with --trace:    median {:.3} s (all: {:.3?})\n  \
+         ratio traced/plain: {:.3}x (goal < 1.1x); per exit: {:+.2} us",
+        p,
+        plain,
+        t,
+        traced,
+        t / p,
+        (t - p) / 100_000.0 * 1e6
+    );
+}

@@ -1,0 +1,236 @@
+//! The accounting mode at run time. One [`ModeSwitch`] per VM holds the mode every vCPU should
+//! count in; the host changes it on a schedule (`--vpmu-schedule`, [`Schedule`]) and the guest
+//! through the vPMU control port (devices/vpmu_control.rs). Each vCPU applies a change at its
+//! next exit (the switcher kicks them all), through `vpmu::Pmu::set_accounting_mode`, which
+//! keeps the counts so far. Every switch is logged with its time, and the vCPUs' PMI and RDPMC
+//! counts are kept per mode (`PmuStats::by_mode`), so each count says which mode it was taken in.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use vpmu::AccountingMode;
+
+/// Index of a mode in per-mode tables.
+pub fn index(mode: AccountingMode) -> usize {
+    match mode {
+        AccountingMode::CpuSwitch => 0,
+        AccountingMode::DomainSwitch => 1,
+    }
+}
+
+pub fn name(mode: AccountingMode) -> &'static str {
+    match mode {
+        AccountingMode::CpuSwitch => "cpu-switch",
+        AccountingMode::DomainSwitch => "domain-switch",
+    }
+}
+
+pub fn parse(s: &str) -> Option<AccountingMode> {
+    match s {
+        "cpu-switch" => Some(AccountingMode::CpuSwitch),
+        "domain-switch" => Some(AccountingMode::DomainSwitch),
+        _ => None,
+    }
+}
+
+/// One switch, as logged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Switch {
+    pub at: Duration,
+    pub mode: AccountingMode,
+    pub by: &'static str,
+}
+
+/// The VM's current accounting mode.
+pub struct ModeSwitch {
+    current: AtomicU8,
+    start: Instant,
+    log: Mutex<Vec<Switch>>,
+}
+
+impl ModeSwitch {
+    pub fn new(mode: AccountingMode) -> Self {
+        ModeSwitch {
+            current: AtomicU8::new(index(mode) as u8),
+            start: Instant::now(),
+            log: Mutex::new(vec![Switch {
+                at: Duration::ZERO,
+                mode,
+                by: "start",
+            }]),
+        }
+    }
+
+    pub fn get(&self) -> AccountingMode {
+        match self.current.load(Ordering::Acquire) {
+            0 => AccountingMode::CpuSwitch,
+            _ => AccountingMode::DomainSwitch,
+        }
+    }
+
+    /// Sets the mode; returns whether it changed (the caller then kicks the vCPUs).
+    pub fn set(&self, mode: AccountingMode, by: &'static str) -> bool {
+        let old = self.current.swap(index(mode) as u8, Ordering::AcqRel);
+        if old == index(mode) as u8 {
+            return false;
+        }
+        let at = self.start.elapsed();
+        log::info!(
+            "vPMU accounting mode -> {} at {:.3} s (by {by})",
+            name(mode),
+            at.as_secs_f64()
+        );
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Switch { at, mode, by });
+        true
+    }
+
+    /// Every switch so far, the initial mode first.
+    pub fn history(&self) -> Vec<Switch> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScheduleError {
+    #[error("--vpmu-schedule: empty")]
+    Empty,
+    #[error("--vpmu-schedule: `{0}` is not MODE:SECONDS (MODE = cpu-switch or domain-switch)")]
+    Entry(String),
+}
+
+/// `--vpmu-schedule cpu-switch:30,domain-switch:30`: each mode for its seconds in turn; the
+/// last one stays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule(pub Vec<(AccountingMode, Duration)>);
+
+impl std::str::FromStr for Schedule {
+    type Err = ScheduleError;
+    fn from_str(s: &str) -> Result<Self, ScheduleError> {
+        let mut out = Vec::new();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = || ScheduleError::Entry(entry.to_string());
+            let (m, secs) = entry.split_once(':').ok_or_else(bad)?;
+            let mode = parse(m.trim()).ok_or_else(bad)?;
+            let secs: f64 = secs.trim().parse().map_err(|_| bad())?;
+            if !(secs.is_finite() && secs > 0.0) {
+                return Err(bad());
+            }
+            out.push((mode, Duration::from_secs_f64(secs)));
+        }
+        if out.is_empty() {
+            return Err(ScheduleError::Empty);
+        }
+        Ok(Schedule(out))
+    }
+}
+
+impl Schedule {
+    pub fn first(&self) -> AccountingMode {
+        self.0[0].0
+    }
+
+    /// Runs the schedule on its own thread: at each step's time, sets the mode and calls
+    /// `kick` (which makes every vCPU exit and apply it). Stops early when `stopping` says so.
+    pub fn spawn(
+        self,
+        switch: std::sync::Arc<ModeSwitch>,
+        kick: impl Fn() + Send + 'static,
+        stopping: impl Fn() -> bool + Send + 'static,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::Builder::new()
+            .name("vpmu-schedule".into())
+            .spawn(move || {
+                let start = Instant::now();
+                let mut at = Duration::ZERO;
+                for (i, (mode, secs)) in self.0.iter().enumerate() {
+                    if i > 0 {
+                        while start.elapsed() < at {
+                            if stopping() {
+                                return;
+                            }
+                            std::thread::sleep(Duration::from_millis(20).min(at - start.elapsed()));
+                        }
+                    }
+                    if switch.set(*mode, "schedule") {
+                        kick();
+                    }
+                    at += *secs;
+                }
+            })
+            .expect("spawning the schedule thread")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn schedule_parses_and_rejects() {
+        let s: Schedule = "cpu-switch:1.5, domain-switch:30".parse().unwrap();
+        assert_eq!(
+            s.0,
+            vec![
+                (AccountingMode::CpuSwitch, Duration::from_millis(1500)),
+                (AccountingMode::DomainSwitch, Duration::from_secs(30))
+            ]
+        );
+        for bad in [
+            "cpu:3",
+            "cpu-switch",
+            "cpu-switch:-1",
+            "cpu-switch:x",
+            "off:3",
+        ] {
+            assert!(
+                matches!(bad.parse::<Schedule>(), Err(ScheduleError::Entry(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(",".parse::<Schedule>(), Err(ScheduleError::Empty));
+    }
+
+    #[test]
+    fn switch_logs_changes_only() {
+        let m = ModeSwitch::new(AccountingMode::CpuSwitch);
+        assert!(!m.set(AccountingMode::CpuSwitch, "test"));
+        assert!(m.set(AccountingMode::DomainSwitch, "test"));
+        assert_eq!(m.get(), AccountingMode::DomainSwitch);
+        let h = m.history();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[1].by, "test");
+    }
+
+    #[test]
+    fn schedule_thread_switches_in_order() {
+        let m = Arc::new(ModeSwitch::new(AccountingMode::DomainSwitch));
+        let kicks = Arc::new(AtomicU8::new(0));
+        let k = kicks.clone();
+        let s: Schedule = "cpu-switch:0.05,domain-switch:0.05".parse().unwrap();
+        s.spawn(
+            m.clone(),
+            move || {
+                k.fetch_add(1, Ordering::SeqCst);
+            },
+            || false,
+        )
+        .join()
+        .unwrap();
+        let modes: Vec<_> = m.history().iter().map(|s| s.mode).collect();
+        assert_eq!(
+            modes,
+            vec![
+                AccountingMode::DomainSwitch,
+                AccountingMode::CpuSwitch,
+                AccountingMode::DomainSwitch
+            ]
+        );
+        assert_eq!(kicks.load(Ordering::SeqCst), 2);
+        assert!(m.history()[2].at >= Duration::from_millis(50));
+    }
+}

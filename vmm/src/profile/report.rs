@@ -1,0 +1,406 @@
+//! `vpmu-vmm report FILE`: the host-side profile as an opreport-like table (samples, %,
+//! symbol), and — when the file also holds exit records — the system-wide view: guest symbols
+//! and the VMM's exit handling side by side, in milliseconds.
+//!
+//! Buckets: a CPL 0 sample resolves to the guest kernel symbol containing its RIP; a CPL 3
+//! sample goes to one bucket, `[guest user space, CPL 3]` (the VMM knows no processes); a
+//! kernel RIP no symbol covers goes to `[guest kernel, unknown]`; without symbols, samples are
+//! listed by raw RIP.
+//!
+//! Units in the system-wide view: a sample stands for one period of the sampled clock
+//! (`1e9 / hz` ns of thread CPU time for the cycles counter, of wall time for the timer), so
+//! guest time = samples x period. VMM time is measured per exit from the TSCs (exit to
+//! re-entry) and converted with the file's TSC kHz. A sample that arrived while the VMM was
+//! handling an exit (domain-switch, wall clock) is VMM time, already measured exactly by the
+//! exit records, so the view leaves it out of the guest rows rather than count it twice.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::symbols::{Origin, SymbolTable, SymbolsError};
+use crate::cli::ReportArgs;
+use crate::trace::command::{load, CommandError};
+use crate::trace::format::{Reason, Record, Trace};
+use crate::trace::summary;
+
+pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
+pub const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
+/// The system-wide view's remainder row.
+pub const REST: &str = "[rest: halted, off-CPU or unsampled]";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Trace(#[from] CommandError),
+    #[error(transparent)]
+    Symbols(#[from] SymbolsError),
+    #[error("{0}: no profile samples in this file (record them with `run --host-profile FILE`)")]
+    NoSamples(String),
+}
+
+/// Samples per bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Row {
+    pub name: String,
+    pub samples: u64,
+    /// Of which taken while the VMM handled an exit.
+    pub in_exit: u64,
+}
+
+/// The bucket name for one sample.
+pub fn bucket(rip: u64, cpl: u8, syms: Option<&SymbolTable>) -> String {
+    if cpl == 3 {
+        return USER_BUCKET.to_string();
+    }
+    match syms {
+        Some(t) => match t.resolve(rip) {
+            Some((name, _)) => name.to_string(),
+            None => UNKNOWN_KERNEL.to_string(),
+        },
+        None => format!("[no symbols] {rip:#x}"),
+    }
+}
+
+/// Samples per bucket, most first (ties by name).
+pub fn profile(t: &Trace, syms: Option<&SymbolTable>) -> Vec<Row> {
+    let mut rows: HashMap<String, Row> = HashMap::new();
+    for v in &t.vcpus {
+        for r in &v.records {
+            if let Record::Sample {
+                rip, cpl, during, ..
+            } = *r
+            {
+                let name = bucket(rip, cpl, syms);
+                let row = rows.entry(name.clone()).or_insert_with(|| Row {
+                    name,
+                    ..Default::default()
+                });
+                row.samples += 1;
+                row.in_exit += u64::from(during.is_some());
+            }
+        }
+    }
+    let mut rows: Vec<Row> = rows.into_values().collect();
+    rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
+    rows
+}
+
+fn origin(syms: Option<&SymbolTable>) -> String {
+    match syms {
+        Some(t) => match &t.origin {
+            Origin::Kallsyms(p) => format!("kallsyms tables in {p} ({} code symbols)", t.len()),
+            Origin::SystemMap(p) => format!("System.map {p} ({} code symbols)", t.len()),
+        },
+        None => "none (addresses shown raw)".into(),
+    }
+}
+
+fn limit<T>(rows: &[T], top: usize) -> &[T] {
+    if top == 0 {
+        rows
+    } else {
+        &rows[..rows.len().min(top)]
+    }
+}
+
+/// The opreport-like table.
+pub fn render_profile(t: &Trace, rows: &[Row], syms: Option<&SymbolTable>, top: usize) -> String {
+    let h = &t.header;
+    let total: u64 = rows.iter().map(|r| r.samples).sum();
+    let in_exit: u64 = rows.iter().map(|r| r.in_exit).sum();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "host-side profile: {total} samples from {} vCPU(s); clock: {}, one sample per {:.3} ms",
+        h.vcpus,
+        h.sample_clock.describe(),
+        h.sample_period_ns as f64 / 1e6
+    );
+    let _ = writeln!(out, "symbols: {}", origin(syms));
+    let _ = writeln!(
+        out,
+        "{in_exit} samples arrived while the VMM handled an exit (charged to the guest RIP that caused it)"
+    );
+    let _ = writeln!(
+        out,
+        "\n{:>9} {:>7} {:>8}  symbol",
+        "samples", "%", "in-exit"
+    );
+    for r in limit(rows, top) {
+        let _ = writeln!(
+            out,
+            "{:>9} {:>7.2} {:>8}  {}",
+            r.samples,
+            r.samples as f64 * 100.0 / total.max(1) as f64,
+            r.in_exit,
+            r.name
+        );
+    }
+    if top != 0 && rows.len() > top {
+        let rest: u64 = rows[top..].iter().map(|r| r.samples).sum();
+        let _ = writeln!(
+            out,
+            "{:>9} {:>7.2} {:>8}  ({} more symbols; --top 0 shows all)",
+            rest,
+            rest as f64 * 100.0 / total.max(1) as f64,
+            "",
+            rows.len() - top
+        );
+    }
+    out
+}
+
+/// One row of the system-wide view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeRow {
+    pub name: String,
+    pub ms: f64,
+}
+
+/// Guest symbols (samples outside exit handling x period) and `[vmm] ...` pseudo-symbols
+/// (measured exit-handling time), most time first.
+pub fn system_wide(t: &Trace, syms: Option<&SymbolTable>) -> Vec<TimeRow> {
+    let period_ms = t.header.sample_period_ns as f64 / 1e6;
+    let mut guest: HashMap<String, u64> = HashMap::new();
+    for v in &t.vcpus {
+        for r in &v.records {
+            if let Record::Sample {
+                rip,
+                cpl,
+                during: None,
+                ..
+            } = *r
+            {
+                *guest.entry(bucket(rip, cpl, syms)).or_default() += 1;
+            }
+        }
+    }
+    let mut rows: Vec<TimeRow> = guest
+        .into_iter()
+        .map(|(name, n)| TimeRow {
+            name,
+            ms: n as f64 * period_ms,
+        })
+        .collect();
+    let s = summary::summarize(t);
+    let preempted: u64 = s.vcpus.iter().map(|v| v.interrupted_off_cpu).sum();
+    for (key, st) in &s.events {
+        let off = if key == Reason::Interrupted.name() {
+            preempted
+        } else {
+            0
+        };
+        rows.push(TimeRow {
+            name: format!("[vmm] {key}"),
+            ms: t.header.secs(st.total().saturating_sub(off)) * 1e3,
+        });
+    }
+    rows.push(TimeRow {
+        name: "[host] vCPU thread preempted during interrupted exits".into(),
+        ms: t.header.secs(preempted) * 1e3,
+    });
+    // What neither accounts for: halted, off-CPU (host preemption), or not sampled.
+    let wall_ms: f64 = s
+        .vcpus
+        .iter()
+        .map(|v| t.header.secs(v.split.wall) * 1e3)
+        .sum();
+    let accounted: f64 = rows.iter().map(|r| r.ms).sum();
+    rows.push(TimeRow {
+        name: REST.into(),
+        ms: (wall_ms - accounted).max(0.0),
+    });
+    rows.retain(|r| r.ms > 0.0);
+    rows.sort_by(|a, b| b.ms.total_cmp(&a.ms).then(a.name.cmp(&b.name)));
+    rows
+}
+
+pub fn render_system_wide(t: &Trace, rows: &[TimeRow], top: usize) -> String {
+    let total: f64 = rows.iter().map(|r| r.ms).sum();
+    let run_ms = t
+        .header
+        .secs(t.end_tsc().saturating_sub(t.header.start_tsc))
+        * 1e3;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nsystem-wide view: guest symbols = samples taken in the guest x {:.3} ms; [vmm] rows = \
+         exit handling measured with the TSC; total {:.1} ms = {} vCPU(s) x the {:.1} ms run",
+        t.header.sample_period_ns as f64 / 1e6,
+        total,
+        t.header.vcpus,
+        run_ms
+    );
+    let _ = writeln!(out, "\n{:>11} {:>7}  symbol", "ms", "%");
+    for r in limit(rows, top) {
+        let _ = writeln!(
+            out,
+            "{:>11.3} {:>7.2}  {}",
+            r.ms,
+            r.ms * 100.0 / total.max(f64::MIN_POSITIVE),
+            r.name
+        );
+    }
+    if top != 0 && rows.len() > top {
+        let rest: f64 = rows[top..].iter().map(|r| r.ms).sum();
+        let _ = writeln!(
+            out,
+            "{rest:>11.3} {:>7.2}  ({} more rows; --top 0 shows all)",
+            rest * 100.0 / total.max(f64::MIN_POSITIVE),
+            rows.len() - top
+        );
+    }
+    out
+}
+
+/// The symbols to use: --system-map, --kernel, or the kernel the file says was booted.
+pub fn symbols_for(
+    t: &Trace,
+    kernel: Option<&Path>,
+    system_map: Option<&Path>,
+) -> Result<Option<SymbolTable>, SymbolsError> {
+    if let Some(m) = system_map {
+        return SymbolTable::from_system_map(m).map(Some);
+    }
+    if let Some(k) = kernel {
+        return SymbolTable::from_kernel(k).map(Some);
+    }
+    if t.header.kernel.is_empty() {
+        return Ok(None);
+    }
+    let k = PathBuf::from(&t.header.kernel);
+    if !k.exists() {
+        log::warn!(
+            "the kernel the run booted ({}) is gone: addresses are shown raw (give --kernel or --system-map)",
+            k.display()
+        );
+        return Ok(None);
+    }
+    SymbolTable::from_kernel(&k).map(Some)
+}
+
+pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
+    let t = load(&args.file)?;
+    if !t.has_samples() {
+        return Err(ReportError::NoSamples(args.file.display().to_string()));
+    }
+    let syms = symbols_for(&t, args.kernel.as_deref(), args.system_map.as_deref())?;
+    let rows = profile(&t, syms.as_ref());
+    let mut out = render_profile(&t, &rows, syms.as_ref(), args.top);
+    if t.has_exits() {
+        out.push_str(&render_system_wide(
+            &t,
+            &system_wide(&t, syms.as_ref()),
+            args.top,
+        ));
+    }
+    print!("{out}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::format::{
+        ExitEvent, Header, SampleClock, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES,
+    };
+
+    fn sample(rip: u64, cpl: u8, during: bool) -> Record {
+        Record::Sample {
+            rip,
+            cpl,
+            tsc: 10,
+            during: during.then_some((ExitEvent::new(Reason::IoOut), 5)),
+        }
+    }
+
+    fn trace() -> Trace {
+        let mut out = ExitEvent::new(Reason::IoOut);
+        out.detail = 0x2f8;
+        out.flags = 1 | (1 << 1);
+        Trace {
+            header: Header {
+                vcpus: 1,
+                contents: CONTENTS_EXITS | CONTENTS_SAMPLES,
+                tsc_khz: 1000,
+                start_tsc: 0,
+                sample_clock: SampleClock::DomainSwitch,
+                sample_period_ns: 1_000_000,
+                kernel: String::new(),
+            },
+            vcpus: vec![VcpuTrace {
+                records: vec![
+                    Record::Clock {
+                        tsc: 0,
+                        thread_cpu_ns: 0,
+                    },
+                    sample(0xffff_ffff_8100_0010, 0, false),
+                    sample(0xffff_ffff_8100_0020, 0, false),
+                    sample(0xffff_ffff_8100_0110, 0, true),
+                    sample(0x40_0000, 3, false),
+                    sample(0xffff_ffff_9000_0000, 0, false),
+                    Record::Exit {
+                        event: out,
+                        exit_tsc: 100,
+                        entry_tsc: 2100,
+                    },
+                ],
+                dropped: 0,
+                end_tsc: 10_000,
+                end_thread_cpu_ns: 10_000_000,
+            }],
+        }
+    }
+
+    fn syms() -> SymbolTable {
+        SymbolTable::parse_system_map(
+            "ffffffff81000000 T hot_function\nffffffff81000100 t io_function\n",
+            "m",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn samples_go_to_symbols_user_and_unknown_buckets() {
+        let t = trace();
+        let rows = profile(&t, Some(&syms()));
+        let get = |n: &str| rows.iter().find(|r| r.name == n).cloned().unwrap();
+        assert_eq!(rows[0].name, "hot_function");
+        assert_eq!(get("hot_function").samples, 2);
+        assert_eq!(
+            get("io_function"),
+            Row {
+                name: "io_function".into(),
+                samples: 1,
+                in_exit: 1
+            }
+        );
+        assert_eq!(get(USER_BUCKET).samples, 1);
+        assert_eq!(get(UNKNOWN_KERNEL).samples, 1);
+        let text = render_profile(&t, &rows, Some(&syms()), 0);
+        assert!(
+            text.contains("hot_function") && text.contains("40.00"),
+            "{text}"
+        );
+        let raw = profile(&t, None);
+        assert!(raw
+            .iter()
+            .any(|r| r.name == "[no symbols] 0xffffffff81000010"));
+    }
+
+    #[test]
+    fn system_wide_view_puts_vmm_time_beside_guest_symbols() {
+        let t = trace();
+        let rows = system_wide(&t, Some(&syms()));
+        let ms = |n: &str| rows.iter().find(|r| r.name == n).map(|r| r.ms);
+        // 2 samples x 1 ms; the sample taken during the exit is left to the [vmm] row.
+        assert_eq!(ms("hot_function"), Some(2.0));
+        assert_eq!(ms("io_function"), None);
+        // 2000 ticks at 1 MHz.
+        assert_eq!(ms("[vmm] pio 0x2f8 out"), Some(2.0));
+        // The rows add up to the run: 10 ms - 2 (guest) - 2 (vmm) - 1 (user) - 1 (unknown).
+        assert_eq!(ms(REST), Some(4.0));
+        assert!(render_system_wide(&t, &rows, 0).contains("[vmm] pio 0x2f8 out"));
+    }
+}

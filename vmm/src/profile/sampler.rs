@@ -1,0 +1,238 @@
+//! The host-side guest profiler's trigger, one per vCPU thread: either a cycles counter the VMM
+//! programs for itself through the vPMU's own perf backend ([`PerfBackend`]), gated like the
+//! run's accounting mode, or a plain wall-clock timer. Both notify the vCPU thread with the kick
+//! signal, so KVM_RUN returns EINTR (or the signal lands while the VMM handles an exit); the
+//! vCPU loop then asks [`Sampler::due`] and, if so, reads RIP and CPL before re-entering.
+//!
+//! The signal is shared with the vPMU's guest counters and with stop requests: `due` checks
+//! the sampler's own counter value (or its own deadline), never just "a signal came".
+
+use vpmu::{AccountingMode, CounterBackend, CounterId, Event, Vendor};
+
+use crate::pmu::backend::{PerfBackend, Source};
+use crate::pmu::perf::HostPerf;
+use crate::trace::format::SampleClock;
+use crate::vcpu::kick;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SamplerError {
+    #[error("host profile counter: {0}")]
+    Counter(String),
+    #[error("host profile timer: {0}")]
+    Timer(std::io::Error),
+}
+
+/// The cycles event the profiler's counter counts (the soft backend counts it as thread CPU
+/// time x TSC rate; a hardware backend would count real cycles).
+const CYCLES: Event = Event {
+    vendor: Vendor::Amd,
+    code: 0x76,
+    umask: 0,
+    usr: true,
+    os: true,
+    edge: false,
+    inv: false,
+    cmask: 0,
+    fixed: None,
+};
+const CTR: CounterId = CounterId::gp(0);
+
+enum Trigger {
+    Counter {
+        backend: PerfBackend,
+        period_ns: u64,
+        /// Counter value (ns) at which the next sample is due.
+        next_at: u64,
+        watch: kick::SignalWatch,
+    },
+    Wall {
+        timer: Option<libc::timer_t>,
+        period_tsc: u64,
+        next_due: u64,
+        watch: kick::SignalWatch,
+    },
+}
+
+pub struct Sampler {
+    trigger: Trigger,
+    period_ns: u64,
+    started: bool,
+}
+
+// SAFETY: timer_t is an opaque kernel timer id (a pointer-sized handle), used and deleted only
+// by the vCPU thread that owns the sampler; moving it between threads before start is harmless.
+unsafe impl Send for Sampler {}
+
+fn rdtsc() -> u64 {
+    // SAFETY: RDTSC has no preconditions.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+impl Sampler {
+    /// `clock` must not be [`SampleClock::None`]; `hz` > 0.
+    pub fn new(clock: SampleClock, hz: u32, tsc_khz: u32) -> Sampler {
+        let period_ns = 1_000_000_000 / u64::from(hz.max(1));
+        let trigger = match clock {
+            SampleClock::Wall => Trigger::Wall {
+                timer: None,
+                period_tsc: u64::from(tsc_khz) * 1000 / u64::from(hz.max(1)),
+                next_due: 0,
+                watch: kick::SignalWatch::default(),
+            },
+            c => {
+                let mode = if c == SampleClock::CpuSwitch {
+                    AccountingMode::CpuSwitch
+                } else {
+                    AccountingMode::DomainSwitch
+                };
+                Trigger::Counter {
+                    backend: PerfBackend::new(
+                        Source::Soft {
+                            tsc_khz: u64::from(tsc_khz),
+                        },
+                        mode,
+                        Box::new(HostPerf {
+                            signal: kick::kick_signal(),
+                        }),
+                    ),
+                    period_ns,
+                    next_at: period_ns,
+                    watch: kick::SignalWatch::default(),
+                }
+            }
+        };
+        Sampler {
+            trigger,
+            period_ns,
+            started: false,
+        }
+    }
+
+    /// Nanoseconds of the sampled clock per sample.
+    pub fn period_ns(&self) -> u64 {
+        self.period_ns
+    }
+
+    /// Arms the counter or timer; must run on the vCPU thread (perf events and the timer
+    /// signal belong to the calling thread). Called on the first `enter_guest`.
+    fn start(&mut self) -> Result<(), SamplerError> {
+        match &mut self.trigger {
+            Trigger::Counter {
+                backend, period_ns, ..
+            } => backend
+                .program(CTR, &CYCLES, Some(*period_ns))
+                .map_err(|e| SamplerError::Counter(e.to_string())),
+            Trigger::Wall {
+                timer,
+                period_tsc,
+                next_due,
+                ..
+            } => {
+                let period = self.period_ns;
+                // SAFETY: a zeroed sigevent is valid; the fields set are those SIGEV_THREAD_ID
+                // reads. timer_create writes the new id into `id`.
+                let id = unsafe {
+                    let mut ev: libc::sigevent = std::mem::zeroed();
+                    ev.sigev_notify = libc::SIGEV_THREAD_ID;
+                    ev.sigev_signo = kick::kick_signal();
+                    ev.sigev_notify_thread_id = libc::gettid();
+                    let mut id: libc::timer_t = std::mem::zeroed();
+                    if libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut id) != 0 {
+                        return Err(SamplerError::Timer(std::io::Error::last_os_error()));
+                    }
+                    id
+                };
+                *timer = Some(id);
+                let ts = libc::timespec {
+                    tv_sec: (period / 1_000_000_000) as libc::time_t,
+                    tv_nsec: (period % 1_000_000_000) as libc::c_long,
+                };
+                let spec = libc::itimerspec {
+                    it_interval: ts,
+                    it_value: ts,
+                };
+                // SAFETY: `id` is the timer just created; spec is initialised.
+                if unsafe { libc::timer_settime(id, 0, &spec, std::ptr::null_mut()) } != 0 {
+                    return Err(SamplerError::Timer(std::io::Error::last_os_error()));
+                }
+                // Accept a signal slightly early (timer slack, TSC vs CLOCK_MONOTONIC).
+                *next_due = rdtsc() + *period_tsc - *period_tsc / 8;
+                Ok(())
+            }
+        }
+    }
+
+    /// Just before KVM_RUN: starts the trigger the first time; cpu-switch resumes the counter.
+    pub fn enter_guest(&mut self) -> Result<(), SamplerError> {
+        if !self.started {
+            self.started = true;
+            self.start()?;
+        }
+        if let Trigger::Counter { backend, .. } = &mut self.trigger {
+            backend.enter_guest();
+        }
+        Ok(())
+    }
+
+    /// Just after KVM_RUN: cpu-switch pauses the counter.
+    pub fn leave_guest(&mut self) {
+        if let Trigger::Counter { backend, .. } = &mut self.trigger {
+            backend.leave_guest();
+        }
+    }
+
+    /// Whether a sample is due now (the counter passed its period, or the timer's deadline
+    /// passed since a signal came); re-arms for the next one.
+    pub fn due(&mut self) -> Result<bool, SamplerError> {
+        match &mut self.trigger {
+            Trigger::Counter {
+                backend,
+                period_ns,
+                next_at,
+                watch,
+            } => {
+                // perf signals every period by itself (it was opened with a sample period):
+                // no re-arming, which costs a close + perf_event_open per sample (measured:
+                // milliseconds at times on this nested host). A signal is ours if our count
+                // passed the next sample point; else it was a vPMU overflow or a stop kick.
+                if !watch.take() {
+                    return Ok(false);
+                }
+                let count = backend.read(CTR);
+                if count < *next_at {
+                    return Ok(false);
+                }
+                *next_at = (count / *period_ns + 1) * *period_ns;
+                Ok(true)
+            }
+            Trigger::Wall {
+                period_tsc,
+                next_due,
+                watch,
+                ..
+            } => {
+                if !watch.take() {
+                    return Ok(false);
+                }
+                let now = rdtsc();
+                if now < *next_due {
+                    return Ok(false);
+                }
+                *next_due = now + *period_tsc - *period_tsc / 8;
+                Ok(true)
+            }
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Trigger::Wall {
+            timer: Some(id), ..
+        } = self.trigger
+        {
+            // SAFETY: deleting the timer this sampler created, once.
+            unsafe { libc::timer_delete(id) };
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! `vpmu-vmm trace summary FILE [--interval SECS] [--svg OUT] [--dump]`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::format::{FormatError, Trace};
+use super::{series, summary};
+use crate::cli::SummaryArgs;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{file}: {source}")]
+    Read { file: String, source: FormatError },
+    #[error("--interval {0}: must be a positive number of seconds")]
+    Interval(f64),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub fn load(file: &std::path::Path) -> Result<Trace, CommandError> {
+    Trace::read_file(file).map_err(|source| CommandError::Read {
+        file: file.display().to_string(),
+        source,
+    })
+}
+
+/// `trace summary`; a closed stdout (`| head`) ends it quietly.
+pub fn summary(args: &SummaryArgs) -> Result<(), CommandError> {
+    match run_summary(args) {
+        Err(CommandError::Write { source, .. })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+fn run_summary(args: &SummaryArgs) -> Result<(), CommandError> {
+    if let Some(i) = args.interval.filter(|i| !(i.is_finite() && *i > 0.0)) {
+        return Err(CommandError::Interval(i));
+    }
+    let t = load(&args.file)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let io = |source| CommandError::Write {
+        path: "stdout".into(),
+        source,
+    };
+    if args.dump {
+        summary::dump(&t, &mut out).map_err(io)?;
+    } else {
+        let s = summary::summarize(&t);
+        out.write_all(summary::render(&t, &s, &args.file.display().to_string()).as_bytes())
+            .map_err(io)?;
+    }
+    let run_s = t
+        .header
+        .secs(t.end_tsc().saturating_sub(t.header.start_tsc));
+    if args.interval.is_some() || args.svg.is_some() {
+        let secs = args.interval.unwrap_or((run_s / 50.0).max(1e-3));
+        let iv = series::intervals(&t, secs);
+        if args.interval.is_some() {
+            writeln!(out, "\ntime series, {secs} s intervals (all vCPUs):").map_err(io)?;
+            out.write_all(series::csv(&iv, secs).as_bytes())
+                .map_err(io)?;
+        }
+        if let Some(path) = &args.svg {
+            let title = format!("{} ({secs} s intervals)", args.file.display());
+            std::fs::write(path, series::svg(&iv, secs, &title)).map_err(|source| {
+                CommandError::Write {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,843 @@
+//! The trace file: layout, encoding, and a reader that refuses corrupt or truncated files with
+//! an error that says where and what.
+//!
+//! All integers little-endian. A file is a header, then blocks, one per buffer a vCPU handed to
+//! the writer, then one end block per vCPU:
+//!
+//! ```text
+//! header (48 bytes + kernel path)
+//!   0 magic "VPMUTRAC"        8 version u16 (1)     10 header_len u16   12 vcpus u16
+//!  14 contents u16 (bit 0 exits, bit 1 samples)     16 tsc_khz u32
+//!  20 sample_clock u8 (0 none, 1 cpu-switch, 2 domain-switch, 3 wall)   21..24 reserved
+//!  24 start_tsc u64           32 sample_period_ns u64
+//!  40 kernel_path_len u16     42..48 reserved       48 kernel path (UTF-8), the image booted
+//! block header (24 bytes)
+//!   0 tag "VBLK"   4 vcpu u16   6 kind u16 (1 records, 2 end)   8 count u32
+//!  12 dropped u32: records this vCPU dropped (no free buffer) just before this block
+//!  16 checksum u32: FNV-1a of the block's records   20 reserved u32
+//! record (32 bytes), `count` of them after a records block; an end block has exactly one
+//!   0 kind u8 (1 exit, 2 sample, 3 clock)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
+//!   8 addr u64   16 tsc_a u64   24 tsc_b u64
+//! ```
+//! * exit: `tsc_a` = TSC when KVM_RUN returned, `tsc_b` = TSC just before the next KVM_RUN
+//!   (0: the vCPU never re-entered); `detail` = port or MSR index, `addr` = MMIO address;
+//!   `flags` bit 0 = write/out, bits 1..=4 = access size in bytes.
+//! * sample: `addr` = guest RIP, `cpl`, `tsc_a` = when taken; `flags` bit 0 = the overflow
+//!   arrived while the VMM handled an exit, described by `reason`/`detail`/`tsc_b`=that exit's TSC.
+//! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
+//!   KVM_RUN time into running and halted/off-CPU).
+//! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
+
+use std::fmt;
+
+pub const MAGIC: &[u8; 8] = b"VPMUTRAC";
+pub const VERSION: u16 = 1;
+pub const HEADER_FIXED: usize = 48;
+pub const BLOCK_HEADER: usize = 24;
+pub const RECORD_SIZE: usize = 32;
+pub const BLOCK_TAG: &[u8; 4] = b"VBLK";
+/// Largest block a reader accepts (writers use far smaller buffers).
+pub const MAX_BLOCK_RECORDS: u32 = 1 << 20;
+pub const CONTENTS_EXITS: u16 = 1;
+pub const CONTENTS_SAMPLES: u16 = 2;
+
+const BLOCK_RECORDS: u16 = 1;
+const BLOCK_END: u16 = 2;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("not a vpmu-vmm trace file (bad magic; expected \"VPMUTRAC\")")]
+    BadMagic,
+    #[error("trace format version {0} is not supported (this build reads version {VERSION})")]
+    Version(u16),
+    #[error("truncated trace file: {what} at byte {offset} needs {need} bytes, {have} left{hint}")]
+    Truncated {
+        what: &'static str,
+        offset: usize,
+        need: usize,
+        have: usize,
+        hint: &'static str,
+    },
+    #[error("corrupt trace file at byte {offset}: {what}")]
+    Corrupt { offset: usize, what: String },
+    #[error("truncated trace file: no end block for vCPU {0} (the run did not close the trace; was it killed?)")]
+    NoEnd(u16),
+}
+
+/// Why KVM_RUN returned (or what a sample interrupted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Reason {
+    IoIn = 1,
+    IoOut = 2,
+    MmioRead = 3,
+    MmioWrite = 4,
+    MsrRead = 5,
+    MsrWrite = 6,
+    Hlt = 7,
+    /// KVM_RUN returned EINTR: a kick signal (stop request, counter overflow, profile sample).
+    Interrupted = 8,
+    /// KVM_EXIT_INTERNAL_ERROR (on this host: an emulation failure the VMM completes).
+    InternalError = 9,
+    Shutdown = 10,
+    SystemEvent = 11,
+    IrqWindowOpen = 12,
+    IoapicEoi = 13,
+    FailEntry = 14,
+    /// KVM_RUN failed with an error other than EINTR/EAGAIN.
+    KvmError = 15,
+    Other = 16,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 16] = [
+        Reason::IoIn,
+        Reason::IoOut,
+        Reason::MmioRead,
+        Reason::MmioWrite,
+        Reason::MsrRead,
+        Reason::MsrWrite,
+        Reason::Hlt,
+        Reason::Interrupted,
+        Reason::InternalError,
+        Reason::Shutdown,
+        Reason::SystemEvent,
+        Reason::IrqWindowOpen,
+        Reason::IoapicEoi,
+        Reason::FailEntry,
+        Reason::KvmError,
+        Reason::Other,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<Reason> {
+        Reason::ALL.get(usize::from(v).wrapping_sub(1)).copied()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::IoIn => "pio-in",
+            Reason::IoOut => "pio-out",
+            Reason::MmioRead => "mmio-read",
+            Reason::MmioWrite => "mmio-write",
+            Reason::MsrRead => "msr-read",
+            Reason::MsrWrite => "msr-write",
+            Reason::Hlt => "hlt",
+            Reason::Interrupted => "interrupted",
+            Reason::InternalError => "internal-error",
+            Reason::Shutdown => "shutdown",
+            Reason::SystemEvent => "system-event",
+            Reason::IrqWindowOpen => "irq-window",
+            Reason::IoapicEoi => "ioapic-eoi",
+            Reason::FailEntry => "fail-entry",
+            Reason::KvmError => "kvm-error",
+            Reason::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a VM exit was about: the part of a record the pure classifier
+/// ([`super::event::classify`]) derives from the exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExitEvent {
+    pub reason: Reason,
+    /// Port or MSR index.
+    pub detail: u32,
+    /// MMIO address.
+    pub addr: u64,
+    /// bit 0 write/out, bits 1..=4 access size.
+    pub flags: u8,
+}
+
+impl ExitEvent {
+    pub fn new(reason: Reason) -> Self {
+        ExitEvent {
+            reason,
+            detail: 0,
+            addr: 0,
+            flags: 0,
+        }
+    }
+
+    pub fn size(&self) -> u8 {
+        (self.flags >> 1) & 0xf
+    }
+
+    /// `pio 0x2f8 out 1`, `msr 0xc0010004 rd`, `mmio 0xfee000b0 wr 4`, `hlt`...
+    pub fn describe(&self) -> String {
+        match self.reason {
+            Reason::IoIn | Reason::IoOut => format!(
+                "pio {:#x} {} {}",
+                self.detail,
+                if self.reason == Reason::IoOut {
+                    "out"
+                } else {
+                    "in"
+                },
+                self.size()
+            ),
+            Reason::MsrRead => format!("msr {:#x} rd", self.detail),
+            Reason::MsrWrite => format!("msr {:#x} wr", self.detail),
+            Reason::MmioRead | Reason::MmioWrite => format!(
+                "mmio {:#x} {} {}",
+                self.addr,
+                if self.reason == Reason::MmioWrite {
+                    "wr"
+                } else {
+                    "rd"
+                },
+                self.size()
+            ),
+            r => r.name().to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    Exit {
+        event: ExitEvent,
+        exit_tsc: u64,
+        /// 0: the vCPU never re-entered the guest after this exit.
+        entry_tsc: u64,
+    },
+    Sample {
+        rip: u64,
+        cpl: u8,
+        tsc: u64,
+        /// The exit the VMM was handling when the overflow arrived (None: it interrupted the guest).
+        during: Option<(ExitEvent, u64)>,
+    },
+    Clock {
+        tsc: u64,
+        thread_cpu_ns: u64,
+    },
+}
+
+impl Record {
+    /// The record's time (exit, sample or clock TSC).
+    pub fn tsc(&self) -> u64 {
+        match *self {
+            Record::Exit { exit_tsc, .. } => exit_tsc,
+            Record::Sample { tsc, .. } => tsc,
+            Record::Clock { tsc, .. } => tsc,
+        }
+    }
+
+    pub fn encode(&self, out: &mut [u8; RECORD_SIZE]) {
+        let (kind, ev, cpl, addr, a, b) = match *self {
+            Record::Exit {
+                event,
+                exit_tsc,
+                entry_tsc,
+            } => (1u8, event, 0u8, event.addr, exit_tsc, entry_tsc),
+            Record::Sample {
+                rip,
+                cpl,
+                tsc,
+                during,
+            } => {
+                let (ev, at) = match during {
+                    Some((e, at)) => (
+                        ExitEvent {
+                            flags: 1,
+                            addr: 0,
+                            ..e
+                        },
+                        at,
+                    ),
+                    None => (ExitEvent::new(Reason::Interrupted), 0),
+                };
+                (2, ev, cpl, rip, tsc, at)
+            }
+            Record::Clock { tsc, thread_cpu_ns } => {
+                (3, ExitEvent::new(Reason::Other), 0, thread_cpu_ns, tsc, 0)
+            }
+        };
+        out[0] = kind;
+        out[1] = ev.reason as u8;
+        out[2] = ev.flags;
+        out[3] = cpl;
+        out[4..8].copy_from_slice(&ev.detail.to_le_bytes());
+        out[8..16].copy_from_slice(&addr.to_le_bytes());
+        out[16..24].copy_from_slice(&a.to_le_bytes());
+        out[24..32].copy_from_slice(&b.to_le_bytes());
+    }
+
+    /// Decodes one record; `Err` says what is wrong with it.
+    pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+        let detail = u32_at(b, 4);
+        let addr = u64_at(b, 8);
+        let a = u64_at(b, 16);
+        let c = u64_at(b, 24);
+        let reason =
+            Reason::from_u8(b[1]).ok_or_else(|| format!("unknown exit reason {}", b[1]))?;
+        match b[0] {
+            1 => {
+                if c != 0 && c < a {
+                    return Err(format!("exit re-entered (TSC {c}) before it exited ({a})"));
+                }
+                Ok(Record::Exit {
+                    event: ExitEvent {
+                        reason,
+                        detail,
+                        addr,
+                        flags: b[2],
+                    },
+                    exit_tsc: a,
+                    entry_tsc: c,
+                })
+            }
+            2 => {
+                if b[3] > 3 {
+                    return Err(format!("sample with CPL {}", b[3]));
+                }
+                let during = (b[2] & 1 == 1).then_some((
+                    ExitEvent {
+                        reason,
+                        detail,
+                        addr: 0,
+                        flags: 0,
+                    },
+                    c,
+                ));
+                Ok(Record::Sample {
+                    rip: addr,
+                    cpl: b[3],
+                    tsc: a,
+                    during,
+                })
+            }
+            3 => Ok(Record::Clock {
+                tsc: a,
+                thread_cpu_ns: addr,
+            }),
+            k => Err(format!("unknown record kind {k}")),
+        }
+    }
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+/// How profile samples were triggered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleClock {
+    None,
+    /// The VMM's cycles counter, counting only inside KVM_RUN.
+    CpuSwitch,
+    /// The VMM's cycles counter, counting all the vCPU thread's time (exit handling included).
+    DomainSwitch,
+    /// Wall-clock timer.
+    Wall,
+}
+
+impl SampleClock {
+    fn code(self) -> u8 {
+        match self {
+            SampleClock::None => 0,
+            SampleClock::CpuSwitch => 1,
+            SampleClock::DomainSwitch => 2,
+            SampleClock::Wall => 3,
+        }
+    }
+    fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            0 => SampleClock::None,
+            1 => SampleClock::CpuSwitch,
+            2 => SampleClock::DomainSwitch,
+            3 => SampleClock::Wall,
+            _ => return None,
+        })
+    }
+    pub fn describe(self) -> &'static str {
+        match self {
+            SampleClock::None => "none",
+            SampleClock::CpuSwitch => "cycles counter, cpu-switch (guest time only)",
+            SampleClock::DomainSwitch => {
+                "cycles counter, domain-switch (guest time + VMM work for the guest)"
+            }
+            SampleClock::Wall => "wall-clock timer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub vcpus: u16,
+    pub contents: u16,
+    pub tsc_khz: u32,
+    pub start_tsc: u64,
+    pub sample_clock: SampleClock,
+    pub sample_period_ns: u64,
+    /// The kernel image the VMM booted (empty for flat tiny guests).
+    pub kernel: String,
+}
+
+impl Header {
+    pub fn encode(&self) -> Vec<u8> {
+        let path = self.kernel.as_bytes();
+        let path = &path[..path.len().min(u16::MAX as usize - HEADER_FIXED)];
+        let mut h = vec![0u8; HEADER_FIXED];
+        h[0..8].copy_from_slice(MAGIC);
+        h[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        h[10..12].copy_from_slice(&((HEADER_FIXED + path.len()) as u16).to_le_bytes());
+        h[12..14].copy_from_slice(&self.vcpus.to_le_bytes());
+        h[14..16].copy_from_slice(&self.contents.to_le_bytes());
+        h[16..20].copy_from_slice(&self.tsc_khz.to_le_bytes());
+        h[20] = self.sample_clock.code();
+        h[24..32].copy_from_slice(&self.start_tsc.to_le_bytes());
+        h[32..40].copy_from_slice(&self.sample_period_ns.to_le_bytes());
+        h[40..42].copy_from_slice(&(path.len() as u16).to_le_bytes());
+        h.extend_from_slice(path);
+        h
+    }
+
+    pub fn decode(b: &[u8]) -> Result<(Header, usize), FormatError> {
+        if b.len() < 8 || &b[..8] != MAGIC {
+            return Err(if b.len() < 8 && MAGIC.starts_with(b) {
+                truncated("header", 0, HEADER_FIXED, b.len())
+            } else {
+                FormatError::BadMagic
+            });
+        }
+        need(b, 0, HEADER_FIXED, "header")?;
+        let version = u16_at(b, 8);
+        if version != VERSION {
+            return Err(FormatError::Version(version));
+        }
+        let len = usize::from(u16_at(b, 10));
+        let path_len = usize::from(u16_at(b, 40));
+        if len != HEADER_FIXED + path_len {
+            return Err(corrupt(
+                10,
+                format!("header length {len} does not match its kernel path length {path_len}"),
+            ));
+        }
+        need(b, 0, len, "header")?;
+        let vcpus = u16_at(b, 12);
+        if vcpus == 0 {
+            return Err(corrupt(12, "0 vCPUs".into()));
+        }
+        let tsc_khz = u32_at(b, 16);
+        if tsc_khz == 0 {
+            return Err(corrupt(16, "TSC frequency 0 kHz".into()));
+        }
+        let sample_clock = SampleClock::from_code(b[20])
+            .ok_or_else(|| corrupt(20, format!("unknown sample clock {}", b[20])))?;
+        let kernel = String::from_utf8(b[HEADER_FIXED..len].to_vec())
+            .map_err(|_| corrupt(HEADER_FIXED, "kernel path is not UTF-8".into()))?;
+        Ok((
+            Header {
+                vcpus,
+                contents: u16_at(b, 14),
+                tsc_khz,
+                start_tsc: u64_at(b, 24),
+                sample_clock,
+                sample_period_ns: u64_at(b, 32),
+                kernel,
+            },
+            len,
+        ))
+    }
+
+    /// TSC ticks -> seconds.
+    pub fn secs(&self, ticks: u64) -> f64 {
+        ticks as f64 / (f64::from(self.tsc_khz) * 1e3)
+    }
+}
+
+/// 32-bit FNV-1a: catches damaged record bytes that would still decode.
+pub fn checksum(body: &[u8]) -> u32 {
+    body.iter().fold(0x811c_9dc5u32, |h, &b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Encodes a block header for `body` (its `count` records).
+pub fn block_header(
+    vcpu: u16,
+    end: bool,
+    count: u32,
+    dropped: u32,
+    body: &[u8],
+) -> [u8; BLOCK_HEADER] {
+    let mut h = [0u8; BLOCK_HEADER];
+    h[16..20].copy_from_slice(&checksum(body).to_le_bytes());
+    h[0..4].copy_from_slice(BLOCK_TAG);
+    h[4..6].copy_from_slice(&vcpu.to_le_bytes());
+    h[6..8].copy_from_slice(&(if end { BLOCK_END } else { BLOCK_RECORDS }).to_le_bytes());
+    h[8..12].copy_from_slice(&count.to_le_bytes());
+    h[12..16].copy_from_slice(&dropped.to_le_bytes());
+    h
+}
+
+/// The end block's one record.
+pub fn end_record(end_tsc: u64, dropped_total: u64, thread_cpu_ns: u64) -> [u8; RECORD_SIZE] {
+    let mut r = [0u8; RECORD_SIZE];
+    r[0] = 4;
+    r[8..16].copy_from_slice(&dropped_total.to_le_bytes());
+    r[16..24].copy_from_slice(&end_tsc.to_le_bytes());
+    r[24..32].copy_from_slice(&thread_cpu_ns.to_le_bytes());
+    r
+}
+
+/// One vCPU's part of a trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VcpuTrace {
+    pub records: Vec<Record>,
+    /// Records dropped because the writer fell behind (no free buffer).
+    pub dropped: u64,
+    pub end_tsc: u64,
+    pub end_thread_cpu_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trace {
+    pub header: Header,
+    pub vcpus: Vec<VcpuTrace>,
+}
+
+impl Trace {
+    pub fn read_file(path: &std::path::Path) -> Result<Trace, FormatError> {
+        let bytes = std::fs::read(path).map_err(|source| FormatError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Trace::parse(&bytes)
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Trace, FormatError> {
+        let (header, mut off) = Header::decode(b)?;
+        let n = usize::from(header.vcpus);
+        let mut vcpus = vec![VcpuTrace::default(); n];
+        let mut ended = vec![false; n];
+        while off < b.len() {
+            need(b, off, BLOCK_HEADER, "block header")?;
+            if &b[off..off + 4] != BLOCK_TAG {
+                return Err(corrupt(off, "block tag is not \"VBLK\"".into()));
+            }
+            let vcpu = u16_at(b, off + 4);
+            let kind = u16_at(b, off + 6);
+            let count = u32_at(b, off + 8);
+            let dropped = u32_at(b, off + 12);
+            let v = usize::from(vcpu);
+            if v >= n {
+                return Err(corrupt(
+                    off + 4,
+                    format!("block for vCPU {vcpu}, but the header says {n} vCPU(s)"),
+                ));
+            }
+            if ended[v] {
+                return Err(corrupt(
+                    off,
+                    format!("block for vCPU {vcpu} after its end block"),
+                ));
+            }
+            let body = off + BLOCK_HEADER;
+            let sum = u32_at(b, off + 16);
+            let check = |len: usize| -> Result<(), FormatError> {
+                if checksum(&b[body..body + len]) != sum {
+                    return Err(corrupt(
+                        body,
+                        format!("checksum mismatch in a block of vCPU {vcpu} (damaged records)"),
+                    ));
+                }
+                Ok(())
+            };
+            match kind {
+                BLOCK_RECORDS => {
+                    if count == 0 || count > MAX_BLOCK_RECORDS {
+                        return Err(corrupt(off + 8, format!("block of {count} records")));
+                    }
+                    let len = count as usize * RECORD_SIZE;
+                    need(b, body, len, "block of records")?;
+                    check(len)?;
+                    let t = &mut vcpus[v];
+                    t.dropped += u64::from(dropped);
+                    for (i, chunk) in b[body..body + len].chunks_exact(RECORD_SIZE).enumerate() {
+                        let r = Record::decode(chunk.try_into().unwrap())
+                            .map_err(|what| corrupt(body + i * RECORD_SIZE, what))?;
+                        t.records.push(r);
+                    }
+                    off = body + len;
+                }
+                BLOCK_END => {
+                    if count != 1 {
+                        return Err(corrupt(off + 8, format!("end block of {count} records")));
+                    }
+                    need(b, body, RECORD_SIZE, "end block")?;
+                    check(RECORD_SIZE)?;
+                    if b[body] != 4 {
+                        return Err(corrupt(body, "end block without an end record".into()));
+                    }
+                    let t = &mut vcpus[v];
+                    t.dropped = u64_at(b, body + 8);
+                    t.end_tsc = u64_at(b, body + 16);
+                    t.end_thread_cpu_ns = u64_at(b, body + 24);
+                    ended[v] = true;
+                    off = body + RECORD_SIZE;
+                }
+                k => return Err(corrupt(off + 6, format!("unknown block kind {k}"))),
+            }
+        }
+        if let Some(v) = ended.iter().position(|e| !e) {
+            return Err(FormatError::NoEnd(v as u16));
+        }
+        Ok(Trace { header, vcpus })
+    }
+
+    pub fn has_exits(&self) -> bool {
+        self.header.contents & CONTENTS_EXITS != 0
+    }
+
+    pub fn has_samples(&self) -> bool {
+        self.header.contents & CONTENTS_SAMPLES != 0
+    }
+
+    /// The run's end: the latest end TSC of any vCPU.
+    pub fn end_tsc(&self) -> u64 {
+        self.vcpus
+            .iter()
+            .map(|v| v.end_tsc)
+            .max()
+            .unwrap_or(self.header.start_tsc)
+    }
+}
+
+fn need(b: &[u8], off: usize, len: usize, what: &'static str) -> Result<(), FormatError> {
+    let have = b.len().saturating_sub(off);
+    if have < len {
+        return Err(truncated(what, off, len, have));
+    }
+    Ok(())
+}
+
+fn truncated(what: &'static str, offset: usize, need: usize, have: usize) -> FormatError {
+    FormatError::Truncated {
+        what,
+        offset,
+        need,
+        have,
+        hint: " (the file was cut short: disk full, copy interrupted, or the run was killed)",
+    }
+}
+
+fn corrupt(offset: usize, what: String) -> FormatError {
+    FormatError::Corrupt { offset, what }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            vcpus: 2,
+            contents: CONTENTS_EXITS | CONTENTS_SAMPLES,
+            tsc_khz: 2_600_000,
+            start_tsc: 1000,
+            sample_clock: SampleClock::CpuSwitch,
+            sample_period_ns: 1_000_000,
+            kernel: "/k/bzImage".into(),
+        }
+    }
+
+    fn records() -> Vec<Record> {
+        vec![
+            Record::Exit {
+                event: ExitEvent {
+                    reason: Reason::IoOut,
+                    detail: 0x2f8,
+                    addr: 0,
+                    flags: 1 | (1 << 1),
+                },
+                exit_tsc: 2000,
+                entry_tsc: 2100,
+            },
+            Record::Exit {
+                event: ExitEvent {
+                    reason: Reason::MmioWrite,
+                    detail: 0,
+                    addr: 0xfee0_00b0,
+                    flags: 1 | (4 << 1),
+                },
+                exit_tsc: 2200,
+                entry_tsc: 0,
+            },
+            Record::Sample {
+                rip: 0xffff_ffff_8100_0000,
+                cpl: 0,
+                tsc: 2150,
+                during: Some((
+                    ExitEvent {
+                        reason: Reason::MsrRead,
+                        detail: 0xc001_0004,
+                        addr: 0,
+                        flags: 0,
+                    },
+                    2140,
+                )),
+            },
+            Record::Sample {
+                rip: 0x40_1000,
+                cpl: 3,
+                tsc: 2160,
+                during: None,
+            },
+            Record::Clock {
+                tsc: 2170,
+                thread_cpu_ns: 12345,
+            },
+        ]
+    }
+
+    /// A well-formed two-vCPU file: records for vCPU 0, and both end blocks.
+    fn file() -> Vec<u8> {
+        let mut f = header().encode();
+        let recs = records();
+        let mut body = Vec::new();
+        for r in &recs {
+            let mut b = [0u8; RECORD_SIZE];
+            r.encode(&mut b);
+            body.extend_from_slice(&b);
+        }
+        f.extend_from_slice(&block_header(0, false, recs.len() as u32, 3, &body));
+        f.extend_from_slice(&body);
+        for v in 0..2 {
+            let end = end_record(5000, 3 * u64::from(1 - v), 42);
+            f.extend_from_slice(&block_header(v, true, 1, 0, &end));
+            f.extend_from_slice(&end);
+        }
+        f
+    }
+
+    #[test]
+    fn round_trip() {
+        let t = Trace::parse(&file()).unwrap();
+        assert_eq!(t.header, header());
+        assert_eq!(t.vcpus[0].records, records());
+        assert_eq!(t.vcpus[0].dropped, 3);
+        assert_eq!(t.vcpus[1].records, vec![]);
+        assert_eq!(t.end_tsc(), 5000);
+        assert_eq!(t.vcpus[1].end_thread_cpu_ns, 42);
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_not_a_panic() {
+        let f = file();
+        for cut in 0..f.len() {
+            let err = Trace::parse(&f[..cut]).expect_err("a cut file must not parse");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("truncated"),
+                "cut at {cut} of {}: unexpected error {msg}",
+                f.len()
+            );
+        }
+    }
+
+    #[test]
+    fn corrupt_files_give_clear_errors() {
+        let f = file();
+        let h = HEADER_FIXED + "/k/bzImage".len();
+        let mut bad = f.clone();
+        bad[0] = b'X';
+        assert!(matches!(Trace::parse(&bad), Err(FormatError::BadMagic)));
+        let mut bad = f.clone();
+        bad[8] = 9;
+        assert!(matches!(Trace::parse(&bad), Err(FormatError::Version(9))));
+        let cases: [(usize, u8, &str); 6] = [
+            (h, b'Z', "block tag"),
+            (h + 4, 7, "vCPU 7"),
+            (h + 6, 9, "unknown block kind"),
+            (h + 16, 0x5a, "checksum mismatch"),
+            // A damaged TSC decodes fine; the checksum catches it.
+            (h + BLOCK_HEADER + 20, 0x77, "checksum mismatch"),
+            (f.len() - 3, 0x77, "checksum mismatch"),
+        ];
+        for (at, v, want) in cases {
+            let mut bad = f.clone();
+            bad[at] = v;
+            let msg = Trace::parse(&bad).unwrap_err().to_string();
+            assert!(msg.contains(want), "byte {at}: {msg}");
+            assert!(msg.contains("corrupt"), "byte {at}: {msg}");
+        }
+        // Garbage, and random bytes after a good header, never panic.
+        let mut seed = 0x1234_5678_u64;
+        for len in [0, 7, 47, 100, 1000] {
+            let mut g = header().encode();
+            for _ in 0..len {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                g.push((seed >> 33) as u8);
+            }
+            assert!(Trace::parse(&g).is_err());
+        }
+    }
+
+    #[test]
+    fn bad_records_are_refused() {
+        let mut b = [0u8; RECORD_SIZE];
+        records()[2].encode(&mut b);
+        let cases: [(usize, u8, &str); 3] = [
+            (0, 9, "unknown record kind"),
+            (1, 99, "unknown exit reason"),
+            (3, 5, "CPL 5"),
+        ];
+        for (at, v, want) in cases {
+            let mut bad = b;
+            bad[at] = v;
+            let e = Record::decode(&bad).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        let mut back = [0u8; RECORD_SIZE];
+        records()[0].encode(&mut back);
+        back[24..32].copy_from_slice(&1u64.to_le_bytes());
+        assert!(Record::decode(&back)
+            .unwrap_err()
+            .contains("before it exited"));
+    }
+
+    #[test]
+    fn missing_end_block_is_reported_as_truncation() {
+        let f = file();
+        let cut = f.len() - BLOCK_HEADER - RECORD_SIZE;
+        let e = Trace::parse(&f[..cut]).unwrap_err();
+        assert!(matches!(e, FormatError::NoEnd(1)), "{e}");
+        assert!(e.to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn describe_names_the_detail() {
+        let mut e = ExitEvent::new(Reason::IoOut);
+        e.detail = 0x2f8;
+        e.flags = 1 | (1 << 1);
+        assert_eq!(e.describe(), "pio 0x2f8 out 1");
+        e.reason = Reason::MsrRead;
+        e.detail = 0xc001_0004;
+        assert_eq!(e.describe(), "msr 0xc0010004 rd");
+        assert_eq!(ExitEvent::new(Reason::Hlt).describe(), "hlt");
+        for r in Reason::ALL {
+            assert_eq!(Reason::from_u8(r as u8), Some(r));
+        }
+        assert_eq!(Reason::from_u8(0), None);
+        assert_eq!(Reason::from_u8(17), None);
+    }
+}

@@ -1,0 +1,375 @@
+//! Recording on the vCPU thread: what `run --trace` and `run --host-profile` add to the KVM_RUN
+//! loop. Per exit: two RDTSCs and a `Vec` push (the record is completed with the re-entry TSC
+//! just before the next KVM_RUN). Per sample: KVM_GET_REGS + KVM_GET_SREGS. A clock record
+//! (thread CPU time) at most every [`CLOCK_EVERY_MS`] ms of TSC time, and on both sides of
+//! each interrupted exit.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use super::event::classify;
+use super::format::{
+    ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
+};
+use super::writer::{PoolConfig, TraceWriter, VcpuSink, WriterStats};
+use crate::profile::sampler::Sampler;
+
+/// At most one clock record per this many ms (one `clock_gettime` of thread CPU time).
+pub const CLOCK_EVERY_MS: u64 = 1;
+
+/// Which clock drives the host-side profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum ProfileClock {
+    /// The cycles counter, gated like `--vpmu` (off: domain-switch, i.e. thread CPU time).
+    #[default]
+    Auto,
+    /// Cycles counter counting only inside KVM_RUN (guest time).
+    CpuSwitch,
+    /// Cycles counter counting all the vCPU thread's time (VMM exit handling charged to the guest).
+    DomainSwitch,
+    /// Wall-clock timer (halted time is sampled too, at the HLT).
+    Wall,
+}
+
+impl ProfileClock {
+    pub fn resolve(self, vpmu: crate::vm::VpmuSetting) -> SampleClock {
+        use crate::vm::VpmuSetting;
+        match (self, vpmu) {
+            (ProfileClock::Auto, VpmuSetting::CpuSwitch) | (ProfileClock::CpuSwitch, _) => {
+                SampleClock::CpuSwitch
+            }
+            (ProfileClock::Auto, _) | (ProfileClock::DomainSwitch, _) => SampleClock::DomainSwitch,
+            (ProfileClock::Wall, _) => SampleClock::Wall,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProfileConfig {
+    pub path: PathBuf,
+    pub hz: u32,
+    pub clock: ProfileClock,
+}
+
+/// `run --trace` / `--host-profile` (both off by default).
+#[derive(Debug, Clone, Default)]
+pub struct RecordConfig {
+    pub trace: Option<PathBuf>,
+    pub profile: Option<ProfileConfig>,
+    pub pool: PoolConfig,
+}
+
+impl RecordConfig {
+    pub fn is_on(&self) -> bool {
+        self.trace.is_some() || self.profile.is_some()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot create {path}: {source}")]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn rdtsc() -> u64 {
+    // SAFETY: RDTSC has no preconditions.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// The calling thread's CPU time in ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One vCPU's recorder, owned by its thread.
+pub struct VcpuRecorder {
+    exits: Option<VcpuSink>,
+    /// Samples' own file (None: no profile, or samples share the exits' file).
+    samples: Option<VcpuSink>,
+    sampler: Option<Sampler>,
+    /// The last exit, waiting for the re-entry TSC.
+    pending: Option<(ExitEvent, u64)>,
+    clock_every: u64,
+    last_clock: u64,
+    sampler_failed: bool,
+    vcpu: u32,
+}
+
+impl VcpuRecorder {
+    /// Just before KVM_RUN.
+    #[inline]
+    pub fn before_run(&mut self) {
+        if let Some(s) = &mut self.sampler {
+            if let Err(e) = s.enter_guest() {
+                self.stop_sampling(e);
+            }
+        }
+        let t = rdtsc();
+        if let Some(sink) = &mut self.exits {
+            match self.pending.take() {
+                Some((event, exit_tsc)) => {
+                    sink.push(Record::Exit {
+                        event,
+                        exit_tsc,
+                        entry_tsc: t,
+                    });
+                    if event.reason == Reason::Interrupted {
+                        self.last_clock = t;
+                        sink.push(Record::Clock {
+                            tsc: t,
+                            thread_cpu_ns: thread_cpu_ns(),
+                        });
+                    }
+                }
+                None => {
+                    self.last_clock = t;
+                    sink.push(Record::Clock {
+                        tsc: t,
+                        thread_cpu_ns: thread_cpu_ns(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Just after KVM_RUN returned, before the exit is handled.
+    #[inline]
+    pub fn after_run(&mut self, r: &Result<VcpuExit<'_>, kvm_ioctls::Error>) {
+        let t = rdtsc();
+        if let Some(s) = &mut self.sampler {
+            s.leave_guest();
+        }
+        let event = classify(r);
+        self.pending = Some((event, t));
+        if let Some(sink) = &mut self.exits {
+            // Interrupted exits (kicks, overflow signals, profile samples) are bracketed by
+            // clock records: the host often preempts the thread right there, and the summary
+            // tells that off-CPU time apart from the VMM's own work.
+            if event.reason == Reason::Interrupted
+                || t.wrapping_sub(self.last_clock) >= self.clock_every
+            {
+                self.last_clock = t;
+                sink.push(Record::Clock {
+                    tsc: t,
+                    thread_cpu_ns: thread_cpu_ns(),
+                });
+            }
+        }
+    }
+
+    /// After the exit was handled, before re-entering: takes a profile sample if one is due.
+    pub fn after_exit(&mut self, fd: &VcpuFd) {
+        let Some(s) = &mut self.sampler else { return };
+        match s.due() {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(e) => return self.stop_sampling(e),
+        }
+        let tsc = rdtsc();
+        let (rip, cpl) = match (fd.get_regs(), fd.get_sregs()) {
+            (Ok(r), Ok(s)) => {
+                let protected = s.cr0 & 1 == 1;
+                (
+                    r.rip,
+                    if protected {
+                        (s.cs.selector & 3) as u8
+                    } else {
+                        0
+                    },
+                )
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                log::warn!(
+                    "vCPU {}: reading registers for a profile sample: {e}",
+                    self.vcpu
+                );
+                return;
+            }
+        };
+        let during = self
+            .pending
+            .filter(|(e, _)| e.reason != Reason::Interrupted);
+        let rec = Record::Sample {
+            rip,
+            cpl,
+            tsc,
+            during,
+        };
+        match (&mut self.samples, &mut self.exits) {
+            (Some(sink), _) | (None, Some(sink)) => sink.push(rec),
+            (None, None) => {}
+        }
+    }
+
+    fn stop_sampling(&mut self, e: crate::profile::sampler::SamplerError) {
+        if !self.sampler_failed {
+            log::warn!(
+                "vCPU {}: {e}; no more profile samples from this vCPU",
+                self.vcpu
+            );
+        }
+        self.sampler_failed = true;
+        self.sampler = None;
+    }
+
+    /// At the end of the vCPU thread.
+    pub fn finish(mut self) {
+        let t = rdtsc();
+        let cpu = thread_cpu_ns();
+        self.sampler = None;
+        if let Some(mut sink) = self.exits.take() {
+            if let Some((event, exit_tsc)) = self.pending.take() {
+                sink.push(Record::Exit {
+                    event,
+                    exit_tsc,
+                    entry_tsc: 0,
+                });
+            }
+            sink.push(Record::Clock {
+                tsc: t,
+                thread_cpu_ns: cpu,
+            });
+            sink.finish(t, cpu);
+        }
+        if let Some(sink) = self.samples.take() {
+            sink.finish(t, cpu);
+        }
+    }
+}
+
+/// The writers of one run and the recorders not yet handed to vCPU threads.
+pub struct Recording {
+    writers: Vec<(PathBuf, TraceWriter)>,
+    vcpus: std::vec::IntoIter<VcpuRecorder>,
+}
+
+impl Recording {
+    /// Creates the file(s), writes their headers and starts the writer thread(s).
+    pub fn start(
+        cfg: &RecordConfig,
+        vcpus: u32,
+        tsc_khz: u32,
+        vpmu: crate::vm::VpmuSetting,
+        kernel: Option<&std::path::Path>,
+    ) -> Result<Option<Recording>, RecordError> {
+        if !cfg.is_on() {
+            return Ok(None);
+        }
+        let kernel = kernel
+            .map(|k| {
+                std::fs::canonicalize(k)
+                    .unwrap_or_else(|_| k.to_path_buf())
+                    .display()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let clock = cfg
+            .profile
+            .as_ref()
+            .map(|p| p.clock.resolve(vpmu))
+            .unwrap_or(SampleClock::None);
+        let hz = cfg.profile.as_ref().map(|p| p.hz.max(1)).unwrap_or(1);
+        let same_file = match (&cfg.trace, &cfg.profile) {
+            (Some(t), Some(p)) => t == &p.path,
+            _ => false,
+        };
+        let header = |contents: u16, sampling: bool| Header {
+            vcpus: vcpus as u16,
+            contents,
+            tsc_khz,
+            start_tsc: rdtsc(),
+            sample_clock: if sampling { clock } else { SampleClock::None },
+            sample_period_ns: if sampling {
+                1_000_000_000 / u64::from(hz)
+            } else {
+                0
+            },
+            kernel: kernel.clone(),
+        };
+        let open =
+            |path: &PathBuf, h: &Header| -> Result<(TraceWriter, Vec<VcpuSink>), RecordError> {
+                let file = File::create(path).map_err(|source| RecordError::Create {
+                    path: path.clone(),
+                    source,
+                })?;
+                TraceWriter::start(BufWriter::with_capacity(1 << 16, file), h, cfg.pool).map_err(
+                    |source| RecordError::Write {
+                        path: path.clone(),
+                        source,
+                    },
+                )
+            };
+        let mut writers = Vec::new();
+        let mut exit_sinks: Vec<Option<VcpuSink>> = (0..vcpus).map(|_| None).collect();
+        let mut sample_sinks: Vec<Option<VcpuSink>> = (0..vcpus).map(|_| None).collect();
+        if let Some(path) = &cfg.trace {
+            let contents = CONTENTS_EXITS | if same_file { CONTENTS_SAMPLES } else { 0 };
+            let (w, sinks) = open(path, &header(contents, same_file))?;
+            writers.push((path.clone(), w));
+            exit_sinks = sinks.into_iter().map(Some).collect();
+        }
+        if let Some(p) = cfg.profile.as_ref().filter(|_| !same_file) {
+            let (w, sinks) = open(&p.path, &header(CONTENTS_SAMPLES, true))?;
+            writers.push((p.path.clone(), w));
+            sample_sinks = sinks.into_iter().map(Some).collect();
+        }
+        let recorders: Vec<VcpuRecorder> = exit_sinks
+            .into_iter()
+            .zip(sample_sinks)
+            .enumerate()
+            .map(|(i, (exits, samples))| VcpuRecorder {
+                exits,
+                samples,
+                sampler: cfg
+                    .profile
+                    .as_ref()
+                    .map(|p| Sampler::new(clock, p.hz, tsc_khz)),
+                pending: None,
+                clock_every: u64::from(tsc_khz) * CLOCK_EVERY_MS,
+                last_clock: 0,
+                sampler_failed: false,
+                vcpu: i as u32,
+            })
+            .collect();
+        Ok(Some(Recording {
+            writers,
+            vcpus: recorders.into_iter(),
+        }))
+    }
+
+    /// The next vCPU's recorder (in vCPU order).
+    pub fn take_vcpu(&mut self) -> Option<VcpuRecorder> {
+        self.vcpus.next()
+    }
+
+    /// Waits for the writers (after every vCPU thread finished) and logs what was written.
+    pub fn finish(self) -> Result<Vec<(PathBuf, WriterStats)>, RecordError> {
+        drop(self.vcpus);
+        let mut out = Vec::new();
+        for (path, w) in self.writers {
+            let stats = w.join().map_err(|source| RecordError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            out.push((path, stats));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,572 @@
+//! `vpmu-vmm trace summary`: xenalyze-style tables from a trace (per vCPU exit reasons with
+//! count, time, share of the run and cycle percentiles; per I/O port, MSR and MMIO address),
+//! the split of each vCPU's wall time, and `--dump` (every record in time order).
+//!
+//! Time split of one vCPU, from the header's start TSC to the vCPU's end TSC:
+//! * in VMM — from each exit (KVM_RUN returned) to the next KVM_RUN: exit handling, device
+//!   emulation, vPMU work, fix-ups (measured exactly, TSC at both ends), less the time the
+//!   thread was preempted during interrupted exits (clock records bracket those);
+//! * halted/off-CPU — time the thread was not running: a halted vCPU waiting in KVM_RUN, or
+//!   the host scheduling something else; wall time minus the thread's CPU time (clock
+//!   records). Preemption during other exits' handling stays in "in VMM";
+//! * in guest — the rest of the KVM_RUN time (guest code, and KVM's in-kernel exits).
+//!
+//! "cycles" are TSC ticks (the file's TSC kHz converts them to time).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::format::{ExitEvent, Reason, Record, Trace};
+
+/// Count, total and percentiles of one kind of exit's VMM time.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    ticks: Vec<u64>,
+    total: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, ticks: u64) {
+        self.ticks.push(ticks);
+        self.total += ticks;
+    }
+    pub fn count(&self) -> u64 {
+        self.ticks.len() as u64
+    }
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+    pub fn mean(&self) -> u64 {
+        self.total.checked_div(self.count()).unwrap_or(0)
+    }
+    fn sort(&mut self) {
+        self.ticks.sort_unstable();
+    }
+    /// Nearest-rank percentile (call after `sort`).
+    pub fn pct(&self, p: u32) -> u64 {
+        if self.ticks.is_empty() {
+            return 0;
+        }
+        let rank = (u64::from(p) * self.count()).div_ceil(100).max(1);
+        self.ticks[(rank - 1) as usize]
+    }
+}
+
+/// Wall time of one vCPU split three ways (TSC ticks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimeSplit {
+    pub wall: u64,
+    pub in_guest: u64,
+    pub in_vmm: u64,
+    pub halted: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct VcpuSummary {
+    pub reasons: BTreeMap<Reason, Stats>,
+    /// Of the interrupted exits' VMM time, how much the thread was not running (preempted by
+    /// the host), from the clock records around them.
+    pub interrupted_off_cpu: u64,
+    pub split: TimeSplit,
+    pub samples: u64,
+    pub dropped: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub vcpus: Vec<VcpuSummary>,
+    /// (port, out) -> stats, all vCPUs.
+    pub ports: BTreeMap<(u32, bool), Stats>,
+    /// (index, write) -> stats.
+    pub msrs: BTreeMap<(u32, bool), Stats>,
+    /// (address, write) -> stats.
+    pub mmio: BTreeMap<(u64, bool), Stats>,
+    /// By described event (`pio 0x2f8 out`): for the system-wide view.
+    pub events: BTreeMap<String, Stats>,
+}
+
+/// The VMM time of an exit record (to the re-entry, or to the vCPU's end if none).
+pub fn vmm_ticks(exit_tsc: u64, entry_tsc: u64, end_tsc: u64) -> u64 {
+    if entry_tsc == 0 {
+        end_tsc.saturating_sub(exit_tsc)
+    } else {
+        entry_tsc.saturating_sub(exit_tsc)
+    }
+}
+
+/// `pio 0x2f8 out`, `msr 0xc0010004 rd` — an exit's kind without the access size.
+pub fn event_key(e: &ExitEvent) -> String {
+    match e.reason {
+        Reason::IoIn | Reason::IoOut => format!(
+            "pio {:#x} {}",
+            e.detail,
+            if e.reason == Reason::IoOut {
+                "out"
+            } else {
+                "in"
+            }
+        ),
+        Reason::MmioRead | Reason::MmioWrite => format!(
+            "mmio {:#x} {}",
+            e.addr,
+            if e.reason == Reason::MmioWrite {
+                "wr"
+            } else {
+                "rd"
+            }
+        ),
+        _ => e.describe(),
+    }
+}
+
+pub fn summarize(t: &Trace) -> Summary {
+    let khz = u64::from(t.header.tsc_khz);
+    let start = t.header.start_tsc;
+    let mut s = Summary::default();
+    for v in &t.vcpus {
+        let end = v.end_tsc.max(start);
+        let mut vs = VcpuSummary {
+            dropped: v.dropped,
+            ..Default::default()
+        };
+        let mut in_vmm = 0u64;
+        let mut first_clock: Option<(u64, u64)> = None;
+        let mut last_clock: Option<(u64, u64)> = None;
+        // An interrupted exit with a clock record at its exit: (entry TSC, CPU ns, VMM ticks).
+        let mut open: Option<(u64, u64, u64)> = None;
+        for r in &v.records {
+            match *r {
+                Record::Exit {
+                    event,
+                    exit_tsc,
+                    entry_tsc,
+                } => {
+                    let d = vmm_ticks(exit_tsc, entry_tsc, end);
+                    open = match last_clock {
+                        Some((tsc, cpu))
+                            if event.reason == Reason::Interrupted && tsc == exit_tsc =>
+                        {
+                            Some((entry_tsc, cpu, d))
+                        }
+                        _ => None,
+                    };
+                    in_vmm += d;
+                    vs.reasons.entry(event.reason).or_default().add(d);
+                    s.events.entry(event_key(&event)).or_default().add(d);
+                    let write = event.flags & 1 == 1;
+                    match event.reason {
+                        Reason::IoIn | Reason::IoOut => {
+                            s.ports.entry((event.detail, write)).or_default().add(d)
+                        }
+                        Reason::MsrRead | Reason::MsrWrite => {
+                            s.msrs.entry((event.detail, write)).or_default().add(d)
+                        }
+                        Reason::MmioRead | Reason::MmioWrite => {
+                            s.mmio.entry((event.addr, write)).or_default().add(d)
+                        }
+                        _ => {}
+                    }
+                }
+                Record::Sample { .. } => vs.samples += 1,
+                Record::Clock { tsc, thread_cpu_ns } => {
+                    first_clock.get_or_insert((tsc, thread_cpu_ns));
+                    if let Some((_, cpu0, d)) = open.take().filter(|o| o.0 == tsc) {
+                        let on_cpu = thread_cpu_ns.saturating_sub(cpu0) * khz / 1_000_000;
+                        vs.interrupted_off_cpu += d.saturating_sub(on_cpu);
+                    }
+                    last_clock = Some((tsc, thread_cpu_ns));
+                }
+            }
+        }
+        let wall = end - start;
+        // Before the first KVM_RUN (the first clock record) the thread was setting up: VMM.
+        let (run_start, cpu_start) = first_clock.unwrap_or((start, v.end_thread_cpu_ns));
+        in_vmm = (in_vmm + run_start.saturating_sub(start)).min(wall);
+        // Preempted time inside exit handling is off-CPU time, not VMM work.
+        in_vmm = in_vmm.saturating_sub(vs.interrupted_off_cpu);
+        let span = end.saturating_sub(run_start);
+        let cpu_ticks = v.end_thread_cpu_ns.saturating_sub(cpu_start) * khz / 1_000_000;
+        let in_run = wall - in_vmm;
+        let halted = span.saturating_sub(cpu_ticks).min(in_run);
+        vs.split = TimeSplit {
+            wall,
+            in_guest: in_run - halted,
+            in_vmm,
+            halted,
+        };
+        s.vcpus.push(vs);
+    }
+    for st in s
+        .vcpus
+        .iter_mut()
+        .flat_map(|v| v.reasons.values_mut())
+        .chain(s.ports.values_mut())
+        .chain(s.msrs.values_mut())
+        .chain(s.mmio.values_mut())
+        .chain(s.events.values_mut())
+    {
+        st.sort();
+    }
+    s
+}
+
+fn ms(t: &Trace, ticks: u64) -> f64 {
+    t.header.secs(ticks) * 1e3
+}
+
+fn pct(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 * 100.0 / b as f64
+    }
+}
+
+fn stats_row(out: &mut String, t: &Trace, name: &str, st: &Stats, wall: u64) {
+    let _ = writeln!(
+        out,
+        "  {name:<22} {:>9} {:>11.3} {:>6.2} {:>9} {:>9} {:>9} {:>9}",
+        st.count(),
+        ms(t, st.total()),
+        pct(st.total(), wall),
+        st.mean(),
+        st.pct(5),
+        st.pct(50),
+        st.pct(95)
+    );
+}
+
+fn stats_head(out: &mut String, title: &str) {
+    let _ = writeln!(
+        out,
+        "  {title:<22} {:>9} {:>11} {:>6} {:>9} {:>9} {:>9} {:>9}",
+        "count", "total ms", "% run", "mean cyc", "p5 cyc", "p50 cyc", "p95 cyc"
+    );
+}
+
+fn split_line(t: &Trace, sp: &TimeSplit) -> String {
+    format!(
+        "wall {:.3} s = in guest {:.3} s ({:.1}%) + in VMM {:.3} s ({:.1}%) + halted/off-CPU {:.3} s ({:.1}%)",
+        t.header.secs(sp.wall),
+        t.header.secs(sp.in_guest),
+        pct(sp.in_guest, sp.wall),
+        t.header.secs(sp.in_vmm),
+        pct(sp.in_vmm, sp.wall),
+        t.header.secs(sp.halted),
+        pct(sp.halted, sp.wall)
+    )
+}
+
+/// The text of `trace summary` (without `--interval`/`--dump`).
+pub fn render(t: &Trace, s: &Summary, file: &str) -> String {
+    let mut out = String::new();
+    let h = &t.header;
+    let exits: u64 = s
+        .vcpus
+        .iter()
+        .flat_map(|v| v.reasons.values())
+        .map(Stats::count)
+        .sum();
+    let samples: u64 = s.vcpus.iter().map(|v| v.samples).sum();
+    let dropped: u64 = s.vcpus.iter().map(|v| v.dropped).sum();
+    let _ = writeln!(
+        out,
+        "trace {file}: format v{}, {} vCPU(s), TSC {} kHz, run {:.3} s{}",
+        super::format::VERSION,
+        h.vcpus,
+        h.tsc_khz,
+        h.secs(t.end_tsc().saturating_sub(h.start_tsc)),
+        if h.kernel.is_empty() {
+            String::new()
+        } else {
+            format!(", kernel {}", h.kernel)
+        }
+    );
+    let _ = writeln!(
+        out,
+        "records: {exits} exits, {samples} profile samples{}",
+        if t.has_exits() {
+            ""
+        } else {
+            " (this file has no exit records: it is a host profile; see `vpmu-vmm report`)"
+        }
+    );
+    if dropped > 0 {
+        let _ = writeln!(
+            out,
+            "WARNING: {dropped} records were DROPPED (the trace writer fell behind); counts and times below are lower bounds"
+        );
+    } else {
+        let _ = writeln!(out, "dropped records: 0");
+    }
+    let mut all = TimeSplit::default();
+    let mut all_reasons: BTreeMap<Reason, Stats> = BTreeMap::new();
+    for (i, v) in s.vcpus.iter().enumerate() {
+        let _ = writeln!(out, "\nvCPU {i}: {}", split_line(t, &v.split));
+        if v.dropped > 0 {
+            let _ = writeln!(out, "  ({} records dropped on this vCPU)", v.dropped);
+        }
+        stats_head(&mut out, "exit reason");
+        for (r, st) in &v.reasons {
+            stats_row(&mut out, t, r.name(), st, v.split.wall);
+            let a = all_reasons.entry(*r).or_default();
+            a.ticks.extend_from_slice(&st.ticks);
+            a.total += st.total;
+        }
+        all.wall += v.split.wall;
+        all.in_guest += v.split.in_guest;
+        all.in_vmm += v.split.in_vmm;
+        all.halted += v.split.halted;
+    }
+    if s.vcpus.len() > 1 {
+        let _ = writeln!(out, "\nall vCPUs (vCPU-seconds): {}", split_line(t, &all));
+        stats_head(&mut out, "exit reason");
+        for (r, st) in all_reasons.iter_mut() {
+            st.sort();
+            stats_row(&mut out, t, r.name(), st, all.wall);
+        }
+    }
+    let tables: [(&str, Vec<(String, &Stats)>); 3] = [
+        (
+            "I/O ports",
+            s.ports
+                .iter()
+                .map(|((p, w), st)| (format!("{p:#06x} {}", if *w { "out" } else { "in" }), st))
+                .collect(),
+        ),
+        (
+            "MSRs",
+            s.msrs
+                .iter()
+                .map(|((m, w), st)| (format!("{m:#x} {}", if *w { "wr" } else { "rd" }), st))
+                .collect(),
+        ),
+        (
+            "MMIO addresses",
+            s.mmio
+                .iter()
+                .map(|((a, w), st)| (format!("{a:#x} {}", if *w { "wr" } else { "rd" }), st))
+                .collect(),
+        ),
+    ];
+    for (title, rows) in tables {
+        let _ = writeln!(out, "\n{title} (all vCPUs; % of vCPU-seconds):");
+        if rows.is_empty() {
+            let _ = writeln!(out, "  (none)");
+            continue;
+        }
+        stats_head(&mut out, "");
+        for (name, st) in rows {
+            stats_row(&mut out, t, &name, st, all.wall);
+        }
+    }
+    out
+}
+
+/// `--dump`: one line per record, merged across vCPUs in time order.
+pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let mut all: Vec<(u64, usize, &Record)> = t
+        .vcpus
+        .iter()
+        .enumerate()
+        .flat_map(|(i, v)| v.records.iter().map(move |r| (r.tsc(), i, r)))
+        .collect();
+    all.sort_by_key(|(tsc, i, _)| (*tsc, *i));
+    let h = &t.header;
+    let secs = |tsc: u64| h.secs(tsc.saturating_sub(h.start_tsc));
+    writeln!(out, "# time_s vcpu event detail")?;
+    for (tsc, v, r) in all {
+        match r {
+            Record::Exit {
+                event, entry_tsc, ..
+            } => {
+                let end = t.vcpus[v].end_tsc;
+                writeln!(
+                    out,
+                    "{:.9} vcpu{v} exit {} vmm_us={:.2}{}",
+                    secs(tsc),
+                    event.describe(),
+                    h.secs(vmm_ticks(tsc, *entry_tsc, end)) * 1e6,
+                    if *entry_tsc == 0 {
+                        " (no re-entry)"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+            Record::Sample {
+                rip, cpl, during, ..
+            } => {
+                writeln!(
+                    out,
+                    "{:.9} vcpu{v} sample rip={rip:#x} cpl={cpl}{}",
+                    secs(tsc),
+                    match during {
+                        Some((e, _)) => format!(" during {}", e.describe()),
+                        None => String::new(),
+                    }
+                )?;
+            }
+            Record::Clock { thread_cpu_ns, .. } => writeln!(
+                out,
+                "{:.9} vcpu{v} clock thread_cpu_ms={:.3}",
+                secs(tsc),
+                *thread_cpu_ns as f64 / 1e6
+            )?,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::format::{Header, SampleClock, VcpuTrace, CONTENTS_EXITS};
+
+    fn out(port: u32, exit: u64, entry: u64) -> Record {
+        Record::Exit {
+            event: ExitEvent {
+                detail: port,
+                flags: 1 | (1 << 1),
+                ..ExitEvent::new(Reason::IoOut)
+            },
+            exit_tsc: exit,
+            entry_tsc: entry,
+        }
+    }
+
+    /// 1 MHz TSC: one tick is a microsecond.
+    fn trace(records: Vec<Record>, end: u64, cpu_ns: u64) -> Trace {
+        Trace {
+            header: Header {
+                vcpus: 1,
+                contents: CONTENTS_EXITS,
+                tsc_khz: 1000,
+                start_tsc: 0,
+                sample_clock: SampleClock::None,
+                sample_period_ns: 0,
+                kernel: String::new(),
+            },
+            vcpus: vec![VcpuTrace {
+                records,
+                dropped: 0,
+                end_tsc: end,
+                end_thread_cpu_ns: cpu_ns,
+            }],
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut st = Stats::default();
+        for v in (1..=100).rev() {
+            st.add(v);
+        }
+        st.sort();
+        assert_eq!((st.pct(5), st.pct(50), st.pct(95)), (5, 50, 95));
+        assert_eq!((st.count(), st.total(), st.mean()), (100, 5050, 50));
+        let mut one = Stats::default();
+        one.add(7);
+        one.sort();
+        assert_eq!((one.pct(5), one.pct(95)), (7, 7));
+    }
+
+    #[test]
+    fn time_split_and_tables() {
+        // Clock at 10 (cpu 0); exits 100..110 and 200..230; end at 1000 with 600 us of CPU.
+        let recs = vec![
+            Record::Clock {
+                tsc: 10,
+                thread_cpu_ns: 0,
+            },
+            out(0x2f8, 100, 110),
+            out(0x2f8, 200, 230),
+        ];
+        let t = trace(recs, 1000, 600_000);
+        let s = summarize(&t);
+        let v = &s.vcpus[0];
+        let st = &v.reasons[&Reason::IoOut];
+        assert_eq!((st.count(), st.total(), st.pct(50)), (2, 40, 10));
+        // VMM: 40 us of exits + 10 us before the first KVM_RUN.
+        // Halted: span 990 us - 600 us of CPU = 390.
+        assert_eq!(
+            v.split,
+            TimeSplit {
+                wall: 1000,
+                in_guest: 1000 - 50 - 390,
+                in_vmm: 50,
+                halted: 390,
+            }
+        );
+        assert_eq!(s.ports[&(0x2f8, true)].count(), 2);
+        assert_eq!(s.events["pio 0x2f8 out"].count(), 2);
+        let text = render(&t, &s, "f");
+        assert!(text.contains("pio-out"), "{text}");
+        assert!(text.contains("0x02f8 out"), "{text}");
+        assert!(text.contains("dropped records: 0"), "{text}");
+    }
+
+    #[test]
+    fn preemption_in_interrupted_exits_is_off_cpu_not_vmm() {
+        // An interrupted exit 100..300 with clocks on both sides: 50 us of CPU in it.
+        let recs = vec![
+            Record::Clock {
+                tsc: 0,
+                thread_cpu_ns: 0,
+            },
+            Record::Clock {
+                tsc: 100,
+                thread_cpu_ns: 100_000,
+            },
+            Record::Exit {
+                event: ExitEvent::new(Reason::Interrupted),
+                exit_tsc: 100,
+                entry_tsc: 300,
+            },
+            Record::Clock {
+                tsc: 300,
+                thread_cpu_ns: 150_000,
+            },
+        ];
+        let t = trace(recs, 1000, 850_000);
+        let v = &summarize(&t).vcpus[0];
+        assert_eq!(v.interrupted_off_cpu, 150);
+        assert_eq!(v.reasons[&Reason::Interrupted].total(), 200);
+        // VMM work 50; off-CPU 1000 - 850 = 150; guest the rest.
+        assert_eq!(
+            v.split,
+            TimeSplit {
+                wall: 1000,
+                in_guest: 800,
+                in_vmm: 50,
+                halted: 150,
+            }
+        );
+    }
+
+    #[test]
+    fn an_exit_never_re_entered_lasts_to_the_end() {
+        let t = trace(vec![out(0x64, 900, 0)], 1000, 1_000_000);
+        let s = summarize(&t);
+        assert_eq!(s.vcpus[0].reasons[&Reason::IoOut].total(), 100);
+    }
+
+    #[test]
+    fn dump_merges_vcpus_in_time_order() {
+        let mut t = trace(vec![out(1, 10, 11), out(1, 30, 31)], 100, 0);
+        t.header.vcpus = 2;
+        t.vcpus.push(VcpuTrace {
+            records: vec![out(2, 20, 21)],
+            end_tsc: 100,
+            ..Default::default()
+        });
+        let mut buf = Vec::new();
+        dump(&t, &mut buf).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].contains("vcpu0 exit pio 0x1 out"), "{text}");
+        assert!(lines[1].contains("vcpu1 exit pio 0x2 out"), "{text}");
+        assert!(lines[2].contains("vcpu0"), "{text}");
+    }
+}
