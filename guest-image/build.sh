@@ -2,13 +2,19 @@
 # vPMU guest images: builds the guest kernels and initramfs and caches them outside the repo.
 #
 # Usage: guest-image/build.sh [TARGET...]
-#   all              (default) initramfs, spin-initramfs, debian-kernel, default-kernel
+#   all              (default) initramfs, initramfs-tiny, spin-initramfs, debian-kernel, default-kernel
 #   default-kernel   minimal kernel from Debian's unmodified linux-source-6.1:
 #                    tinyconfig + guest-image/kernel/minimal.config (4-6 min on 2 cores)
 #   debian-kernel    the prebuilt linux-image-6.1.*-cloud-amd64 (downloaded, never installed;
 #                    its real System.map comes from the matching -dbg package)
-#   initramfs        busybox-static + guest-image/initramfs/init, uncompressed newc cpio (a guest
-#                    kernel whose code is emulated spends ~170 s inflating a 1 MB gzip one)
+#   initramfs        the default image, an uncompressed newc cpio (a guest kernel whose code is
+#                    emulated spends ~170 s inflating a 1 MB gzip one) of: busybox-static,
+#                    guest-image/initramfs/{init,experiments.sh}, Debian's perf (linux-perf) with
+#                    the shared libraries it needs (from the .debs, nothing installed), OProfile
+#                    (operf, ocount, opreport, ophelp, events) built statically from
+#                    ../shared/third_party/oprofile-*.tar.gz (OPROFILE_TARBALL overrides), and the
+#                    workloads guest-image/workloads/*.c compiled statically; at most 60 MB
+#   initramfs-tiny   busybox-static + init + experiments.sh only (~2 MB): faster boots
 #   spin-initramfs   only /init = guest-image/initramfs/spin-init.S: never makes a system call, so
 #                    the kernel stays up where guest user space cannot run (docs/virtio-net.md)
 #   paths            print NAME=PATH lines for the built artifacts: eval "$(build.sh paths)"
@@ -31,6 +37,7 @@ CACHE=${VPMU_CACHE:-$HOME/.cache/vpmu}
 FRAGMENT=$HERE/kernel/minimal.config
 INIT_SCRIPT=$HERE/initramfs/init
 SPIN_INIT=$HERE/initramfs/spin-init.S
+EXPERIMENTS=$HERE/initramfs/experiments.sh
 JOBS=${JOBS:-$(nproc)}
 
 # Fragment options allowed to come out differently from what the fragment asks, with the reason.
@@ -283,51 +290,251 @@ build_debian_kernel() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# initramfs
+# initramfs (default: busybox + perf + OProfile + workloads) and initramfs-tiny (busybox only)
 
+OPROFILE_PKGS=(build-essential autoconf automake libtool pkg-config libpopt-dev binutils-dev
+	libiberty-dev zlib1g-dev libzstd-dev)
+# OProfile's source: unmodified upstream (see its README there); OPROFILE_TARBALL overrides.
+OPROFILE_TARBALL_DEFAULT=$HERE/../../shared/third_party/oprofile-1.4.0-48651c00.tar.gz
+WORKLOADS=$HERE/workloads
+WORKLOAD_NAMES=(cpu_split syscall_heavy io_heavy)
+# Largest initramfs the guest kernel is asked to copy (it is uncompressed, see above).
+INITRAMFS_MAX_MB=60
+
+oprofile_tarball() {
+	local t=${OPROFILE_TARBALL:-$OPROFILE_TARBALL_DEFAULT}
+	[ -f "$t" ] || die "OProfile source not found: $t (set OPROFILE_TARBALL to the oprofile-*.tar.gz)"
+	readlink -f "$t"
+}
+
+# OProfile (operf, ocount, opreport, ophelp and the event files), statically linked, built from
+# the tarball with the recipe of shared/HOST-FACTS.md; installed under $final/root (usr/...).
+build_oprofile() {
+	need_pkgs "${OPROFILE_PKGS[@]}"
+	local tarball sum k final log
+	tarball=$(oprofile_tarball)
+	sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+	# Static binaries carry libbfd & co: their versions are inputs too.
+	k=$(key oprofile "$sum" "$(pkg_version binutils-dev) $(pkg_version libpopt-dev) $(pkg_version libc6-dev)" \
+		"$(declare -f build_oprofile)")
+	final=$CACHE/oprofile-$k
+	OPROFILE_DIR=$final
+	if [ -x "$final/root/usr/bin/operf" ]; then
+		say "cached: OProfile (key $k): $final"
+		return 0
+	fi
+	lock oprofile
+	if [ ! -x "$final/root/usr/bin/operf" ]; then
+		new_tmp oprofile
+		mkdir -p "$CACHE/logs"
+		log=$CACHE/logs/oprofile-$k.log
+		: >"$log"
+		say "OProfile from ${tarball##*/} (static), key $k; log: $log"
+		tar -C "$TMP" -xzf "$tarball"
+		local src
+		src=$(find "$TMP" -mindepth 1 -maxdepth 1 -type d -name 'oprofile*' | head -n 1)
+		[ -n "$src" ] || die "${tarball##*/} holds no oprofile* directory"
+		run_logged "$log" "OProfile: autogen.sh" env -C "$src" ./autogen.sh
+		run_logged "$log" "OProfile: configure" env -C "$src" ./configure --prefix=/usr \
+			--disable-werror --disable-account-check LDFLAGS=-static LIBS="-lsframe -lzstd -lz"
+		run_logged "$log" "OProfile: make -j$JOBS (about a minute)" make -C "$src" -j"$JOBS" \
+			LDFLAGS=-all-static LIBS="-lpopt -lbfd -liberty -ldl -lsframe -lzstd -lz"
+		run_logged "$log" "OProfile: make install (staging)" make -C "$src" install \
+			DESTDIR="$TMP/stage"
+		local b
+		mkdir -p "$TMP/root/usr/bin" "$TMP/root/usr/share"
+		for b in operf ocount opreport ophelp; do
+			[ -x "$TMP/stage/usr/bin/$b" ] || die "OProfile built no $b"
+			# Static, not a dynamic executable: the guest has no libraries for it.
+			if readelf -l "$TMP/stage/usr/bin/$b" | grep -q 'Requesting program interpreter'; then
+				die "OProfile's $b is not statically linked"
+			fi
+			install -m 0755 -s "$TMP/stage/usr/bin/$b" "$TMP/root/usr/bin/$b"
+		done
+		cp -a "$TMP/stage/usr/share/oprofile" "$TMP/root/usr/share/"
+		cp "$log" "$TMP/build.log"
+		rm -rf "$src" "$TMP/stage"
+		publish "$final"
+		say "built: OProfile ($(du -sh "$final/root" | cut -f1)): $final"
+	fi
+	unlock
+}
+
+# The packages whose shared libraries Debian's perf may need: lib* and zlib* among its recursive
+# Depends (copy_needed then takes only the libraries perf really loads).
+perf_lib_pkgs() {
+	apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+		--no-replaces --no-enhances linux-perf 2>/dev/null | grep -E '^(lib|zlib)' |
+		grep -vE -- '-(stdlib|minimal|common|modules.*)$' | sort -u
+}
+
+# copy_needed FROM TO FILE: copy the ELF interpreter and every DT_NEEDED library of FILE,
+# recursively, from the unpacked packages FROM to TO/lib/x86_64-linux-gnu (like ldd, without
+# running anything). Fails naming the library when one is not there.
+copy_needed() {
+	local from=$1 to=$2 file=$3 lib found d
+	for lib in $(readelf -d "$file" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+		[ -e "$to/lib/x86_64-linux-gnu/$lib" ] && continue
+		found=""
+		for d in lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu; do
+			if [ -e "$from/$d/$lib" ]; then found=$from/$d/$lib; break; fi
+		done
+		[ -n "$found" ] || die "perf: $lib (needed by ${file##*/}) is in none of the downloaded packages"
+		cp -L "$found" "$to/lib/x86_64-linux-gnu/$lib"
+		copy_needed "$from" "$to" "$to/lib/x86_64-linux-gnu/$lib"
+	done
+}
+
+# Debian's perf (linux-perf, same version as the kernel source) and exactly the shared
+# libraries it needs, taken from the .debs (apt-get download + dpkg-deb -x; nothing installed).
+build_perf() {
+	local ver pkgs vers k final
+	ver=$(apt-cache show --no-all-versions linux-perf 2>/dev/null | sed -n 's/^Version: //p' | head -n 1)
+	if [ -z "$ver" ]; then
+		apt_update
+		ver=$(apt-cache show --no-all-versions linux-perf | sed -n 's/^Version: //p' | head -n 1)
+	fi
+	[ -n "$ver" ] || die "apt knows no linux-perf package"
+	mapfile -t pkgs < <(perf_lib_pkgs)
+	[ ${#pkgs[@]} -gt 0 ] || die "apt-cache depends linux-perf gave no libraries"
+	vers=$(apt-cache show --no-all-versions "${pkgs[@]}" | sed -n 's/^\(Package\|Version\): //p' | paste -sd' ')
+	k=$(key perf "$ver" "$vers" "$(declare -f build_perf perf_lib_pkgs copy_needed)")
+	final=$CACHE/perf-$ver-$k
+	PERF_DIR=$final
+	if [ -x "$final/root/usr/bin/perf" ]; then
+		say "cached: perf $ver (key $k): $final"
+		return 0
+	fi
+	lock perf
+	if [ ! -x "$final/root/usr/bin/perf" ]; then
+		new_tmp perf
+		local t0=$SECONDS deb interp
+		say "downloading linux-perf $ver and ${#pkgs[@]} library packages (apt-get download; not installed)..."
+		mkdir -p "$TMP/debs" "$TMP/x" "$TMP/root/usr/bin" "$TMP/root/lib/x86_64-linux-gnu" "$TMP/root/lib64"
+		(cd "$TMP/debs" && apt-get download "linux-perf=$ver" "${pkgs[@]}") >"$TMP/download.log" 2>&1 || {
+			tail -n 20 "$TMP/download.log" >&2
+			die "apt-get download linux-perf and its libraries failed"
+		}
+		for deb in "$TMP"/debs/*.deb; do dpkg-deb -x "$deb" "$TMP/x"; done
+		[ -x "$TMP/x/usr/bin/perf" ] || die "linux-perf $ver has no /usr/bin/perf"
+		install -m 0755 "$TMP/x/usr/bin/perf" "$TMP/root/usr/bin/perf"
+		interp=$(readelf -l "$TMP/x/usr/bin/perf" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p')
+		[ "$interp" = /lib64/ld-linux-x86-64.so.2 ] || die "perf: unexpected ELF interpreter '$interp'"
+		cp -L "$TMP/x/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$TMP/root/lib/x86_64-linux-gnu/"
+		ln -s ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$TMP/root/lib64/ld-linux-x86-64.so.2"
+		copy_needed "$TMP/x" "$TMP/root" "$TMP/x/usr/bin/perf"
+		printf '%s\n' "linux-perf=$ver" "${pkgs[@]}" >"$TMP/packages"
+		rm -rf "$TMP/debs" "$TMP/x" "$TMP/download.log"
+		publish "$final"
+		say "got: perf $ver + $(($(find "$final/root/lib" -type f | wc -l) - 1)) libraries + ld.so" \
+			"($(du -sh "$final/root" | cut -f1)) in $((SECONDS - t0)) s: $final"
+	fi
+	unlock
+}
+
+# Workloads: compiled when the image is built; static, frame pointers, symbols kept.
+build_workloads() {
+	local to=$1 w
+	need_pkgs build-essential
+	for w in "${WORKLOAD_NAMES[@]}"; do
+		gcc -static -O2 -g -fno-omit-frame-pointer -Wall -Wextra -Werror \
+			-o "$to/$w" "$WORKLOADS/$w.c" || die "compiling workload $w failed"
+	done
+}
+
+# initramfs_root ROOT: busybox-static with all applet links, /init, and the experiment library.
+initramfs_root() {
+	local root=$1 app
+	mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,root,etc/vpmu,mnt}
+	chmod 1777 "$root/tmp"
+	chmod 700 "$root/root"
+	case "$(dpkg -S /bin/busybox 2>/dev/null)" in
+	busybox-static:*) ;;
+	*) die "/bin/busybox is not busybox-static's (static) binary" ;;
+	esac
+	install -m 0755 /bin/busybox "$root/bin/busybox"
+	# All applets, at the paths busybox itself gives (bin/sh, usr/bin/nproc, sbin/poweroff...).
+	while IFS= read -r app; do
+		[ -e "$root/$app" ] || ln -s /bin/busybox "$root/$app"
+	done < <(/bin/busybox --list-full)
+	install -m 0755 "$INIT_SCRIPT" "$root/init"
+	install -m 0644 "$EXPERIMENTS" "$root/etc/vpmu/experiments.sh"
+	# The console must exist before /init runs (the kernel opens it for fds 0-2).
+	if [ "$(id -u)" = 0 ]; then
+		mknod -m 600 "$root/dev/console" c 5 1
+		mknod -m 666 "$root/dev/null" c 1 3
+	fi
+	printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
+	printf 'root:x:0:\n' >"$root/etc/group"
+}
+
+# pack_cpio ROOT OUT: uncompressed newc cpio, reproducible (sorted, mtime 0, owner root).
+pack_cpio() {
+	find "$1" -exec touch -h -d @0 {} +
+	(cd "$1" && find . -mindepth 1 | LC_ALL=C sort |
+		cpio -o -H newc -R 0:0 --reproducible --quiet) >"$2"
+}
+
+# The default initramfs: busybox, /init, perf + libraries, OProfile, workloads.
 build_initramfs() {
-	need_pkgs busybox-static cpio
+	need_pkgs busybox-static cpio binutils
+	build_oprofile
+	build_perf
 	local ver k final
 	ver=$(pkg_version busybox-static)
-	k=$(key initramfs "$ver" "$(cat "$INIT_SCRIPT")" "$(declare -f build_initramfs)")
+	k=$(key initramfs "$ver" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" "${OPROFILE_DIR##*/} ${PERF_DIR##*/}" \
+		"$(for w in "${WORKLOAD_NAMES[@]}"; do cat "$WORKLOADS/$w.c"; done)" "$(pkg_version libc6-dev)" \
+		"$(declare -f build_initramfs initramfs_root pack_cpio build_workloads)")
 	final=$CACHE/initramfs-$k
 	if [ ! -f "$final/initramfs.cpio" ]; then
 		lock initramfs
 		if [ ! -f "$final/initramfs.cpio" ]; then
 			new_tmp initramfs
-			local root=$TMP/root app
-			mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,root,etc,mnt}
-			chmod 1777 "$root/tmp"
-			chmod 700 "$root/root"
-			case "$(dpkg -S /bin/busybox 2>/dev/null)" in
-			busybox-static:*) ;;
-			*) die "/bin/busybox is not busybox-static's (static) binary" ;;
-			esac
-			install -m 0755 /bin/busybox "$root/bin/busybox"
-			# All applets, at the paths busybox itself gives (bin/sh, usr/bin/nproc, sbin/poweroff...).
-			while IFS= read -r app; do
-				[ -e "$root/$app" ] || ln -s /bin/busybox "$root/$app"
-			done < <(/bin/busybox --list-full)
-			install -m 0755 "$INIT_SCRIPT" "$root/init"
-			# The console must exist before /init runs (the kernel opens it for fds 0-2).
-			if [ "$(id -u)" = 0 ]; then
-				mknod -m 600 "$root/dev/console" c 5 1
-				mknod -m 666 "$root/dev/null" c 1 3
-			fi
-			printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
-			printf 'root:x:0:\n' >"$root/etc/group"
-			find "$root" -exec touch -h -d @0 {} +
-			(cd "$root" && find . -mindepth 1 | LC_ALL=C sort |
-				cpio -o -H newc -R 0:0 --reproducible --quiet) >"$TMP/initramfs.cpio"
+			local root=$TMP/root size
+			say "initramfs: busybox $ver, perf, OProfile, workloads (key $k)"
+			initramfs_root "$root"
+			cp -a "$PERF_DIR/root/." "$root/"
+			cp -a "$OPROFILE_DIR/root/." "$root/"
+			say "initramfs: compiling workloads (${WORKLOAD_NAMES[*]})"
+			build_workloads "$root/usr/bin"
+			pack_cpio "$root" "$TMP/initramfs.cpio"
 			rm -rf "$root"
+			size=$(stat -c %s "$TMP/initramfs.cpio")
+			[ "$size" -le $((INITRAMFS_MAX_MB * 1024 * 1024)) ] ||
+				die "initramfs is $((size / 1048576)) MB, more than the $INITRAMFS_MAX_MB MB allowed"
 			publish "$final"
-			say "built: initramfs ($(du -h "$final/initramfs.cpio" | cut -f1)): $final"
+			say "built: initramfs ($((size / 1048576)) MB uncompressed): $final"
 		fi
 		unlock
 	else
-		say "cached: initramfs (busybox $ver, key $k): $final"
+		say "cached: initramfs (busybox $ver, perf, OProfile, workloads; key $k): $final"
 	fi
 	link initramfs.cpio "$final/initramfs.cpio"
+}
+
+# The tiny initramfs: busybox and /init only (~2 MB): the quick boot when no profiler is needed.
+build_initramfs_tiny() {
+	need_pkgs busybox-static cpio
+	local ver k final
+	ver=$(pkg_version busybox-static)
+	k=$(key initramfs-tiny "$ver" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" \
+		"$(declare -f build_initramfs_tiny initramfs_root pack_cpio)")
+	final=$CACHE/initramfs-tiny-$k
+	if [ ! -f "$final/initramfs.cpio" ]; then
+		lock initramfs-tiny
+		if [ ! -f "$final/initramfs.cpio" ]; then
+			new_tmp initramfs-tiny
+			initramfs_root "$TMP/root"
+			pack_cpio "$TMP/root" "$TMP/initramfs.cpio"
+			rm -rf "$TMP/root"
+			publish "$final"
+			say "built: initramfs-tiny ($(du -h "$final/initramfs.cpio" | cut -f1)): $final"
+		fi
+		unlock
+	else
+		say "cached: initramfs-tiny (busybox $ver, key $k): $final"
+	fi
+	link initramfs-tiny.cpio "$final/initramfs.cpio"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -370,7 +577,7 @@ print_paths() {
 	for var in DEFAULT_VMLINUX:default-vmlinux DEFAULT_BZIMAGE:default-bzImage \
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
-		INITRAMFS:initramfs.cpio SPIN_INITRAMFS:spin-initramfs.cpio; do
+		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio; do
 		file=$CACHE/current/${var#*:}
 		[ -e "$file" ] || continue
 		printf '%s=%q\n' "${var%%:*}" "$(readlink -f "$file")"
@@ -384,6 +591,7 @@ for target in "$@"; do
 	paths) print_paths ;;
 	all)
 		build_initramfs
+		build_initramfs_tiny
 		build_spin_initramfs
 		build_debian_kernel
 		build_default_kernel
@@ -391,6 +599,7 @@ for target in "$@"; do
 	default-kernel) build_default_kernel ;;
 	debian-kernel) build_debian_kernel ;;
 	initramfs) build_initramfs ;;
+	initramfs-tiny) build_initramfs_tiny ;;
 	spin-initramfs) build_spin_initramfs ;;
 	*)
 		usage >&2

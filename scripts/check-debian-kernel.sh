@@ -9,12 +9,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-guest-image/build.sh debian-kernel initramfs
+guest-image/build.sh debian-kernel initramfs-tiny
 eval "$(guest-image/build.sh paths)"
 : "${DEBIAN_VMLINUZ:?guest-image/build.sh paths did not name DEBIAN_VMLINUZ}"
 if [ "${1:-}" = --full ]; then
   echo "[check] tier-3 boot test on $DEBIAN_VMLINUZ (timeout ${VPMU_TEST_TIMEOUT:=3600} s)"
-  VPMU_TEST_KERNEL="$DEBIAN_VMLINUZ" VPMU_TEST_INITRD="$INITRAMFS" VPMU_TEST_TIMEOUT="$VPMU_TEST_TIMEOUT" \
+  VPMU_TEST_KERNEL="$DEBIAN_VMLINUZ" VPMU_TEST_INITRD="$INITRAMFS_TINY" VPMU_TEST_TIMEOUT="$VPMU_TEST_TIMEOUT" \
     VPMU_TEST_MODE_SWITCH_SECS="${VPMU_TEST_MODE_SWITCH_SECS:-900}" \
     exec cargo test --release -p vmm --test linux_boot -- --ignored --nocapture
 fi
@@ -23,7 +23,7 @@ cargo build --release -p vmm
 out=$(mktemp -d /tmp/vpmu-debian-XXXXXX)
 echo "[check] booting $DEBIAN_VMLINUZ on $cpus vCPU(s), cpu-switch until ${switch} s then domain-switch, stop at ${timeout} s; logs in $out"
 set +e
-target/release/vpmu-vmm run --kernel "$DEBIAN_VMLINUZ" --initrd "$INITRAMFS" --cpus "$cpus" \
+target/release/vpmu-vmm run --kernel "$DEBIAN_VMLINUZ" --initrd "$INITRAMFS_TINY" --cpus "$cpus" \
   --vpmu domain-switch --vpmu-schedule "cpu-switch:$switch,domain-switch:1" \
   --cmdline "nmi_watchdog=1 watchdog_thresh=1" --timeout "$timeout" \
   --console "$out/console.log" 2> "$out/vmm.log"

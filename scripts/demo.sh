@@ -9,14 +9,14 @@ say() { printf '[demo] %s\n' "$*"; }
 
 scripts/deps.sh
 say "building the guest images (cached; the first build of the default kernel takes ~6 minutes)"
-guest-image/build.sh default-kernel initramfs
+guest-image/build.sh default-kernel initramfs-tiny
 eval "$(guest-image/build.sh paths)"
 say "building vpmu-vmm"
 cargo build --release --quiet
 say "booting the default guest: $DEFAULT_BZIMAGE (guest kernel code is emulated on some hosts: minutes)"
 set +e
 log=$(mktemp)
-target/release/vpmu-vmm run --kernel "$DEFAULT_BZIMAGE" --initrd "$INITRAMFS" --cpus 2 --timeout 900 \
+target/release/vpmu-vmm run --kernel "$DEFAULT_BZIMAGE" --initrd "$INITRAMFS_TINY" --cpus 2 --timeout 900 \
   --vpmu domain-switch --cmdline "nmi_watchdog=0" "$@" | tee "$log"
 code=${PIPESTATUS[0]}
 say "what the guest kernel said about its PMU:"

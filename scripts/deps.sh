@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the host packages the build needs (Debian), only when missing. Rust comes with the machine.
+# Installs the host packages the build and tests need (Debian), only when missing. Rust comes with
+# the machine. busybox-static: vmm/tests/guest_results.rs runs the guest init library with it.
 set -euo pipefail
 need=()
-for p in build-essential binutils; do
+for p in build-essential binutils busybox-static; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -45,6 +45,10 @@ pub enum Command {
     /// Host-side guest profile (`run --host-profile`): samples per guest symbol, opreport-style;
     /// with exit records in the same file, the VMM's exit handling beside the guest symbols.
     Report(ReportArgs),
+    /// Decode the result frames a guest sent over COM2 (the file of `run --serial2 FILE`):
+    /// verify each frame's length and CRC-32, write its payload to DIR/<mode>/<name>, report
+    /// damaged, truncated or missing frames (exit code 1 if any).
+    Results(ResultsArgs),
 }
 
 /// Workloads of `vpmu-vmm compare`.
@@ -109,6 +113,16 @@ pub struct ReportArgs {
     /// Show at most N rows (0 = all).
     #[arg(long, value_name = "N", default_value_t = 40)]
     pub top: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ResultsArgs {
+    /// The COM2 output file (`vpmu-vmm run --serial2 FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Directory for the decoded payloads (created if missing).
+    #[arg(long, value_name = "DIR", default_value = "vpmu-results")]
+    pub out: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]

@@ -14,7 +14,9 @@
 //! * [`host_quirks`]: everything specific to hosts that emulate guest kernel code;
 //! * [`console`]: guest console tee, last lines, panic detection;
 //! * [`trace`]: VM-exit tracing (`run --trace`, `trace summary`);
-//! * [`profile`]: host-side guest profiles (`run --host-profile`, `report`).
+//! * [`profile`]: host-side guest profiles (`run --host-profile`, `report`);
+//! * [`guest_results`]: decoder for the result frames a guest sends over COM2 (`vpmu-vmm results`),
+//!   and [`guest_reports`]: readers for the profiler outputs in them.
 
 pub mod boot;
 pub mod cli;
@@ -23,6 +25,8 @@ pub mod console;
 pub mod devices;
 pub mod end;
 pub mod exit;
+pub mod guest_reports;
+pub mod guest_results;
 pub mod host_quirks;
 pub mod net;
 pub mod pmu;

@@ -31,6 +31,14 @@ fn main() -> ExitCode {
                 ExitCode::from(code::ERROR as u8)
             }
         },
+        Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(code::ERROR as u8),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(code::ERROR as u8)
+            }
+        },
         Command::Run(args) => {
             let cfg = match args.to_config(started) {
                 Ok(c) => c,

@@ -1,0 +1,247 @@
+# vPMU guest experiments (busybox sh library): sourced by /init as /etc/vpmu/experiments.sh, and
+# by host-side checks (guest-image/check-initramfs.sh) that run it in a chroot with a file in
+# place of the serial port.
+#
+# vpmu_run_experiments LIST [MODES]
+#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,ocount,operf):
+#     perf-stat    perf stat -e $VPMU_STAT_EVENTS on cpu_split, syscall_heavy, io_heavy (CSV)
+#     perf-record  perf record -e $VPMU_EVENT on cpu_split (and io_heavy) + perf report --stdio
+#     ocount       ocount (the CPU's default event) on cpu_split; ophelp's view of the CPU
+#     operf        operf on cpu_split + opreport (images) + opreport -l (symbols of cpu_split)
+#     workloads    the three workloads on their own, timed (no profiler)
+#   MODES: optional comma-separated accounting modes (cpu-switch,domain-switch): the whole LIST
+#     runs once per mode, after switching through the vPMU control port (see vpmu_set_mode).
+#
+# Results go to $VPMU_RESULTS_DEV (default /dev/ttyS1: the VMM's --serial2 FILE) as frames,
+# decoded on the host by `vpmu-vmm results FILE --out DIR` (vmm/src/guest_results.rs):
+#
+#   VPMU-RESULTS-BEGIN v1 experiments=<LIST> modes=<MODES or ->\n
+#   VPMU-FRAME v1 seq=<n> name=<name> mode=<tag> len=<bytes> crc32=<8 hex digits>\n
+#   <exactly len bytes of payload>\n
+#   VPMU-FRAME-END seq=<n>\n
+#   ... (seq counts 0, 1, 2, ... with no gaps)
+#   VPMU-RESULTS-END frames=<number of frames>\n
+#
+# crc32 is zlib's CRC-32 of the payload (busybox crc32). Names: [A-Za-z0-9._/-], no `..`.
+# The mode tag is what the vPMU control port reads back (cpu-switch, domain-switch), or `-` when
+# there is no port (vPMU off, or another VMM). Every command's exit status goes into the
+# `<experiment>/status.txt` frame, so a failed step is a visible result, not a missing one.
+
+VPMU_RESULTS_DEV=${VPMU_RESULTS_DEV:-/dev/ttyS1}
+VPMU_PORT_DEV=${VPMU_PORT_DEV:-/dev/port}
+VPMU_WORK=${VPMU_WORK:-/tmp/vpmu}
+VPMU_EVENT=${VPMU_EVENT:-cycles}
+VPMU_STAT_EVENTS=${VPMU_STAT_EVENTS:-cycles,instructions,task-clock}
+VPMU_ROUNDS=${VPMU_ROUNDS:-200}
+VPMU_MODE_TAG=-
+VPMU_SEQ=0
+VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,ocount,operf
+
+# --- Frames -----------------------------------------------------------------------------------
+
+# vpmu_results_open: fd 3 = the results port, in raw mode (no \n -> \r\n, no echo) if a tty.
+vpmu_results_open() {
+	exec 3>"$VPMU_RESULTS_DEV" || return 1
+	if [ -c "$VPMU_RESULTS_DEV" ]; then
+		stty -F "$VPMU_RESULTS_DEV" raw -echo 115200 2>/dev/null
+	fi
+	return 0
+}
+
+# vpmu_results_close: wait until the UART has sent everything (tcsetattr(TCSADRAIN) in stty),
+# then close fd 3.
+vpmu_results_close() {
+	if [ -c "$VPMU_RESULTS_DEV" ]; then
+		stty -F "$VPMU_RESULTS_DEV" raw 2>/dev/null
+	fi
+	exec 3>&-
+}
+
+# vpmu_frame NAME FILE: send the regular file FILE as one frame (a missing FILE is sent as an
+# empty payload, so the host still sees the name).
+vpmu_frame() {
+	local name=$1 file=$2 len crc
+	[ -f "$file" ] || file=/dev/null
+	len=$(stat -c %s "$file")
+	crc=$(crc32 "$file")
+	crc=${crc%% *}
+	printf 'VPMU-FRAME v1 seq=%d name=%s mode=%s len=%d crc32=%s\n' \
+		"$VPMU_SEQ" "$name" "$VPMU_MODE_TAG" "$len" "$crc" >&3
+	cat "$file" >&3
+	printf '\nVPMU-FRAME-END seq=%d\n' "$VPMU_SEQ" >&3
+	VPMU_SEQ=$((VPMU_SEQ + 1))
+}
+
+# vpmu_frame_text NAME TEXT: send TEXT (plus a newline) as one frame.
+vpmu_frame_text() {
+	local f="$VPMU_WORK/.frame-text"
+	mkdir -p "$VPMU_WORK"
+	printf '%s\n' "$2" >"$f"
+	vpmu_frame "$1" "$f"
+	rm -f "$f"
+}
+
+# --- Steps ------------------------------------------------------------------------------------
+
+# vpmu_step EXP FILE CMD...: run CMD (stdout+stderr to $dir/FILE), note its exit status in
+# $dir/status.txt, send FILE as frame EXP/FILE, print one line on the console.
+vpmu_step() {
+	local exp=$1 file=$2 rc
+	shift 2
+	(cd "$dir" && "$@") >"$dir/$file" 2>&1
+	rc=$?
+	printf 'exit=%d\t%s\n' "$rc" "$*" >>"$dir/status.txt"
+	echo "vpmu: [$VPMU_MODE_TAG] $exp: $* -> exit $rc"
+	vpmu_frame "$exp/$file" "$dir/$file"
+	return "$rc"
+}
+
+exp_perf_stat() {
+	local w
+	for w in "cpu_split $VPMU_ROUNDS" "syscall_heavy" "io_heavy all"; do
+		set -- $w
+		vpmu_step perf-stat "$1.log" perf stat -x, -e "$VPMU_STAT_EVENTS" -o "$dir/$1.csv" -- "$@"
+		vpmu_frame "perf-stat/$1.csv" "$dir/$1.csv"
+	done
+}
+
+exp_perf_record() {
+	vpmu_step perf-record record-cpu_split.log \
+		perf record -N -e "$VPMU_EVENT" -o "$dir/cpu_split.data" -- cpu_split "$VPMU_ROUNDS"
+	vpmu_step perf-record report-cpu_split.txt \
+		perf report -i "$dir/cpu_split.data" --stdio --sort comm,dso,symbol
+	# Only cpu_split's own functions, as shares of cpu_split's samples: hot_75 should be ~75%.
+	vpmu_step perf-record report-cpu_split-symbols.txt \
+		perf report -i "$dir/cpu_split.data" --stdio --sort symbol --dsos cpu_split \
+		--percentage relative
+	vpmu_step perf-record record-io_heavy.log \
+		perf record -N -e "$VPMU_EVENT" -o "$dir/io_heavy.data" -- io_heavy all
+	vpmu_step perf-record report-io_heavy.txt \
+		perf report -i "$dir/io_heavy.data" --stdio --sort comm,dso,symbol
+}
+
+exp_ocount() {
+	vpmu_step ocount ophelp-default.txt ophelp -r -d
+	vpmu_step ocount ocount-cpu_split.log ocount -f "$dir/ocount-cpu_split.txt" cpu_split "$VPMU_ROUNDS"
+	vpmu_frame ocount/ocount-cpu_split.txt "$dir/ocount-cpu_split.txt"
+}
+
+exp_operf() {
+	vpmu_step operf operf-cpu_split.log operf -d "$dir/oprofile_data" cpu_split "$VPMU_ROUNDS"
+	vpmu_step operf opreport.txt opreport --session-dir="$dir/oprofile_data"
+	vpmu_step operf opreport-symbols.txt opreport -l --session-dir="$dir/oprofile_data" \
+		image:/usr/bin/cpu_split
+	vpmu_frame operf/operf.log "$dir/oprofile_data/samples/operf.log"
+}
+
+exp_workloads() {
+	vpmu_step workloads cpu_split.txt time cpu_split "$VPMU_ROUNDS"
+	vpmu_step workloads syscall_heavy.txt time syscall_heavy
+	vpmu_step workloads io_heavy.txt time io_heavy all
+}
+
+# vpmu_run_one EXP: one experiment in its own work directory; its status frame last.
+vpmu_run_one() {
+	local exp=$1 dir
+	dir=$VPMU_WORK/${VPMU_MODE_TAG#-}/$exp
+	dir=$(echo "$dir" | sed 's://*:/:g')
+	mkdir -p "$dir"
+	: >"$dir/status.txt"
+	case "$exp" in
+	perf-stat) exp_perf_stat ;;
+	perf-record) exp_perf_record ;;
+	ocount) exp_ocount ;;
+	operf) exp_operf ;;
+	workloads) exp_workloads ;;
+	*)
+		echo "vpmu: unknown experiment '$exp' (known: $VPMU_ALL_EXPERIMENTS,workloads,all)"
+		printf 'unknown experiment\n' >"$dir/status.txt"
+		;;
+	esac
+	vpmu_frame "$exp/status.txt" "$dir/status.txt"
+}
+
+# --- Accounting modes ---------------------------------------------------------------------------
+# HOOK (issue 4, guest-side mode switch): the VMM's vPMU control port 0x511
+# (vmm/src/devices/vpmu_control.rs): write 1 = cpu-switch, 2 = domain-switch; a read returns the
+# mode being counted in (1 or 2). There only with the vPMU on; an unclaimed port reads 0xff.
+# Reached through /dev/port (kernel CONFIG_DEVPORT); VPMU_PORT_DEV replaces it in host checks.
+VPMU_CONTROL_PORT=1297 # 0x511
+
+# vpmu_mode_code MODE: the control port's byte for MODE.
+vpmu_mode_code() {
+	case "$1" in
+	cpu-switch) echo 1 ;;
+	domain-switch) echo 2 ;;
+	*) return 1 ;;
+	esac
+}
+
+# vpmu_read_mode: the mode the port reports (cpu-switch, domain-switch), or `-`.
+vpmu_read_mode() {
+	local b
+	[ -e "$VPMU_PORT_DEV" ] || { echo -; return 0; }
+	b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$VPMU_CONTROL_PORT" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
+	case "$b" in
+	1) echo cpu-switch ;;
+	2) echo domain-switch ;;
+	*) echo - ;;
+	esac
+}
+
+# vpmu_set_mode MODE: ask the VMM to count in MODE; fails unless the port then reports MODE.
+vpmu_set_mode() {
+	local code
+	code=$(vpmu_mode_code "$1") || return 2
+	# (dd would create a missing device as a plain file, and then read our own byte back.)
+	[ -e "$VPMU_PORT_DEV" ] || return 1
+	printf "\\$code" | dd of="$VPMU_PORT_DEV" bs=1 seek="$VPMU_CONTROL_PORT" count=1 conv=notrunc 2>/dev/null ||
+		return 1
+	[ "$(vpmu_read_mode)" = "$1" ]
+}
+# --- end of HOOK ----------------------------------------------------------------------------------
+
+vpmu_run_list() {
+	local exp
+	for exp in $(echo "$1" | tr ',' ' '); do
+		vpmu_run_one "$exp"
+	done
+}
+
+# vpmu_run_experiments LIST [MODES]: see the top of this file.
+vpmu_run_experiments() {
+	local list=$1 modes=${2:-} mode
+	[ "$list" = all ] && list=$VPMU_ALL_EXPERIMENTS
+	export HOME=${HOME:-/root} PATH=${PATH:-/usr/bin:/bin:/usr/sbin:/sbin}
+	mkdir -p "$VPMU_WORK"
+	if ! vpmu_results_open; then
+		echo "vpmu: cannot open $VPMU_RESULTS_DEV: no results can be sent"
+		return 1
+	fi
+	printf 'VPMU-RESULTS-BEGIN v1 experiments=%s modes=%s\n' "$list" "${modes:--}" >&3
+	VPMU_MODE_TAG=-
+	cat /proc/cmdline >"$VPMU_WORK/cmdline.txt" 2>&1
+	vpmu_frame system/cmdline "$VPMU_WORK/cmdline.txt"
+	if [ -z "$modes" ]; then
+		VPMU_MODE_TAG=$(vpmu_read_mode)
+		vpmu_run_list "$list"
+	else
+		for mode in $(echo "$modes" | tr ',' ' '); do
+			if vpmu_set_mode "$mode"; then
+				VPMU_MODE_TAG=$mode
+				vpmu_run_list "$list"
+			else
+				VPMU_MODE_TAG=-
+				echo "vpmu: cannot switch to $mode through port 0x511 (reads '$(vpmu_read_mode)'); skipped"
+				vpmu_frame_text "mode-switch-failed/$mode" \
+					"could not switch to $mode: the control port reads '$(vpmu_read_mode)'"
+			fi
+		done
+	fi
+	VPMU_MODE_TAG=-
+	dmesg >"$VPMU_WORK/dmesg.txt" 2>&1
+	vpmu_frame system/dmesg.txt "$VPMU_WORK/dmesg.txt"
+	printf 'VPMU-RESULTS-END frames=%d\n' "$VPMU_SEQ" >&3
+	vpmu_results_close
+	echo "vpmu: sent $VPMU_SEQ result frames to $VPMU_RESULTS_DEV"
+}

@@ -1,0 +1,140 @@
+//! Readers for the profiler outputs a guest sends back (decoded by [`crate::guest_results`]):
+//! `perf stat -x,` CSV, `perf report --stdio`, `opreport -l`, `ocount -f`. Used by the
+//! guest-profiler test (vmm/tests/guest_profilers.rs) and by anyone comparing runs. Pure text.
+
+/// The count of `event` in `perf stat -x,` output (`value,unit,event,...`), or None when perf
+/// printed `<not supported>` / `<not counted>` or has no such line. `cycles` also matches a
+/// modified name such as `cycles:u`.
+pub fn perf_stat_count(csv: &str, event: &str) -> Option<f64> {
+    csv.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let fields: Vec<&str> = l.split(',').collect();
+        let name = *fields.get(2)?;
+        let base = name.split(':').next()?;
+        (name == event || base == event).then(|| fields[0].trim().parse::<f64>().ok())?
+    })
+}
+
+/// The share (percent) of `symbol` in `perf report --stdio` output: the first column of the
+/// line whose symbol column (after `[.]` or `[k]`) is `symbol`.
+pub fn perf_report_share(report: &str, symbol: &str) -> Option<f64> {
+    report
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let pct = words.first()?.strip_suffix('%')?.parse::<f64>().ok()?;
+            let at = words.iter().position(|w| *w == "[.]" || *w == "[k]")?;
+            (words.get(at + 1) == Some(&symbol)).then_some(pct)
+        })
+}
+
+/// The share (percent) of `symbol` in `opreport -l` output (`samples  %  [image]  symbol`).
+pub fn opreport_share(report: &str, symbol: &str) -> Option<f64> {
+    report.lines().find_map(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        if words.last() != Some(&symbol) || words.len() < 3 {
+            return None;
+        }
+        words[0].parse::<u64>().ok()?;
+        words[1].parse::<f64>().ok()
+    })
+}
+
+/// The counts `ocount -f` wrote: (event, count) for each line `EVENT  COUNT  ...` whose count
+/// is a number (thousands separators allowed).
+pub fn ocount_counts(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let event = words.next()?;
+            let count = words.next()?.replace(',', "").parse::<u64>().ok()?;
+            Some((event.to_string(), count))
+        })
+        .collect()
+}
+
+/// The `exit=N<TAB>command` lines of an experiment's status.txt frame that are not `exit=0`.
+pub fn failed_steps(status: &str) -> Vec<&str> {
+    status
+        .lines()
+        .filter(|l| l.starts_with("exit=") && !l.starts_with("exit=0\t"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Real output of Debian's perf 6.1 (from the guest image, run in a chroot on the build host
+    // with software events: guest-image/check-initramfs.sh).
+    const STAT: &str = "# started on Mon Nov 23 02:31:25 2026\n\n\
+        446.49,msec,task-clock,446489605,100.00,0.475,CPUs utilized\n\
+        446.42,msec,cpu-clock,446489605,100.00,0.475,CPUs utilized\n\
+        <not supported>,,cycles,0,100.00,,\n";
+    const REPORT: &str = "# Samples: 1K of event 'cpu-clock'\n\
+        #\n\
+        # Overhead  Command    Shared Object      Symbol                          IPC   [IPC Coverage]\n\
+        # ........  .........  .................  ..............................  ....................\n\
+        #\n    74.22%  cpu_split  cpu_split          [.] hot_75                      -      -            \n\
+        \x20   24.92%  cpu_split  cpu_split          [.] cold_25                     -      -            \n\
+        \x20    0.21%  cpu_split  [kernel.kallsyms]  [k] finish_task_switch.isra.0   -      -            \n";
+    const REPORT_SYMBOLS: &str = "# Overhead  Symbol          IPC   [IPC Coverage]\n\
+        # ........  ..............  ....................\n\
+        #\n    74.78%  [.] hot_75      -      -            \n\
+        \x20   25.11%  [.] cold_25     -      -            \n\
+        \x20    0.05%  [.] main        -      -            \n";
+
+    #[test]
+    fn perf_stat_counts_and_unsupported_events() {
+        assert_eq!(perf_stat_count(STAT, "task-clock"), Some(446.49));
+        assert_eq!(perf_stat_count(STAT, "cycles"), None, "<not supported>");
+        assert_eq!(perf_stat_count(STAT, "instructions"), None, "absent");
+        assert_eq!(
+            perf_stat_count("123456,,cycles:u,1000,100.00,,\n", "cycles"),
+            Some(123456.0)
+        );
+    }
+
+    #[test]
+    fn perf_report_shares() {
+        assert_eq!(perf_report_share(REPORT, "hot_75"), Some(74.22));
+        assert_eq!(perf_report_share(REPORT, "cold_25"), Some(24.92));
+        assert_eq!(
+            perf_report_share(REPORT, "finish_task_switch.isra.0"),
+            Some(0.21)
+        );
+        assert_eq!(perf_report_share(REPORT_SYMBOLS, "hot_75"), Some(74.78));
+        assert_eq!(perf_report_share(REPORT_SYMBOLS, "hot"), None);
+        assert_eq!(perf_report_share("", "hot_75"), None);
+    }
+
+    // OProfile's formats as its documentation shows them (not captured here: without a PMU,
+    // operf and ocount stop before writing anything).
+    #[test]
+    fn opreport_and_ocount() {
+        let op = "CPU: AMD64 generic, speed 2600 MHz (estimated)\n\
+            samples  %        symbol name\n\
+            3021     75.1119  hot_75\n\
+            1001     24.8881  cold_25\n";
+        assert_eq!(opreport_share(op, "hot_75"), Some(75.1119));
+        assert_eq!(opreport_share(op, "name"), None);
+        let oc = "Events were actively counted for 1000 nanoseconds.\n\
+            Event counts (actual) for /usr/bin/cpu_split:\n\
+            \tEvent                 Count                    % time counted\n\
+            \tCPU_CLK_UNHALTED      1,234,567                100.00\n";
+        assert_eq!(
+            ocount_counts(oc),
+            vec![("CPU_CLK_UNHALTED".to_string(), 1_234_567)]
+        );
+        assert!(ocount_counts("").is_empty());
+    }
+
+    #[test]
+    fn failed_steps_are_the_nonzero_exits() {
+        let s = "exit=0\tperf stat x\nexit=1\tocount y\nexit=10\toperf z\n";
+        assert_eq!(
+            failed_steps(s),
+            vec!["exit=1\tocount y", "exit=10\toperf z"]
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! The guest's result framing (guest-image/initramfs/experiments.sh, run here by the host's
+//! busybox sh, as /init runs it in the guest) against the host's decoder (vmm::guest_results).
+//! A file stands in for the serial port and another for /dev/port (the vPMU control port).
+//! Needs /bin/busybox (Debian's busybox-static, installed by scripts/deps.sh): fails loudly
+//! without it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use vmm::guest_results::{decode, Decoded};
+
+const BUSYBOX: &str = "/bin/busybox";
+const CONTROL_PORT: usize = 0x511;
+
+fn experiments_sh() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-image/initramfs/experiments.sh")
+}
+
+/// Runs `script` in busybox sh with experiments.sh sourced; returns the decoded results port.
+fn run_guest_script(dir: &Path, port: Option<&[u8]>, script: &str) -> (Decoded, String) {
+    assert!(
+        Path::new(BUSYBOX).exists(),
+        "*** {BUSYBOX} not found: this test runs the guest's init library with busybox sh; \
+         install busybox-static (scripts/deps.sh does) ***"
+    );
+    let results = dir.join("results.bin");
+    let port_file = dir.join("port");
+    let _ = std::fs::remove_file(&results);
+    let _ = std::fs::remove_file(&port_file);
+    if let Some(p) = port {
+        std::fs::write(&port_file, p).unwrap();
+    }
+    // Only busybox's applets on PATH (as in the guest): one link per applet.
+    let bin = dir.join("bin");
+    if !bin.exists() {
+        std::fs::create_dir(&bin).unwrap();
+        let list = Command::new(BUSYBOX).arg("--list").output().unwrap();
+        for app in String::from_utf8_lossy(&list.stdout).lines() {
+            std::os::unix::fs::symlink(BUSYBOX, bin.join(app)).unwrap();
+        }
+    }
+    let out = Command::new(BUSYBOX)
+        .args(["sh", "-c"])
+        .arg(format!(". {}\n{script}", experiments_sh().display()))
+        .env("VPMU_RESULTS_DEV", &results)
+        .env("VPMU_PORT_DEV", &port_file)
+        .env("VPMU_WORK", dir.join("work"))
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let console = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "script failed:\n{console}");
+    let bytes = std::fs::read(&results).unwrap_or_default();
+    (decode(&bytes), console)
+}
+
+/// A fake /dev/port whose control-port byte reads `mode`, as the VMM's device answers.
+fn port_with(mode: u8) -> Vec<u8> {
+    let mut p = vec![0xffu8; CONTROL_PORT + 16];
+    p[CONTROL_PORT] = mode;
+    p
+}
+
+#[test]
+fn frames_from_the_guest_library_decode_intact_binary_payloads_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    std::fs::write(dir.path().join("bin"), &bin).unwrap();
+    let script = format!(
+        "vpmu_results_open\n\
+         VPMU_MODE_TAG=cpu-switch\n\
+         vpmu_frame test/binary {bin}\n\
+         vpmu_frame test/missing {dir}/no-such-file\n\
+         vpmu_frame_text test/text 'hello world'\n\
+         printf 'VPMU-RESULTS-END frames=%d\\n' \"$VPMU_SEQ\" >&3\n\
+         vpmu_results_close\n",
+        bin = dir.path().join("bin").display(),
+        dir = dir.path().display()
+    );
+    let (d, console) = run_guest_script(dir.path(), None, &script);
+    assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
+    assert_eq!(d.frames.len(), 3);
+    assert_eq!(d.get("cpu-switch", "test/binary").unwrap().payload, bin);
+    assert_eq!(d.get("cpu-switch", "test/missing").unwrap().payload, b"");
+    assert_eq!(
+        d.get("cpu-switch", "test/text").unwrap().payload,
+        b"hello world\n"
+    );
+}
+
+#[test]
+fn a_step_records_its_output_and_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "vpmu_results_open\n\
+         dir=$VPMU_WORK/x; mkdir -p $dir\n\
+         vpmu_step x ok.txt echo fine\n\
+         vpmu_step x bad.txt sh -c 'echo broken >&2; exit 7'\n\
+         vpmu_frame x/status.txt $dir/status.txt\n\
+         printf 'VPMU-RESULTS-END frames=%d\\n' \"$VPMU_SEQ\" >&3\n\
+         vpmu_results_close\n";
+    let (d, console) = run_guest_script(dir.path(), None, script);
+    assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
+    assert_eq!(d.get("-", "x/ok.txt").unwrap().payload, b"fine\n");
+    assert_eq!(d.get("-", "x/bad.txt").unwrap().payload, b"broken\n");
+    let status = String::from_utf8(d.get("-", "x/status.txt").unwrap().payload.clone()).unwrap();
+    assert!(status.contains("exit=0\techo fine"), "{status}");
+    assert!(status.contains("exit=7\tsh -c"), "{status}");
+    assert!(
+        console.contains("x: sh -c echo broken >&2; exit 7 -> exit 7"),
+        "{console}"
+    );
+}
+
+#[test]
+fn the_whole_run_switches_modes_through_the_control_port_and_tags_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    // The port file behaves like the control port: what is written reads back.
+    let (d, console) = run_guest_script(
+        dir.path(),
+        Some(&port_with(0xff)),
+        "vpmu_run_experiments no-such-experiment cpu-switch,domain-switch",
+    );
+    assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
+    assert_eq!(
+        d.begin.as_deref(),
+        Some("experiments=no-such-experiment modes=cpu-switch,domain-switch")
+    );
+    let names: Vec<(String, String)> = d
+        .frames
+        .iter()
+        .map(|f| (f.mode.clone(), f.name.clone()))
+        .collect();
+    let pair = |m: &str, n: &str| (m.to_string(), n.to_string());
+    assert_eq!(
+        names,
+        vec![
+            pair("-", "system/cmdline"),
+            pair("cpu-switch", "no-such-experiment/status.txt"),
+            pair("domain-switch", "no-such-experiment/status.txt"),
+            pair("-", "system/dmesg.txt"),
+        ]
+    );
+    assert_eq!(
+        d.get("cpu-switch", "no-such-experiment/status.txt")
+            .unwrap()
+            .payload,
+        b"unknown experiment\n"
+    );
+    // The last mode written stays in the port.
+    let port = std::fs::read(dir.path().join("port")).unwrap();
+    assert_eq!(port[CONTROL_PORT], 2);
+}
+
+#[test]
+fn without_a_control_port_a_requested_mode_is_reported_not_faked() {
+    let dir = tempfile::tempdir().unwrap();
+    // No /dev/port at all (another VMM, or a kernel without DEVPORT).
+    let (d, console) = run_guest_script(
+        dir.path(),
+        None,
+        "vpmu_run_experiments no-such-experiment cpu-switch",
+    );
+    assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
+    assert!(d.frames.iter().all(|f| f.mode == "-"));
+    assert!(d.get("-", "mode-switch-failed/cpu-switch").is_some());
+    assert!(console.contains("cannot switch to cpu-switch"), "{console}");
+    // Without modes, frames are tagged with what the port reads: here the VMM's domain-switch.
+    let (d, console) = run_guest_script(
+        dir.path(),
+        Some(&port_with(2)),
+        "vpmu_run_experiments no-such-experiment",
+    );
+    assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
+    assert!(d
+        .get("domain-switch", "no-such-experiment/status.txt")
+        .is_some());
+}
