@@ -58,6 +58,10 @@ pub enum Workload {
     /// writes to a device whose emulation takes --io-delay-us on the vCPU thread) and a
     /// CPU-bound control. One boot, seconds.
     Tiny,
+    /// Packet receive on a stock Linux guest (needs --kernel and --initrd): the VMM's virtio-net
+    /// card feeds it ICMP echo requests, the guest kernel answers them; profiled from the host
+    /// in both modes, plus a CPU-bound control (no packets). One boot, minutes.
+    PacketRx,
 }
 
 #[derive(clap::Args, Debug)]
@@ -68,6 +72,30 @@ pub struct CompareArgs {
     /// Directory for the CSV and SVG files (created if missing).
     #[arg(long, value_name = "DIR", default_value = "vpmu-compare")]
     pub out: PathBuf,
+    /// packet-rx: the guest kernel (ELF vmlinux or bzImage; its kallsyms name the functions).
+    #[arg(long, value_name = "PATH")]
+    pub kernel: Option<PathBuf>,
+    /// packet-rx: the initramfs (one whose /init keeps running: guest-image's spin-initramfs).
+    #[arg(long, value_name = "PATH")]
+    pub initrd: Option<PathBuf>,
+    /// packet-rx: seconds of each of the four phases.
+    #[arg(long, value_name = "SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub phase_secs: u64,
+    /// packet-rx: echo requests per second in the packet phases.
+    #[arg(long, value_name = "N", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::net::MAX_RX_PPS)))]
+    pub net_rx_pps: u32,
+    /// packet-rx: host-profile samples per second of the sampled clock.
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    pub hz: u32,
+    /// packet-rx: give up when the guest's network is not up after SECS.
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub boot_timeout: u64,
+    /// Rows of each table (0 = all).
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    pub top: usize,
     /// tiny: emulation time of each I/O access, in microseconds.
     #[arg(long, value_name = "US", default_value_t = crate::compare::tiny::DEFAULT_IO_DELAY_US,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -236,6 +264,7 @@ impl RunArgs {
             pmu_backend: self.vpmu_backend,
             pmi_limit: self.pmi_limit,
             rdpmc: self.rdpmc,
+            controller: None,
             vpmu_schedule: self.vpmu_schedule.clone(),
             io_delay_us: 0,
             const_msrs: Vec::new(),

@@ -32,12 +32,14 @@ pub enum VmEnd {
     KvmFailure(String),
     EmulationFailure(String),
     Timeout(Duration),
+    /// A run-time controller (e.g. `vpmu-vmm compare`) ended the run when its experiment was done.
+    Stopped(String),
 }
 
 impl VmEnd {
     pub fn exit_code(&self) -> i32 {
         match self {
-            VmEnd::PowerOff | VmEnd::Reboot => code::CLEAN,
+            VmEnd::PowerOff | VmEnd::Reboot | VmEnd::Stopped(_) => code::CLEAN,
             VmEnd::GuestPanic(_) => code::GUEST_PANIC,
             VmEnd::TripleFault => code::TRIPLE_FAULT,
             VmEnd::KvmFailure(_) => code::KVM_FAILURE,
@@ -61,6 +63,7 @@ impl std::fmt::Display for VmEnd {
             VmEnd::KvmFailure(what) => write!(f, "KVM failure: {what}"),
             VmEnd::EmulationFailure(what) => write!(f, "unhandled emulation failure: {what}"),
             VmEnd::Timeout(d) => write!(f, "--timeout of {:.1} s expired", d.as_secs_f64()),
+            VmEnd::Stopped(why) => write!(f, "stopped: {why}"),
         }
     }
 }

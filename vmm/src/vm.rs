@@ -110,6 +110,8 @@ pub struct VmConfig {
     pub const_msrs: Vec<u32>,
     /// `--net`: a virtio-net card at [`layout::VIRTIO_NET_MMIO_BASE`] fed by the VMM's pinger.
     pub net: Option<NetConfig>,
+    /// Drives the running VM from its own thread (None: nothing does).
+    pub controller: Option<Controller>,
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
     /// from here to the moment the vCPUs may enter KVM_RUN.
     pub started: Option<Instant>,
@@ -187,7 +189,87 @@ impl VmConfig {
             started: None,
             record: Default::default(),
             net: None,
+            controller: None,
         }
+    }
+}
+
+/// A one-shot event a thread can wait for (e.g. the guest's network coming up).
+#[derive(Default)]
+pub struct Latch {
+    fired: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Latch {
+    pub fn fire(&self) {
+        *self.fired.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    pub fn is_fired(&self) -> bool {
+        *self.fired.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until fired (true) or until `give_up` says so (false); polls it every 50 ms.
+    pub fn wait(&self, give_up: impl Fn() -> bool) -> bool {
+        let mut f = self.fired.lock().unwrap_or_else(|e| e.into_inner());
+        while !*f {
+            if give_up() {
+                return false;
+            }
+            f = self
+                .cv
+                .wait_timeout(f, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// What a run-time controller gets to drive a running VM: the accounting mode, the VM's
+/// control (kick, end, stopping), the guest's network coming up, and the pinger's pause.
+pub struct VmHandles {
+    /// None with `--vpmu=off`.
+    pub mode: Option<Arc<pmu::mode::ModeSwitch>>,
+    pub control: Arc<VmControl>,
+    /// Fired at the first echo reply (`--net`).
+    pub net_up: Arc<Latch>,
+    /// While true the pinger sends no requests (`--net`).
+    pub net_paused: Arc<AtomicBool>,
+}
+
+impl VmHandles {
+    /// Switches the accounting mode (and kicks the vCPUs so they apply it now).
+    pub fn set_mode(&self, mode: vpmu::AccountingMode, by: &'static str) {
+        if let Some(m) = &self.mode {
+            if m.set(mode, by) {
+                self.control.kick_all();
+            }
+        }
+    }
+
+    /// Sleeps `d` unless the VM ends first (false then).
+    pub fn sleep(&self, d: Duration) -> bool {
+        let until = Instant::now() + d;
+        while Instant::now() < until {
+            if self.control.stopping() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
+        }
+        !self.control.stopping()
+    }
+}
+
+/// Code that drives a running VM from its own thread (`vpmu-vmm compare`'s experiment).
+#[derive(Clone)]
+pub struct Controller(pub Arc<dyn Fn(VmHandles) + Send + Sync>);
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Controller")
     }
 }
 
@@ -472,10 +554,13 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     if cfg.console_in {
         serial::spawn_stdin_reader(com1);
     }
+    let net_up = Arc::new(Latch::default());
+    let net_paused = Arc::new(AtomicBool::new(false));
     let net_card = match cfg.net {
         None => None,
         Some(n) => {
-            let pinger = (n.rx_pps > 0).then(|| Pinger::new(n.rx_pps));
+            let pinger = (n.rx_pps > 0)
+                .then(|| Pinger::new(n.rx_pps).with_handles(net_paused.clone(), net_up.clone()));
             let card = VirtioNet::new(net::pinger::GUEST_MAC, pinger);
             Some(Arc::new(Mutex::new(MmioTransport::new(
                 card,
@@ -660,6 +745,18 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     if let (Some(schedule), Some(m)) = (cfg.vpmu_schedule.clone(), &mode_switch) {
         let (kick, stop) = (control.clone(), control.clone());
         schedule.spawn(m.clone(), move || kick.kick_all(), move || stop.stopping());
+    }
+    if let Some(c) = cfg.controller.clone() {
+        let handles = VmHandles {
+            mode: mode_switch.clone(),
+            control: control.clone(),
+            net_up: net_up.clone(),
+            net_paused: net_paused.clone(),
+        };
+        std::thread::Builder::new()
+            .name("vm-controller".into())
+            .spawn(move || (c.0)(handles))
+            .map_err(|e| VmError::Memory(e.to_string()))?;
     }
     let mut end = control.wait(cfg.timeout);
     let mut exits: Vec<ExitCounts> = Vec::new();

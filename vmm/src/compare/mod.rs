@@ -1,7 +1,9 @@
 //! `vpmu-vmm compare`: one workload profiled with the VMM's work charged to the guest
 //! (domain-switch) and not charged (cpu-switch), shown side by side ([`table`]): text table,
-//! CSV and SVG chart. Workloads: [`tiny`] (a bare-metal guest that samples itself with the vPMU).
+//! CSV and SVG chart. Workloads: [`linux`] (packet receive on the stock kernel, profiled from
+//! the host) and [`tiny`] (a bare-metal guest that samples itself with the vPMU).
 
+pub mod linux;
 pub mod table;
 pub mod tiny;
 
@@ -17,6 +19,8 @@ pub enum CompareError {
     GuestEnd(String),
     #[error("the comparison guest's report: {0}")]
     GuestReport(String),
+    #[error("{0}")]
+    Input(String),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -31,6 +35,44 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         source,
     })?;
     match args.workload {
+        crate::cli::Workload::PacketRx => {
+            let (kernel, initrd) =
+                linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
+                    .map_err(CompareError::Input)?;
+            eprintln!(
+                "[compare] booting {} with the virtio-net card, {} echo requests/s; then 4 phases of {} s \
+                 (packets cpu-switch, packets domain-switch, control cpu-switch, control domain-switch). \
+                 The guest kernel's code is emulated on some hosts: the boot takes minutes there.",
+                kernel.display(),
+                args.net_rx_pps,
+                args.phase_secs
+            );
+            let l = linux::run(&linux::Settings {
+                kernel,
+                initrd,
+                out: args.out.clone(),
+                phase: std::time::Duration::from_secs(args.phase_secs),
+                pps: args.net_rx_pps,
+                hz: args.hz,
+                boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
+            })?;
+            eprintln!("[compare] done in {:.1} s", l.run.run_time.as_secs_f64());
+            if let Some(n) = l.run.net.as_ref().and_then(|n| n.pinger.as_ref()) {
+                eprintln!(
+                    "[compare] network: {} echo requests, {} replies ok, {} bad",
+                    n.requests_pushed, n.replies_ok, n.replies_bad
+                );
+            }
+            for c in [&l.packets, &l.control] {
+                println!("{}", c.to_table_top(args.top));
+                let (csv, svg) = write_outputs(&args.out, c)?;
+                println!("written: {} {}\n", csv.display(), svg.display());
+            }
+            println!(
+                "{}",
+                summary(&l.packets, &l.control, linux::VIRTIO_NET_TOTAL)
+            );
+        }
         crate::cli::Workload::Tiny => {
             eprintln!(
                 "[compare] booting the tiny comparison guest: I/O workload and CPU-bound control, \

@@ -150,6 +150,21 @@ impl Comparison {
         s
     }
 
+    /// The text table, at most `top` rows (0 = all).
+    pub fn to_table_top(&self, top: usize) -> String {
+        if top == 0 || self.rows.len() <= top {
+            return self.to_table();
+        }
+        let mut c = self.clone();
+        c.rows.truncate(top);
+        let mut t = c.to_table();
+        t.push_str(&format!(
+            "({} more rows in the CSV)\n",
+            self.rows.len() - top
+        ));
+        t
+    }
+
     /// CSV with a header row; ratio empty when cpu-switch saw no samples of the function.
     pub fn to_csv(&self) -> String {
         let mut s = String::from(

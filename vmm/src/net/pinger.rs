@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::packet::{self, Frame, Mac};
@@ -88,6 +90,10 @@ pub struct Pinger {
     /// Sequence number -> when it was sent, and whether after the first reply.
     in_flight: HashMap<u16, (Instant, bool)>,
     pub stats: NetStats,
+    /// Set by a run-time controller: while true no request falls due (compare's control phase).
+    paused: Option<Arc<AtomicBool>>,
+    /// Fired at the first good echo reply (the guest's network is up).
+    first_reply: Option<Arc<crate::vm::Latch>>,
 }
 
 /// The payload of request `seq`: a pattern that differs from one request to the next.
@@ -108,7 +114,20 @@ impl Pinger {
             generated: 0,
             in_flight: HashMap::new(),
             stats: NetStats::default(),
+            paused: None,
+            first_reply: None,
         }
+    }
+
+    /// A controller's handles: pause the requests, hear of the first reply.
+    pub fn with_handles(
+        mut self,
+        paused: Arc<AtomicBool>,
+        first_reply: Arc<crate::vm::Latch>,
+    ) -> Self {
+        self.paused = Some(paused);
+        self.first_reply = Some(first_reply);
+        self
     }
 
     pub fn started(&self) -> bool {
@@ -136,6 +155,14 @@ impl Pinger {
     pub fn due(&mut self, now: Instant) -> u64 {
         let Some(t0) = self.started else { return 0 };
         let expected = (now.duration_since(t0).as_secs_f64() * f64::from(self.pps)) as u64;
+        if self
+            .paused
+            .as_ref()
+            .is_some_and(|p| p.load(Ordering::Relaxed))
+        {
+            self.generated = self.generated.max(expected);
+            return 0;
+        }
         let behind = expected.saturating_sub(self.generated);
         if behind > MAX_BURST {
             let skip = behind - MAX_BURST;
@@ -236,6 +263,9 @@ impl Pinger {
                     let since_start = self.started.map(|t0| now.duration_since(t0));
                     if s.first_reply_after.is_none() {
                         s.first_reply_after = since_start;
+                        if let Some(l) = &self.first_reply {
+                            l.fire();
+                        }
                     }
                     s.last_reply_after = since_start;
                 } else {

@@ -11,6 +11,11 @@ use std::time::{Duration, Instant};
 
 use vpmu::AccountingMode;
 
+fn rdtsc() -> u64 {
+    // SAFETY: RDTSC has no preconditions.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 /// Index of a mode in per-mode tables.
 pub fn index(mode: AccountingMode) -> usize {
     match mode {
@@ -38,6 +43,8 @@ pub fn parse(s: &str) -> Option<AccountingMode> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switch {
     pub at: Duration,
+    /// TSC at the switch (to cut trace samples into the phases).
+    pub tsc: u64,
     pub mode: AccountingMode,
     pub by: &'static str,
 }
@@ -56,6 +63,7 @@ impl ModeSwitch {
             start: Instant::now(),
             log: Mutex::new(vec![Switch {
                 at: Duration::ZERO,
+                tsc: rdtsc(),
                 mode,
                 by: "start",
             }]),
@@ -84,7 +92,12 @@ impl ModeSwitch {
         self.log
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(Switch { at, mode, by });
+            .push(Switch {
+                at,
+                tsc: rdtsc(),
+                mode,
+                by,
+            });
         true
     }
 
