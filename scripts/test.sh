@@ -2,7 +2,9 @@
 # The project's test command (README, .ci/run): all three tiers.
 #   1. unit tests (no KVM)            cargo test --workspace
 #   2. tiny guests on /dev/kvm        (same run; they fail loudly without /dev/kvm)
-#   3. stock Linux on /dev/kvm        one boot of the default guest kernel, 2 vCPUs
+#   3. stock Linux on /dev/kvm        two boots of the default guest kernel: 2 vCPUs with the perf
+#                                     NMI watchdog on the vPMU in both modes; packet receive compared
+#                                     in both modes (vpmu-vmm compare --workload packet-rx)
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 set -euo pipefail
@@ -23,11 +25,16 @@ fi
 say "tier 3: building (or reusing) the guest images"
 # initramfs-tiny: busybox + /init only. The default initramfs (perf, OProfile: 48 MB) makes the
 # kernel spend minutes more copying it in emulated code here (docs/guest.md, "Boot time").
-guest-image/build.sh default-kernel initramfs-tiny
+guest-image/build.sh default-kernel initramfs-tiny spin-initramfs
 eval "$(guest-image/build.sh paths)"
 : "${DEFAULT_BZIMAGE:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE}"
 : "${INITRAMFS_TINY:?guest-image/build.sh paths did not name INITRAMFS_TINY}"
+: "${SPIN_INITRAMFS:?guest-image/build.sh paths did not name SPIN_INITRAMFS}"
 
 say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code)"
 VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS_TINY" \
   cargo test --release -p vmm --test linux_boot -- --ignored --nocapture
+
+say "tier 3: packet receive compared in both accounting modes (vpmu-vmm compare --workload packet-rx; one boot)"
+VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
+  cargo test --release -p vmm --test linux_compare -- --ignored --nocapture

@@ -562,11 +562,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             let pinger = (n.rx_pps > 0)
                 .then(|| Pinger::new(n.rx_pps).with_handles(net_paused.clone(), net_up.clone()));
             let card = VirtioNet::new(net::pinger::GUEST_MAC, pinger);
-            Some(Arc::new(Mutex::new(MmioTransport::new(
-                card,
-                mem.clone(),
-                irq(net::NET_GSI)?,
-            ))))
+            Some(Arc::new(Mutex::new(
+                MmioTransport::new(card, mem.clone(), irq(net::NET_GSI)?)
+                    .with_access_cost(Duration::from_micros(u64::from(n.access_cost_us))),
+            )))
         }
     };
     let mmio = match &net_card {

@@ -21,7 +21,10 @@ fn tiny_driver_negotiates_and_answers_echo_requests() {
         return;
     }
     let r = run_tiny_with(&tiny_guests::VIRTIO_NET64, Duration::from_secs(60), |c| {
-        c.net = Some(NetConfig { rx_pps: 50 });
+        c.net = Some(NetConfig {
+            rx_pps: 50,
+            access_cost_us: 0,
+        });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);
     assert_eq!(r.console, "tiny: virtio-net answered 3 echo requests\n");

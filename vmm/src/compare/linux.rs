@@ -61,6 +61,8 @@ pub struct Settings {
     pub pps: u32,
     /// Host-profile samples per second of the sampled clock.
     pub hz: u32,
+    /// Device-model work per card register access (µs).
+    pub access_cost_us: u32,
     /// Give up if the guest's network is not up after this long.
     pub boot_timeout: Duration,
 }
@@ -83,7 +85,10 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
         cmdline: String::new(),
     });
     cfg.vpmu = VpmuSetting::DomainSwitch;
-    cfg.net = Some(NetConfig { rx_pps: s.pps });
+    cfg.net = Some(NetConfig {
+        rx_pps: s.pps,
+        access_cost_us: s.access_cost_us,
+    });
     cfg.console_out = Some(console.clone());
     cfg.timeout = Some(s.boot_timeout + 4 * s.phase + Duration::from_secs(60));
     cfg.record.profile = Some(ProfileConfig {

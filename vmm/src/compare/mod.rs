@@ -40,10 +40,11 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
                 linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
                     .map_err(CompareError::Input)?;
             eprintln!(
-                "[compare] booting {} with the virtio-net card, {} echo requests/s; then 4 phases of {} s \
+                "[compare] booting {} with the virtio-net card ({} us of device-model work per register access), {} echo requests/s; then 4 phases of {} s \
                  (packets cpu-switch, packets domain-switch, control cpu-switch, control domain-switch). \
                  The guest kernel's code is emulated on some hosts: the boot takes minutes there.",
                 kernel.display(),
+                args.net_access_cost_us,
                 args.net_rx_pps,
                 args.phase_secs
             );
@@ -54,6 +55,7 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
                 phase: std::time::Duration::from_secs(args.phase_secs),
                 pps: args.net_rx_pps,
                 hz: args.hz,
+                access_cost_us: args.net_access_cost_us,
                 boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
             })?;
             eprintln!("[compare] done in {:.1} s", l.run.run_time.as_secs_f64());

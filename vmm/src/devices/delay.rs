@@ -9,6 +9,14 @@ use super::{DeviceEvent, PioDevice};
 
 pub const DELAY_PORT: u16 = 0x510;
 
+/// Busy-waits `d` on the calling (vCPU) thread: VMM work done on the guest's behalf.
+pub fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
 pub struct Delay {
     each: Duration,
 }
@@ -19,10 +27,7 @@ impl Delay {
     }
 
     fn spin(&self) {
-        let t = Instant::now();
-        while t.elapsed() < self.each {
-            std::hint::spin_loop();
-        }
+        spin(self.each);
     }
 }
 

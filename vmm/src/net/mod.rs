@@ -15,6 +15,9 @@ use crate::net::pinger::{NetStats, GUEST_IP, HOST_IP};
 pub struct NetConfig {
     /// Echo requests per second sent to the guest (0: none; ARP is still answered).
     pub rx_pps: u32,
+    /// Device-model work per access to the card's registers, in microseconds (busy-waited on
+    /// the vCPU thread). 0 = only what the VMM really does (microseconds).
+    pub access_cost_us: u32,
 }
 
 /// The card's interrupt: IOAPIC pin (GSI) 5, free on this VMM (COM1 is 4, COM2 3).

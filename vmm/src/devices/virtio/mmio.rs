@@ -41,6 +41,9 @@ pub struct MmioTransport<D> {
     /// Interrupts raised, and guest accesses that broke the rules (logged once each).
     pub interrupts: u64,
     pub bad_accesses: u64,
+    /// Extra device-model work per register access, busy-waited on the vCPU thread
+    /// (`--net-access-cost-us`; zero by default).
+    access_cost: std::time::Duration,
 }
 
 impl<D: VirtioDevice> MmioTransport<D> {
@@ -57,7 +60,14 @@ impl<D: VirtioDevice> MmioTransport<D> {
             interrupt_status: 0,
             interrupts: 0,
             bad_accesses: 0,
+            access_cost: std::time::Duration::ZERO,
         }
+    }
+
+    /// Makes every register access cost `d` of VMM work (a heavyweight device model).
+    pub fn with_access_cost(mut self, d: std::time::Duration) -> Self {
+        self.access_cost = d;
+        self
     }
 
     pub fn device(&self) -> &D {
@@ -238,6 +248,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
 
 impl<D: VirtioDevice> MmioDevice for MmioTransport<D> {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
+        crate::devices::delay::spin(self.access_cost);
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
             self.device
                 .read_config(offset - u64::from(VIRTIO_MMIO_CONFIG), data);
@@ -253,6 +264,7 @@ impl<D: VirtioDevice> MmioDevice for MmioTransport<D> {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
+        crate::devices::delay::spin(self.access_cost);
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
             // The network card's configuration (its MAC) is read-only.
             self.bad(format!("config space write at {offset:#x}"));

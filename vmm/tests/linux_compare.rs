@@ -1,0 +1,87 @@
+//! Tier 3: `vpmu-vmm compare --workload packet-rx` end to end on the stock default kernel (one
+//! boot, a few minutes on hosts that emulate guest kernel code). Run by scripts/test.sh, which
+//! passes VPMU_TEST_KERNEL (bzImage) and VPMU_TEST_SPIN_INITRD (guest-image's spin-initramfs).
+//! The virtio-net receive/transmit/interrupt path's share of the host-side profile must be at
+//! least 3x higher in domain-switch than in cpu-switch; the CPU-bound control's top function
+//! must move by less than 3 percentage points; the guest must have answered echo requests.
+
+mod common;
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
+
+fn row<'a>(csv: &'a str, function: &str) -> Vec<&'a str> {
+    csv.lines()
+        .find(|l| l.split(',').nth(1) == Some(function))
+        .unwrap_or_else(|| panic!("no row {function} in\n{csv}"))
+        .split(',')
+        .collect()
+}
+
+#[test]
+#[ignore = "boots Linux (minutes here): run through scripts/test.sh, which provides VPMU_TEST_KERNEL/VPMU_TEST_SPIN_INITRD"]
+fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
+    if !common::kvm_available() {
+        return;
+    }
+    let kernel = std::env::var("VPMU_TEST_KERNEL").expect("VPMU_TEST_KERNEL: the guest bzImage");
+    let initrd =
+        std::env::var("VPMU_TEST_SPIN_INITRD").expect("VPMU_TEST_SPIN_INITRD: the spin initramfs");
+    let phase = std::env::var("VPMU_TEST_PHASE_SECS").unwrap_or_else(|_| "20".into());
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "compare",
+            "--workload",
+            "packet-rx",
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+        ])
+        .args(["--phase-secs", &phase, "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "compare failed");
+    let csv = std::fs::read_to_string(dir.path().join("packet-rx.csv")).unwrap();
+    let total = row(&csv, "[virtio-net rx/tx/irq path, total]");
+    let (cpu, dom): (f64, f64) = (total[3].parse().unwrap(), total[5].parse().unwrap());
+    assert!(
+        dom >= 3.0 * cpu && dom > 0.0,
+        "virtio-net path: {cpu}% in cpu-switch, {dom}% in domain-switch (want >= 3x)"
+    );
+    let control = std::fs::read_to_string(dir.path().join("packet-rx-control.csv")).unwrap();
+    // The control's top function (by cpu-switch share).
+    let top = control
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .max_by(|a, b| {
+            let p = |r: &Vec<&str>| r[3].parse::<f64>().unwrap();
+            p(a).total_cmp(&p(b))
+        })
+        .unwrap();
+    let (c, d): (f64, f64) = (top[3].parse().unwrap(), top[5].parse().unwrap());
+    assert!(
+        (c - d).abs() < 3.0,
+        "control top function {}: {c}% vs {d}%",
+        top[1]
+    );
+    let replies: u64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("[compare] network: "))
+        .and_then(|l| l.split(", ").nth(1))
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("network line");
+    assert!(
+        replies > 50,
+        "the guest answered only {replies} echo requests"
+    );
+    assert!(stderr.contains(", 0 bad"), "bad replies: {stderr}");
+}
