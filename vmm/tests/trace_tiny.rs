@@ -234,10 +234,11 @@ fn vpmu_overflows_and_profile_samples_share_the_signal() {
     let p = &r.report.pmu;
     assert!(guest_samples >= 20, "guest PMIs: {w:?}");
     assert!(in_loop * 10 >= guest_samples * 9, "{w:?}");
-    // At most one PMI the rate limit held back may land after the guest stopped counting.
+    // A PMI the rate limit held back may land after the guest stopped counting: at most one at
+    // the end of each of the two sampling phases that re-arm from the handler.
     let seen = guest_samples + storm_nmis;
     assert!(
-        p.pmis_nmi >= seen && p.pmis_nmi - seen <= 1,
+        p.pmis_nmi >= seen && p.pmis_nmi - seen <= 2,
         "VMM delivered {} NMIs, guest saw {seen}: {w:?}",
         p.pmis_nmi
     );

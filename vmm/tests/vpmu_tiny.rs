@@ -118,11 +118,12 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     assert_eq!(rep.msr0, 0, "RDMSR 0 answered by the vPMU? {rep:?}");
     assert_eq!(vm.pmu.rdpmc_reads, 2, "{:?}", vm.pmu);
     assert_eq!(vm.pmu.rdpmc_genuine_msr, 1, "{:?}", vm.pmu);
-    // Every NMI the VMM delivered reached the guest's handler; at most one (a PMI the rate
-    // limit held back, delivered late) may land after the guest stopped counting.
+    // Every NMI the VMM delivered reached the guest's handler; a PMI the rate limit held back
+    // may land after the guest stopped counting: at most one at the end of each of the two
+    // sampling phases that re-arm from the handler.
     let seen = rep.samples + rep.storm_nmis;
     assert!(
-        vm.pmu.pmis_nmi >= seen && vm.pmu.pmis_nmi - seen <= 1,
+        vm.pmu.pmis_nmi >= seen && vm.pmu.pmis_nmi - seen <= 2,
         "VMM delivered {} NMIs, guest saw {seen}: {:?}",
         vm.pmu.pmis_nmi,
         vm.pmu.by_mode
