@@ -200,9 +200,11 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     #[arg(long, value_enum, default_value_t = RdpmcSetting::Patch)]
     pub rdpmc: RdpmcSetting,
     /// Switch the accounting mode at run time: MODE:SECONDS,... (e.g.
-    /// cpu-switch:60,domain-switch:60), each in turn from the start, the last one staying. The
-    /// guest can also switch through the vPMU control port (0x511: 1 = cpu-switch,
-    /// 2 = domain-switch). Needs --vpmu cpu-switch or domain-switch.
+    /// cpu-switch:60,domain-switch:60), each in turn from the start, the last one staying; end
+    /// the list with `,repeat` to go round it for the whole run (e.g.
+    /// cpu-switch:5,domain-switch:5,repeat interleaves the modes over a boot). The guest can also
+    /// switch through the vPMU control port (0x511: 1 = cpu-switch, 2 = domain-switch). Needs
+    /// --vpmu cpu-switch or domain-switch.
     #[arg(long, value_name = "LIST")]
     pub vpmu_schedule: Option<crate::pmu::mode::Schedule>,
     /// Write what the guest sends to its second serial port (ttyS1) to FILE.

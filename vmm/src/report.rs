@@ -33,20 +33,27 @@ pub fn print(r: &RunReport) {
             r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
         );
         if r.mode_history.len() > 1 {
-            let steps: Vec<String> = r
-                .mode_history
-                .iter()
-                .map(|s| {
-                    format!(
-                        "{} at {:.1} s ({})",
-                        crate::pmu::mode::name(s.mode),
-                        s.at.as_secs_f64(),
-                        s.by
-                    )
-                })
-                .collect();
+            let step = |s: &crate::pmu::mode::Switch| {
+                format!(
+                    "{} at {:.1} s ({})",
+                    crate::pmu::mode::name(s.mode),
+                    s.at.as_secs_f64(),
+                    s.by
+                )
+            };
+            let h = &r.mode_history;
+            // A repeating schedule switches hundreds of times: show the ends of the list.
+            let steps: Vec<String> = if h.len() <= 8 {
+                h.iter().map(step).collect()
+            } else {
+                let mut v: Vec<String> = h[..3].iter().map(step).collect();
+                v.push(format!("... {} switches ...", h.len() - 6));
+                v.extend(h[h.len() - 3..].iter().map(step));
+                v
+            };
             eprintln!("[vpmu-vmm] accounting modes: {}", steps.join(" -> "));
         }
+        let time = crate::pmu::mode::time_in_modes(&r.mode_history, r.run_time);
         for (i, m) in [
             vpmu::AccountingMode::CpuSwitch,
             vpmu::AccountingMode::DomainSwitch,
@@ -55,10 +62,11 @@ pub fn print(r: &RunReport) {
         .enumerate()
         {
             let c = p.by_mode[i];
-            if c.pmis + c.rdpmc_reads > 0 {
+            if c.pmis + c.rdpmc_reads > 0 || (r.mode_history.len() > 1 && !time[i].is_zero()) {
                 eprintln!(
-                    "[vpmu-vmm]   in {}: {} PMIs delivered, {} RDPMC served",
+                    "[vpmu-vmm]   in {} ({:.1} s): {} PMIs delivered, {} RDPMC served",
                     crate::pmu::mode::name(m),
+                    time[i].as_secs_f64(),
                     c.pmis,
                     c.rdpmc_reads
                 );

@@ -107,24 +107,53 @@ impl ModeSwitch {
     }
 }
 
+/// Wall time spent in each mode (indexed by [`index`]) from a switch history (initial mode
+/// first) up to `end`, the run's length.
+pub fn time_in_modes(history: &[Switch], end: Duration) -> [Duration; 2] {
+    let mut out = [Duration::ZERO; 2];
+    for (i, s) in history.iter().enumerate() {
+        let until = history.get(i + 1).map_or(end, |n| n.at).max(s.at);
+        out[index(s.mode)] += until.saturating_sub(s.at);
+    }
+    out
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ScheduleError {
     #[error("--vpmu-schedule: empty")]
     Empty,
     #[error("--vpmu-schedule: `{0}` is not MODE:SECONDS (MODE = cpu-switch or domain-switch)")]
     Entry(String),
+    #[error("--vpmu-schedule: `repeat` must be the last entry, after at least one MODE:SECONDS")]
+    Repeat,
 }
 
 /// `--vpmu-schedule cpu-switch:30,domain-switch:30`: each mode for its seconds in turn; the
-/// last one stays.
+/// last one stays. With a final `,repeat` the list starts over after its last step, for as
+/// long as the VM runs (modes interleaved over a run whose length is not known in advance,
+/// e.g. a boot: each mode gets a share of every part of it).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Schedule(pub Vec<(AccountingMode, Duration)>);
+pub struct Schedule {
+    pub steps: Vec<(AccountingMode, Duration)>,
+    pub repeat: bool,
+}
 
 impl std::str::FromStr for Schedule {
     type Err = ScheduleError;
     fn from_str(s: &str) -> Result<Self, ScheduleError> {
         let mut out = Vec::new();
+        let mut repeat = false;
         for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            if repeat {
+                return Err(ScheduleError::Repeat);
+            }
+            if entry == "repeat" {
+                if out.is_empty() {
+                    return Err(ScheduleError::Repeat);
+                }
+                repeat = true;
+                continue;
+            }
             let bad = || ScheduleError::Entry(entry.to_string());
             let (m, secs) = entry.split_once(':').ok_or_else(bad)?;
             let mode = parse(m.trim()).ok_or_else(bad)?;
@@ -137,13 +166,22 @@ impl std::str::FromStr for Schedule {
         if out.is_empty() {
             return Err(ScheduleError::Empty);
         }
-        Ok(Schedule(out))
+        Ok(Schedule { steps: out, repeat })
     }
 }
 
 impl Schedule {
     pub fn first(&self) -> AccountingMode {
-        self.0[0].0
+        self.steps[0].0
+    }
+
+    /// The steps in the order they run: the list once, or the list over and over (`repeat`).
+    fn sequence(&self) -> Box<dyn Iterator<Item = (AccountingMode, Duration)> + Send + '_> {
+        if self.repeat {
+            Box::new(self.steps.iter().copied().cycle())
+        } else {
+            Box::new(self.steps.iter().copied())
+        }
     }
 
     /// Runs the schedule on its own thread: at each step's time, sets the mode and calls
@@ -159,7 +197,7 @@ impl Schedule {
             .spawn(move || {
                 let start = Instant::now();
                 let mut at = Duration::ZERO;
-                for (i, (mode, secs)) in self.0.iter().enumerate() {
+                for (i, (mode, secs)) in self.sequence().enumerate() {
                     if i > 0 {
                         while start.elapsed() < at {
                             if stopping() {
@@ -168,10 +206,10 @@ impl Schedule {
                             std::thread::sleep(Duration::from_millis(20).min(at - start.elapsed()));
                         }
                     }
-                    if switch.set(*mode, "schedule") {
+                    if switch.set(mode, "schedule") {
                         kick();
                     }
-                    at += *secs;
+                    at += secs;
                 }
             })
             .expect("spawning the schedule thread")
@@ -187,12 +225,23 @@ mod tests {
     fn schedule_parses_and_rejects() {
         let s: Schedule = "cpu-switch:1.5, domain-switch:30".parse().unwrap();
         assert_eq!(
-            s.0,
+            s.steps,
             vec![
                 (AccountingMode::CpuSwitch, Duration::from_millis(1500)),
                 (AccountingMode::DomainSwitch, Duration::from_secs(30))
             ]
         );
+        assert!(!s.repeat);
+        let r: Schedule = "cpu-switch:4,domain-switch:4,repeat".parse().unwrap();
+        assert!(r.repeat);
+        assert_eq!(r.steps.len(), 2);
+        for bad in [
+            "repeat",
+            "repeat,cpu-switch:1",
+            "cpu-switch:1,repeat,domain-switch:1",
+        ] {
+            assert_eq!(bad.parse::<Schedule>(), Err(ScheduleError::Repeat), "{bad}");
+        }
         for bad in [
             "cpu:3",
             "cpu-switch",
@@ -245,5 +294,46 @@ mod tests {
         );
         assert_eq!(kicks.load(Ordering::SeqCst), 2);
         assert!(m.history()[2].at >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn time_in_each_mode_adds_up_to_the_run() {
+        let sw = |at_ms: u64, mode| Switch {
+            at: Duration::from_millis(at_ms),
+            tsc: 0,
+            mode,
+            by: "t",
+        };
+        let h = [
+            sw(0, AccountingMode::CpuSwitch),
+            sw(400, AccountingMode::DomainSwitch),
+            sw(1000, AccountingMode::CpuSwitch),
+        ];
+        let t = time_in_modes(&h, Duration::from_millis(1500));
+        assert_eq!(t[0], Duration::from_millis(900));
+        assert_eq!(t[1], Duration::from_millis(600));
+        // A switch logged after the run's measured end counts nothing, never negative time.
+        let t = time_in_modes(&h, Duration::from_millis(900));
+        assert_eq!(t[0], Duration::from_millis(400));
+        assert_eq!(t[1], Duration::from_millis(600));
+    }
+
+    #[test]
+    fn a_repeating_schedule_cycles_until_stopped() {
+        let m = Arc::new(ModeSwitch::new(AccountingMode::DomainSwitch));
+        let s: Schedule = "cpu-switch:0.01,domain-switch:0.01,repeat".parse().unwrap();
+        let seen = m.clone();
+        // Stop once the list has gone round three times (6 switches after the start entry).
+        s.spawn(m.clone(), || {}, move || seen.history().len() >= 7)
+            .join()
+            .unwrap();
+        let modes: Vec<_> = m.history().iter().skip(1).map(|s| s.mode).collect();
+        assert_eq!(modes.len(), 6, "{modes:?}");
+        for pair in modes.chunks(2) {
+            assert_eq!(
+                pair,
+                [AccountingMode::CpuSwitch, AccountingMode::DomainSwitch]
+            );
+        }
     }
 }
