@@ -175,7 +175,8 @@ fn wall_clock_profile_samples_at_about_the_requested_rate() {
         cfg.record.profile = Some(ProfileConfig {
             path: path.clone(),
             // This host delivers interval-timer signals late and coalesced (measured with a
-            // plain setitimer loop: 230/s asked 1000/s, 66/s asked 100/s).
+            // plain setitimer loop: 230/s asked 1000/s, 66/s asked 100/s); the sampler counts
+            // every period that passed, so the rate still comes out right.
             hz: 100,
             clock: ProfileClock::Wall,
         });
@@ -194,9 +195,10 @@ fn wall_clock_profile_samples_at_about_the_requested_rate() {
         "wall clock: {n} samples in {:?} (expected ~{expected:.0})",
         r.report.run_time
     );
-    // Timer signals that come late coalesce (see above), so allow fewer, never many more.
+    // Each period that passed is a sample, however the signals came; the last period of the
+    // run may be cut short.
     assert!(
-        n >= 0.25 * expected && n <= 1.1 * expected + 2.0,
+        n >= 0.8 * expected - 2.0 && n <= 1.1 * expected + 2.0,
         "{n} vs {expected}"
     );
 }

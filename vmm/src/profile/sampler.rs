@@ -178,7 +178,9 @@ impl Sampler {
                 if unsafe { libc::timer_settime(id, 0, &spec, std::ptr::null_mut()) } != 0 {
                     return Err(SamplerError::Timer(std::io::Error::last_os_error()));
                 }
-                // Accept a signal slightly early (timer slack, TSC vs CLOCK_MONOTONIC).
+                // Sample points on a grid from here; accept a signal slightly early (timer
+                // slack, TSC vs CLOCK_MONOTONIC): a grid point missed by a hair is counted at
+                // the next signal, with the one after it.
                 *next_due = rdtsc() + *period_tsc - *period_tsc / 8;
                 Ok(())
             }
@@ -225,9 +227,14 @@ impl Sampler {
         }
     }
 
-    /// Whether a sample is due now (the counter passed its period, or the timer's deadline
-    /// passed since a signal came); re-arms for the next one.
-    pub fn due(&mut self) -> Result<bool, SamplerError> {
+    /// How many samples are due now: the number of sample periods of the sampled clock that
+    /// ended since the last samples were taken (0: none). More than one when the clock ran on
+    /// for several periods before the loop could look — a long exit (slow device emulation in
+    /// domain-switch), or timer signals that the host delivered late and coalesced. Each of
+    /// those periods is one sample of where the guest was, as a hardware counter's overflow
+    /// interrupts would have taken them: counting only one would understate exactly the long
+    /// stretches of VMM work that domain-switch is there to show.
+    pub fn due(&mut self) -> Result<u64, SamplerError> {
         match &mut self.trigger {
             Trigger::Counter {
                 backend,
@@ -240,14 +247,9 @@ impl Sampler {
                 // milliseconds at times on this nested host). A signal is ours if our count
                 // passed the next sample point; else it was a vPMU overflow or a stop kick.
                 if !watch.take() {
-                    return Ok(false);
+                    return Ok(0);
                 }
-                let count = backend.read(CTR);
-                if count < *next_at {
-                    return Ok(false);
-                }
-                *next_at = (count / *period_ns + 1) * *period_ns;
-                Ok(true)
+                Ok(periods_passed(backend.read(CTR), next_at, *period_ns))
             }
             Trigger::Wall {
                 period_tsc,
@@ -256,17 +258,23 @@ impl Sampler {
                 ..
             } => {
                 if !watch.take() {
-                    return Ok(false);
+                    return Ok(0);
                 }
-                let now = rdtsc();
-                if now < *next_due {
-                    return Ok(false);
-                }
-                *next_due = now + *period_tsc - *period_tsc / 8;
-                Ok(true)
+                Ok(periods_passed(rdtsc(), next_due, *period_tsc))
             }
         }
     }
+}
+
+/// Sample points lie on a grid of `period` from `*next`: how many of them `now` has passed
+/// (0 if none), moving `*next` to the first one still ahead.
+fn periods_passed(now: u64, next: &mut u64, period: u64) -> u64 {
+    if now < *next || period == 0 {
+        return 0;
+    }
+    let n = (now - *next) / period + 1;
+    *next += n * period;
+    n
 }
 
 impl Drop for Sampler {
@@ -278,5 +286,24 @@ impl Drop for Sampler {
             // SAFETY: deleting the timer this sampler created, once.
             unsafe { libc::timer_delete(id) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::periods_passed;
+
+    #[test]
+    fn every_period_that_passed_is_a_sample() {
+        let mut next = 100;
+        assert_eq!(periods_passed(99, &mut next, 100), 0);
+        assert_eq!(next, 100);
+        assert_eq!(periods_passed(100, &mut next, 100), 1);
+        assert_eq!(next, 200);
+        // A long exit: the clock ran 4.5 periods before the loop looked.
+        assert_eq!(periods_passed(640, &mut next, 100), 5);
+        assert_eq!(next, 700);
+        assert_eq!(periods_passed(650, &mut next, 100), 0);
+        assert_eq!(periods_passed(5, &mut 0, 0), 0, "no period, no samples");
     }
 }

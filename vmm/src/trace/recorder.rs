@@ -19,6 +19,9 @@ use crate::profile::sampler::Sampler;
 
 /// At most one clock record per this many ms (one `clock_gettime` of thread CPU time).
 pub const CLOCK_EVERY_MS: u64 = 1;
+/// At most this many samples for one look at the sampler (a stretch of 10 s at 1000 Hz):
+/// bounds the records one stalled moment can write.
+const MAX_SAMPLES_AT_ONCE: u64 = 10_000;
 
 /// Which clock drives the host-side profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
@@ -177,11 +180,11 @@ impl VcpuRecorder {
     /// After the exit was handled, before re-entering: takes a profile sample if one is due.
     pub fn after_exit(&mut self, fd: &VcpuFd) {
         let Some(s) = &mut self.sampler else { return };
-        match s.due() {
-            Ok(false) => return,
-            Ok(true) => {}
+        let n = match s.due() {
+            Ok(0) => return,
+            Ok(n) => n.min(MAX_SAMPLES_AT_ONCE),
             Err(e) => return self.stop_sampling(e),
-        }
+        };
         let tsc = rdtsc();
         let (rip, cpl) = match (fd.get_regs(), fd.get_sregs()) {
             (Ok(r), Ok(s)) => {
@@ -213,9 +216,11 @@ impl VcpuRecorder {
             during,
             mode: s.mode(),
         };
-        match (&mut self.samples, &mut self.exits) {
-            (Some(sink), _) | (None, Some(sink)) => sink.push(rec),
-            (None, None) => {}
+        // Each sample period that passed is a sample of this RIP (Sampler::due).
+        if let (Some(sink), _) | (None, Some(sink)) = (&mut self.samples, &mut self.exits) {
+            for _ in 0..n {
+                sink.push(rec);
+            }
         }
     }
 
