@@ -78,22 +78,29 @@ pub struct CompareArgs {
     /// packet-rx: the initramfs (one whose /init keeps running: guest-image's spin-initramfs).
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
-    /// packet-rx: seconds of each of the four phases.
+    /// packet-rx: seconds of each of the four phases (packets and the CPU-bound control, each in
+    /// cpu-switch and in domain-switch); each phase runs as --rounds interleaved slices.
     #[arg(long, value_name = "SECS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub phase_secs: u64,
+    /// packet-rx: the phases are interleaved in N rounds (the order of the modes swapped every
+    /// other round), so drift in the guest's own activity falls on both modes alike.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// packet-rx: echo requests per second in the packet phases.
     #[arg(long, value_name = "N", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::net::MAX_RX_PPS)))]
     pub net_rx_pps: u32,
-    /// packet-rx: device-model work per access to the virtio-net card's registers (busy-wait on
-    /// the vCPU thread). Where guest kernel code is emulated (~1000x slower: this project's
-    /// build hosts) the VMM's real per-access work, microseconds, is lost next to the guest's
-    /// code; the default stands for a 4 us user-space device-model round trip scaled alike.
-    /// Use 0 on a VT-x/SVM host.
-    #[arg(long, value_name = "US", default_value_t = 4000,
+    /// packet-rx: extra device-model work per access to the virtio-net card's registers
+    /// (busy-wait on the vCPU thread). Default: 0 on a VT-x/SVM host; 4000 where guest kernel
+    /// code is emulated (~1000x slower: this project's build hosts), where the VMM's real
+    /// per-access work, microseconds, would be lost next to the guest's emulated driver code:
+    /// 4000 stands for a 4 us user-space device-model round trip scaled alike
+    /// (docs/accounting-modes.md).
+    #[arg(long, value_name = "US",
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    pub net_access_cost_us: u32,
+    pub net_access_cost_us: Option<u32>,
     /// packet-rx: host-profile samples per second of the sampled clock.
     #[arg(long, value_name = "N", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=20_000))]

@@ -8,12 +8,16 @@ use std::sync::{Arc, Mutex};
 
 const KEPT_LINES: usize = 40;
 const PANIC_MARKER: &str = "Kernel panic - not syncing";
+/// Linux prints "Run /init as init process" once its boot work is done (init memory freed,
+/// read-only data protected) and it hands the machine to init.
+const INIT_MARKER: &str = " as init process";
 
 #[derive(Default)]
 pub struct ConsoleLog {
     lines: VecDeque<String>,
     current: Vec<u8>,
     panic_line: Option<String>,
+    init_started: bool,
 }
 
 impl ConsoleLog {
@@ -27,6 +31,7 @@ impl ConsoleLog {
                 if self.panic_line.is_none() && line.contains(PANIC_MARKER) {
                     self.panic_line = Some(line.clone());
                 }
+                self.init_started |= line.contains(INIT_MARKER);
                 if self.lines.len() == KEPT_LINES {
                     self.lines.pop_front();
                 }
@@ -40,6 +45,11 @@ impl ConsoleLog {
     /// The kernel's panic line, if the guest panicked.
     pub fn panic_line(&self) -> Option<&str> {
         self.panic_line.as_deref()
+    }
+
+    /// Whether the guest kernel has started init (its boot work is over).
+    pub fn init_started(&self) -> bool {
+        self.init_started
     }
 
     /// The last `n` lines printed (an unfinished last line counts as one).
@@ -116,5 +126,15 @@ mod tests {
             ]
         );
         assert_eq!(l.lines.len(), KEPT_LINES);
+        assert!(!l.init_started());
+    }
+
+    #[test]
+    fn notices_the_start_of_init() {
+        let mut l = ConsoleLog::default();
+        l.push(b"[   30.1] Run /init as init pro");
+        assert!(!l.init_started(), "only a whole line counts");
+        l.push(b"cess\r\n");
+        assert!(l.init_started());
     }
 }

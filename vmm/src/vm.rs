@@ -238,6 +238,8 @@ pub struct VmHandles {
     pub net_up: Arc<Latch>,
     /// While true the pinger sends no requests (`--net`).
     pub net_paused: Arc<AtomicBool>,
+    /// The guest console as seen so far (boot milestones).
+    pub console: Arc<Mutex<ConsoleLog>>,
 }
 
 impl VmHandles {
@@ -248,6 +250,23 @@ impl VmHandles {
                 self.control.kick_all();
             }
         }
+    }
+
+    /// Waits until the guest kernel has started init (true), or the VM ends or `give_up`
+    /// says so (false).
+    pub fn wait_for_init(&self, give_up: impl Fn() -> bool) -> bool {
+        while !self
+            .console
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .init_started()
+        {
+            if self.control.stopping() || give_up() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
     }
 
     /// Sleeps `d` unless the VM ends first (false then).
@@ -751,6 +770,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             control: control.clone(),
             net_up: net_up.clone(),
             net_paused: net_paused.clone(),
+            console: console_log.clone(),
         };
         std::thread::Builder::new()
             .name("vm-controller".into())

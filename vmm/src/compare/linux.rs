@@ -1,16 +1,18 @@
 //! The stock-Linux packet-receive comparison: the published CPU-switch vs domain-switch
 //! experiment, with no guest user space (it cannot run on every host). One boot of the guest
-//! kernel with the virtio-net card (`--net`): once the guest answers its first echo request, a
-//! controller runs four phases of `phase` each — packets in cpu-switch, packets in
-//! domain-switch, then the CPU-bound control (pinger paused: the guest's spinning init and its
-//! timer ticks) in cpu-switch and in domain-switch — and stops the VM. The VMM samples the
-//! guest RIP with a cycles counter that follows the accounting mode (`--host-profile`, clock
-//! auto), and the samples are cut into the phases by the TSC of each mode switch and resolved
-//! with the kernel's own kallsyms.
+//! kernel with the virtio-net card (`--net`). Once the kernel has started init (its boot work is
+//! over) and answered its first echo request, a controller runs the four phases — packets in
+//! cpu-switch and in domain-switch, then the CPU-bound control (pinger paused: the guest's
+//! spinning init and its timer ticks) in cpu-switch and in domain-switch — **interleaved**:
+//! `rounds` rounds of four slices, the order of the two modes swapped every other round, so a
+//! slow drift in what the guest does (timers, the random driver's reseeding) falls on both
+//! modes alike. Then it stops the VM. The VMM samples the guest RIP with a cycles counter that
+//! follows the accounting mode (`--host-profile`, clock auto); each sample is filed under the
+//! slice its TSC falls in (if its mode tag agrees) and resolved with the kernel's own kallsyms.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vpmu::AccountingMode;
@@ -44,8 +46,18 @@ pub const VIRTIO_NET_PREFIXES: &[&str] = &[
     "virtio_net_hdr_to_skb",
 ];
 
+/// The functions of that path that access the card's registers, i.e. make the VM exits whose
+/// device-model work domain-switch charges: the interrupt handler (reads and acknowledges the
+/// interrupt status) and the queue notification (the transmit and receive-refill kicks). In the
+/// published e1000 table these are the interrupt, rx-poll and transmit functions.
+pub const DEVICE_ACCESS_FUNCTIONS: &[&str] = &["vm_interrupt", "vm_notify"];
+
+/// Default extra device-model work per card register access where guest kernel code is
+/// emulated (µs): a 4 µs user-space device-model round trip, scaled like the guest's code.
+pub const EMULATED_ACCESS_COST_US: u32 = 4000;
+
 /// The row that sums the virtio-net path in the packet-receive table.
-pub const VIRTIO_NET_TOTAL: &str = "[virtio-net rx/tx/irq path, total]";
+pub const VIRTIO_NET_TOTAL: &str = "[virtio-net rx/tx/irq path: total]";
 
 pub fn is_virtio_net(name: &str) -> bool {
     VIRTIO_NET_PREFIXES.iter().any(|p| name.starts_with(p))
@@ -55,8 +67,10 @@ pub struct Settings {
     pub kernel: PathBuf,
     pub initrd: PathBuf,
     pub out: PathBuf,
-    /// Length of each of the four phases.
+    /// Total length of each of the four phases (packets/control x cpu/domain).
     pub phase: Duration,
+    /// Each phase is run as this many slices, interleaved with the others.
+    pub rounds: u32,
     /// Echo requests per second during the packet phases.
     pub pps: u32,
     /// Host-profile samples per second of the sampled clock.
@@ -75,7 +89,43 @@ pub struct LinuxComparison {
     pub console: PathBuf,
 }
 
-/// Boots the guest once and runs the four phases.
+/// What the guest is given during a slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    Packets,
+    Control,
+}
+
+/// One slice of one phase, as the controller ran it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    pub workload: Workload,
+    pub mode: AccountingMode,
+    /// TSC when the slice began (after the mode switch was requested).
+    pub start_tsc: u64,
+}
+
+/// The slices in the order they run: per round packets then control, each in both modes, the
+/// modes' order swapped in odd rounds.
+pub fn plan(rounds: u32) -> Vec<(Workload, AccountingMode)> {
+    let (c, d) = (AccountingMode::CpuSwitch, AccountingMode::DomainSwitch);
+    let mut v = Vec::new();
+    for r in 0..rounds {
+        let (m1, m2) = if r % 2 == 0 { (c, d) } else { (d, c) };
+        for w in [Workload::Packets, Workload::Control] {
+            v.push((w, m1));
+            v.push((w, m2));
+        }
+    }
+    v
+}
+
+fn rdtsc() -> u64 {
+    // SAFETY: RDTSC has no preconditions.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Boots the guest once and runs the interleaved phases.
 pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
     let profile = s.out.join("packet-rx.profile");
     let console = s.out.join("packet-rx-console.log");
@@ -96,9 +146,13 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
         hz: s.hz,
         clock: ProfileClock::Auto,
     });
-    let (phase, boot_timeout) = (s.phase, s.boot_timeout);
+    let slices: Arc<Mutex<Vec<Slice>>> = Arc::default();
+    let end_tsc = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let slice_len = s.phase / s.rounds.max(1);
+    let (rounds, boot_timeout) = (s.rounds.max(1), s.boot_timeout);
+    let (sl, et) = (slices.clone(), end_tsc.clone());
     cfg.controller = Some(Controller(Arc::new(move |h: VmHandles| {
-        drive(&h, phase, boot_timeout)
+        drive(&h, rounds, slice_len, boot_timeout, &sl, &et)
     })));
     let report = vm::run(&cfg)?;
     if !matches!(report.end, VmEnd::Stopped(_)) {
@@ -108,92 +162,95 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
             console.display()
         )));
     }
+    let slices = slices.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if slices.len() != plan(rounds).len() {
+        return Err(CompareError::GuestReport(format!(
+            "the controller ran {} of {} slices",
+            slices.len(),
+            plan(rounds).len()
+        )));
+    }
     let trace = Trace::read_file(&profile).map_err(|e| CompareError::GuestReport(e.to_string()))?;
     let syms = SymbolTable::from_kernel(&s.kernel)
         .map_err(|e| CompareError::GuestReport(format!("guest kernel symbols: {e}")))?;
-    let cuts = phase_cuts(&report)?;
-    let profiles = split(&trace, &syms, &cuts);
+    let [pc, pd, cc, cd] = split(&trace, &syms, &slices, end_tsc.load(Ordering::Relaxed));
     Ok(LinuxComparison {
-        packets: with_total(
-            Comparison::new("packet-rx", &profiles[0], &profiles[1]),
-            &profiles[0],
-            &profiles[1],
-        ),
-        control: Comparison::new("packet-rx-control", &profiles[2], &profiles[3]),
+        packets: with_total(Comparison::new("packet-rx", &pc, &pd), &pc, &pd),
+        control: Comparison::new("packet-rx-control", &cc, &cd),
         run: report,
         console,
     })
 }
 
-/// The controller: wait for the network, then the four phases, then stop.
-fn drive(h: &VmHandles, phase: Duration, boot_timeout: Duration) {
+/// The controller: wait for init and the network, then the slices, then stop.
+fn drive(
+    h: &VmHandles,
+    rounds: u32,
+    slice: Duration,
+    boot_timeout: Duration,
+    slices: &Mutex<Vec<Slice>>,
+    end_tsc: &std::sync::atomic::AtomicU64,
+) {
     let started = std::time::Instant::now();
-    eprintln!("[compare] waiting for the guest's network (first echo reply)...");
-    if !h
-        .net_up
-        .wait(|| h.control.stopping() || started.elapsed() > boot_timeout)
-    {
+    let late = || started.elapsed() > boot_timeout;
+    eprintln!("[compare] waiting for the guest kernel to finish booting (\"Run /init\") and answer an echo request...");
+    if !(h.wait_for_init(late) && h.net_up.wait(|| h.control.stopping() || late())) {
         if !h.control.stopping() {
             h.control.request_end(VmEnd::Stopped(format!(
-                "no echo reply within {:.0} s: the guest's network did not come up",
+                "the guest did not start init and answer an echo request within {:.0} s",
                 boot_timeout.as_secs_f64()
             )));
         }
         return;
     }
-    let phases = [
-        ("packets", AccountingMode::CpuSwitch, false),
-        ("packets", AccountingMode::DomainSwitch, false),
-        ("control", AccountingMode::CpuSwitch, true),
-        ("control", AccountingMode::DomainSwitch, true),
-    ];
-    for (i, (what, mode, paused)) in phases.into_iter().enumerate() {
-        h.net_paused.store(paused, Ordering::Relaxed);
+    let plan = plan(rounds);
+    eprintln!(
+        "[compare] guest up at {:.0} s: {} slices of {:.1} s ({rounds} rounds of packets and control, each in both modes)",
+        started.elapsed().as_secs_f64(),
+        plan.len(),
+        slice.as_secs_f64()
+    );
+    for (i, (workload, mode)) in plan.into_iter().enumerate() {
+        h.net_paused
+            .store(workload == Workload::Control, Ordering::Relaxed);
         h.set_mode(mode, "compare");
-        eprintln!(
-            "[compare] phase {}/4: {what} in {} for {:.0} s (at {:.0} s)",
-            i + 1,
-            crate::pmu::mode::name(mode),
-            phase.as_secs_f64(),
-            started.elapsed().as_secs_f64()
-        );
-        if !h.sleep(phase) {
+        slices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Slice {
+                workload,
+                mode,
+                start_tsc: rdtsc(),
+            });
+        if i % 4 == 0 {
+            eprintln!(
+                "[compare] round {}/{rounds} (at {:.0} s)",
+                i / 4 + 1,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        if !h.sleep(slice) {
             return;
         }
     }
+    end_tsc.store(rdtsc(), Ordering::Relaxed);
     h.control
-        .request_end(VmEnd::Stopped("compare: the four phases are done".into()));
+        .request_end(VmEnd::Stopped("compare: all slices done".into()));
 }
 
-/// TSCs of the four phase starts and of the end, from the run's mode switches by `compare`.
-fn phase_cuts(r: &RunReport) -> Result<Vec<u64>, CompareError> {
-    let mut cuts: Vec<u64> = r
-        .mode_history
-        .iter()
-        .filter(|s| s.by == "compare")
-        .map(|s| s.tsc)
-        .collect();
-    // Phases 2->3 and 3->4 change the mode; 1 also does (the boot runs in domain-switch).
-    if cuts.len() != 4 {
-        return Err(CompareError::GuestReport(format!(
-            "expected 4 phase switches, the run made {}",
-            cuts.len()
-        )));
-    }
-    cuts.push(u64::MAX);
-    Ok(cuts)
-}
-
-/// Samples per symbol in each of the four phases (a sample counts only if its mode tag agrees
-/// with its phase).
-fn split(t: &Trace, syms: &SymbolTable, cuts: &[u64]) -> Vec<Profile> {
-    let modes = [
-        AccountingMode::CpuSwitch,
-        AccountingMode::DomainSwitch,
-        AccountingMode::CpuSwitch,
-        AccountingMode::DomainSwitch,
-    ];
-    let mut out = vec![Profile::default(); 4];
+/// Samples per symbol in the four phases [packets cpu, packets domain, control cpu, control
+/// domain]: each sample goes to the slice its TSC falls in, and counts only if its mode tag
+/// agrees with the slice's mode.
+fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Profile; 4] {
+    let mut out: [Profile; 4] = Default::default();
+    let phase = |s: &Slice| {
+        let w = if s.workload == Workload::Packets {
+            0
+        } else {
+            2
+        };
+        w + crate::pmu::mode::index(s.mode)
+    };
     for v in &t.vcpus {
         for r in &v.records {
             let Record::Sample {
@@ -206,13 +263,18 @@ fn split(t: &Trace, syms: &SymbolTable, cuts: &[u64]) -> Vec<Profile> {
             else {
                 continue;
             };
-            let Some(p) = (0..4).find(|&p| tsc >= cuts[p] && tsc < cuts[p + 1]) else {
-                continue;
-            };
-            if mode != Some(modes[p]) {
+            if tsc >= end_tsc {
                 continue;
             }
-            *out[p]
+            // The last slice that began at or before the sample.
+            let i = slices.partition_point(|s| s.start_tsc <= tsc);
+            let Some(s) = i.checked_sub(1).map(|i| &slices[i]) else {
+                continue;
+            };
+            if mode != Some(s.mode) {
+                continue;
+            }
+            *out[phase(s)]
                 .samples
                 .entry(bucket(rip, cpl, Some(syms)))
                 .or_default() += 1;
@@ -305,6 +367,29 @@ mod tests {
         assert_eq!((t.cpu_samples, t.domain_samples), (4, 40));
         assert!((t.ratio() - 10.0).abs() < 1e-9);
         assert_eq!(c.rows[0].function, VIRTIO_NET_TOTAL);
+    }
+
+    #[test]
+    fn the_plan_interleaves_and_balances_the_modes() {
+        let p = plan(2);
+        assert_eq!(p.len(), 8);
+        let (c, d) = (AccountingMode::CpuSwitch, AccountingMode::DomainSwitch);
+        assert_eq!(
+            p[..4],
+            [
+                (Workload::Packets, c),
+                (Workload::Packets, d),
+                (Workload::Control, c),
+                (Workload::Control, d)
+            ]
+        );
+        assert_eq!(p[4], (Workload::Packets, d));
+        assert_eq!(p[5], (Workload::Packets, c));
+        for w in [Workload::Packets, Workload::Control] {
+            for m in [c, d] {
+                assert_eq!(p.iter().filter(|x| **x == (w, m)).count(), 2);
+            }
+        }
     }
 
     #[test]

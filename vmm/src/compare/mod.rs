@@ -39,23 +39,38 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
             let (kernel, initrd) =
                 linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
                     .map_err(CompareError::Input)?;
+            let emulated =
+                crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some();
+            let access_cost_us = args.net_access_cost_us.unwrap_or(if emulated {
+                linux::EMULATED_ACCESS_COST_US
+            } else {
+                0
+            });
+            let why = match (args.net_access_cost_us, emulated) {
+                (Some(_), _) => "as asked",
+                (None, true) => {
+                    "scaled like this host's emulated guest kernel code; docs/accounting-modes.md"
+                }
+                (None, false) => "the VMM's own work only",
+            };
             eprintln!(
-                "[compare] booting {} with the virtio-net card ({} us of device-model work per register access), {} echo requests/s; then 4 phases of {} s \
-                 (packets cpu-switch, packets domain-switch, control cpu-switch, control domain-switch). \
-                 The guest kernel's code is emulated on some hosts: the boot takes minutes there.",
+                "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
+                 {} echo requests/s; then 4 phases of {} s (packets and a CPU-bound control, each in cpu-switch and domain-switch) \
+                 interleaved in {} rounds. The guest kernel's code is emulated on some hosts: the boot takes a minute or more there.",
                 kernel.display(),
-                args.net_access_cost_us,
                 args.net_rx_pps,
-                args.phase_secs
+                args.phase_secs,
+                args.rounds
             );
             let l = linux::run(&linux::Settings {
                 kernel,
                 initrd,
                 out: args.out.clone(),
                 phase: std::time::Duration::from_secs(args.phase_secs),
+                rounds: args.rounds,
                 pps: args.net_rx_pps,
                 hz: args.hz,
-                access_cost_us: args.net_access_cost_us,
+                access_cost_us,
                 boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
             })?;
             eprintln!("[compare] done in {:.1} s", l.run.run_time.as_secs_f64());
@@ -69,6 +84,14 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
                 println!("{}", c.to_table_top(args.top));
                 let (csv, svg) = write_outputs(&args.out, c)?;
                 println!("written: {} {}\n", csv.display(), svg.display());
+            }
+            for f in linux::DEVICE_ACCESS_FUNCTIONS {
+                if let Some(r) = l.packets.row(f) {
+                    println!(
+                        "{f} (accesses the card's registers): {} samples in cpu-switch, {} in domain-switch ({:.1}% -> {:.1}%)",
+                        r.cpu_samples, r.domain_samples, r.cpu_percent, r.domain_percent
+                    );
+                }
             }
             println!(
                 "{}",
