@@ -13,12 +13,13 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
-fn row<'a>(csv: &'a str, function: &str) -> Vec<&'a str> {
-    csv.lines()
-        .find(|l| l.split(',').nth(1) == Some(function))
-        .unwrap_or_else(|| panic!("no row {function} in\n{csv}"))
-        .split(',')
-        .collect()
+use vmm::compare::table::{csv_rows, Row};
+
+fn row(rows: &[Row], function: &str) -> Row {
+    rows.iter()
+        .find(|r| r.function == function)
+        .unwrap_or_else(|| panic!("no row {function} in {rows:#?}"))
+        .clone()
 }
 
 #[test]
@@ -50,37 +51,34 @@ fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stdout}\n{stderr}");
     assert!(out.status.success(), "compare failed");
-    let csv = std::fs::read_to_string(dir.path().join("packet-rx.csv")).unwrap();
-    let total = row(&csv, "[virtio-net rx/tx/irq path: total]");
-    let (cpu, dom): (f64, f64) = (total[3].parse().unwrap(), total[5].parse().unwrap());
+    let read =
+        |name: &str| csv_rows(&std::fs::read_to_string(dir.path().join(name)).unwrap()).unwrap();
+    let packets = read("packet-rx.csv");
+    let total = row(&packets, vmm::compare::linux::VIRTIO_NET_TOTAL);
+    let (cpu, dom) = (total.cpu_percent, total.domain_percent);
     assert!(
         dom >= 3.0 * cpu && dom > 0.0,
         "virtio-net path: {cpu}% in cpu-switch, {dom}% in domain-switch (want >= 3x)"
     );
     for f in ["vm_interrupt", "vm_notify"] {
-        let r = row(&csv, f);
-        let (cpu, dom): (f64, f64) = (r[3].parse().unwrap(), r[5].parse().unwrap());
+        let r = row(&packets, f);
+        let (cpu, dom) = (r.cpu_percent, r.domain_percent);
         assert!(
             dom >= 3.0 * cpu && dom > 0.0,
             "{f}: {cpu}% in cpu-switch, {dom}% in domain-switch (want >= 3x)"
         );
     }
-    let control = std::fs::read_to_string(dir.path().join("packet-rx-control.csv")).unwrap();
     // The control's top function (by cpu-switch share).
+    let control = read("packet-rx-control.csv");
     let top = control
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').collect::<Vec<_>>())
-        .max_by(|a, b| {
-            let p = |r: &Vec<&str>| r[3].parse::<f64>().unwrap();
-            p(a).total_cmp(&p(b))
-        })
+        .iter()
+        .max_by(|a, b| a.cpu_percent.total_cmp(&b.cpu_percent))
         .unwrap();
-    let (c, d): (f64, f64) = (top[3].parse().unwrap(), top[5].parse().unwrap());
+    let (c, d) = (top.cpu_percent, top.domain_percent);
     assert!(
         (c - d).abs() < 3.0,
         "control top function {}: {c}% vs {d}%",
-        top[1]
+        top.function
     );
     let replies: u64 = stderr
         .lines()

@@ -249,6 +249,53 @@ impl Comparison {
     }
 }
 
+/// Reads back the rows of a CSV written by [`Comparison::to_csv`] (for scripts and tests that
+/// check a comparison run): quoted fields as RFC 4180 writes them.
+pub fn csv_rows(text: &str) -> Result<Vec<Row>, String> {
+    let mut lines = text.lines();
+    match lines.next() {
+        Some(h) if h.starts_with("workload,function,") => {}
+        _ => return Err("not a comparison CSV (no header row)".into()),
+    }
+    lines
+        .enumerate()
+        .map(|(i, l)| {
+            let f = csv_split(l);
+            let bad = |what: &str| format!("CSV line {}: {what}: {l}", i + 2);
+            if f.len() != 7 {
+                return Err(bad("expected 7 fields"));
+            }
+            let num = |k: usize| f[k].parse::<f64>().map_err(|_| bad("not a number"));
+            Ok(Row {
+                function: f[1].clone(),
+                cpu_samples: f[2].parse().map_err(|_| bad("not a count"))?,
+                cpu_percent: num(3)?,
+                domain_samples: f[4].parse().map_err(|_| bad("not a count"))?,
+                domain_percent: num(5)?,
+            })
+        })
+        .collect()
+}
+
+/// One CSV line's fields: commas inside double quotes do not split, `""` is a quote.
+fn csv_split(line: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                out.last_mut().expect("one field").push('"');
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(String::new()),
+            (c, _) => out.last_mut().expect("one field").push(c),
+        }
+    }
+    out
+}
+
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
@@ -267,6 +314,25 @@ fn xml(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn csv_reads_back_what_it_wrote_commas_and_quotes_included() {
+        let cpu = Profile::from_pairs([("[guest user space, CPL 3]", 70), ("say \"hi\"", 30)]);
+        let dom = Profile::from_pairs([("[guest user space, CPL 3]", 40), ("say \"hi\"", 60)]);
+        let c = Comparison::new("w", &cpu, &dom);
+        let rows = csv_rows(&c.to_csv()).unwrap();
+        assert_eq!(rows.len(), 2);
+        for (a, b) in rows.iter().zip(&c.rows) {
+            assert_eq!(a.function, b.function);
+            assert_eq!(
+                (a.cpu_samples, a.domain_samples),
+                (b.cpu_samples, b.domain_samples)
+            );
+            assert!((a.domain_percent - b.domain_percent).abs() < 1e-3);
+        }
+        assert!(csv_rows("x,y\n").is_err());
+        assert!(csv_rows("workload,function,a\nw,f,1\n").is_err());
+    }
 
     fn packet_rx() -> Comparison {
         // Shaped like the published packet-receive table: the NIC functions go from tens of
