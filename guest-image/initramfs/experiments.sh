@@ -9,6 +9,12 @@
 #     ocount       ocount (the CPU's default event) on cpu_split; ophelp's view of the CPU
 #     operf        operf on cpu_split + opreport (images) + opreport -l (symbols of cpu_split)
 #     workloads    the three workloads on their own, timed (no profiler)
+#     compare-perf      for `vpmu-vmm compare --profiler perf`: perf record -a (the whole
+#                       system, e.g. the kernel answering the VMM's packets) for $VPMU_SECS s, and
+#                       perf record on cpu_split (the CPU-bound control); perf report -n --sort
+#                       symbol of each
+#     compare-oprofile  the same with operf --system-wide (stopped after $VPMU_SECS s) and operf
+#                       on cpu_split; opreport -l of each
 #   MODES: optional comma-separated accounting modes (cpu-switch,domain-switch): the whole LIST
 #     runs once per mode, after switching through the vPMU control port (see vpmu_set_mode).
 #
@@ -33,6 +39,7 @@ VPMU_WORK=${VPMU_WORK:-/tmp/vpmu}
 VPMU_EVENT=${VPMU_EVENT:-cycles}
 VPMU_STAT_EVENTS=${VPMU_STAT_EVENTS:-cycles,instructions,task-clock}
 VPMU_ROUNDS=${VPMU_ROUNDS:-200}
+VPMU_SECS=${VPMU_SECS:-30}
 VPMU_MODE_TAG=-
 VPMU_SEQ=0
 VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,ocount,operf
@@ -134,6 +141,29 @@ exp_operf() {
 	vpmu_frame operf/operf.log "$dir/oprofile_data/samples/operf.log"
 }
 
+# The two reports `vpmu-vmm compare --profiler` reads (vmm/src/compare/in_guest.rs): the
+# system-wide profile while the host drives the workload (packets), and the CPU-bound control.
+exp_compare_perf() {
+	vpmu_step compare-perf record-system.log \
+		perf record -a -N -e "$VPMU_EVENT" -o "$dir/system.data" -- sleep "$VPMU_SECS"
+	vpmu_step compare-perf report-system.txt \
+		perf report -i "$dir/system.data" --stdio -n --sort symbol
+	vpmu_step compare-perf record-control.log \
+		perf record -N -e "$VPMU_EVENT" -o "$dir/control.data" -- cpu_split "$VPMU_ROUNDS"
+	vpmu_step compare-perf report-control.txt \
+		perf report -i "$dir/control.data" --stdio -n --sort symbol
+}
+
+exp_compare_oprofile() {
+	# operf --system-wide runs until SIGINT; timeout sends it after $VPMU_SECS s.
+	vpmu_step compare-oprofile operf-system.log \
+		timeout -s INT "$VPMU_SECS" operf --system-wide -d "$dir/op_system"
+	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
+	vpmu_step compare-oprofile operf-control.log \
+		operf -d "$dir/op_control" cpu_split "$VPMU_ROUNDS"
+	vpmu_step compare-oprofile report-control.txt opreport -l --session-dir="$dir/op_control"
+}
+
 exp_workloads() {
 	vpmu_step workloads cpu_split.txt time cpu_split "$VPMU_ROUNDS"
 	vpmu_step workloads syscall_heavy.txt time syscall_heavy
@@ -153,8 +183,10 @@ vpmu_run_one() {
 	ocount) exp_ocount ;;
 	operf) exp_operf ;;
 	workloads) exp_workloads ;;
+	compare-perf) exp_compare_perf ;;
+	compare-oprofile) exp_compare_oprofile ;;
 	*)
-		echo "vpmu: unknown experiment '$exp' (known: $VPMU_ALL_EXPERIMENTS,workloads,all)"
+		echo "vpmu: unknown experiment '$exp' (known: $VPMU_ALL_EXPERIMENTS,workloads,compare-perf,compare-oprofile,all)"
 		printf 'unknown experiment\n' >"$dir/status.txt"
 		;;
 	esac

@@ -64,22 +64,40 @@ pub enum Workload {
     PacketRx,
 }
 
+/// Who takes the samples in `vpmu-vmm compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profiler {
+    /// The VMM samples the guest RIP with a cycles counter that follows the accounting mode
+    /// (no profiler in the guest; runs on any host).
+    Host,
+    /// The guest's own `perf record` (packet-rx only; --initrd must be the default initramfs
+    /// with perf; needs a VT-x/SVM host: guest user space).
+    Perf,
+    /// The guest's own OProfile `operf` (as perf).
+    Oprofile,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct CompareArgs {
     /// What to profile.
     #[arg(long, value_enum, default_value_t = Workload::Tiny)]
     pub workload: Workload,
+    /// Who samples: the VMM from the host, or the guest's own stock profiler.
+    #[arg(long, value_enum, default_value_t = Profiler::Host)]
+    pub profiler: Profiler,
     /// Directory for the CSV and SVG files (created if missing).
     #[arg(long, value_name = "DIR", default_value = "vpmu-compare")]
     pub out: PathBuf,
     /// packet-rx: the guest kernel (ELF vmlinux or bzImage; its kallsyms name the functions).
     #[arg(long, value_name = "PATH")]
     pub kernel: Option<PathBuf>,
-    /// packet-rx: the initramfs (one whose /init keeps running: guest-image's spin-initramfs).
+    /// packet-rx: the initramfs: with --profiler host one whose /init keeps running
+    /// (guest-image's spin-initramfs); with --profiler perf|oprofile the default initramfs.
     #[arg(long, value_name = "PATH")]
     pub initrd: Option<PathBuf>,
     /// packet-rx: seconds of each of the four phases (packets and the CPU-bound control, each in
-    /// cpu-switch and in domain-switch); each phase runs as --rounds interleaved slices.
+    /// cpu-switch and in domain-switch); each phase runs as --rounds interleaved slices. With
+    /// --profiler perf|oprofile: seconds of the guest's system-wide profile in each mode.
     #[arg(long, value_name = "SECS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub phase_secs: u64,

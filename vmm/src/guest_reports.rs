@@ -40,6 +40,83 @@ pub fn opreport_share(report: &str, symbol: &str) -> Option<f64> {
     })
 }
 
+/// Samples per symbol from `perf report --stdio -n --sort symbol` (`OVERHEAD  SAMPLES  [k] NAME`
+/// lines; `[k]` kernel, `[.]` user). perf separates columns by two or more spaces, so a name
+/// with single spaces in it (a demangled C++ signature) stays whole; trailing IPC columns are
+/// dropped. Addresses perf could not name (`0x...`) are summed per kind into
+/// `[unresolved kernel address]` / `[unresolved user address]`.
+pub fn perf_report_samples(report: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for l in report.lines() {
+        let t = l.trim_start();
+        if t.starts_with('#') || t.is_empty() {
+            continue;
+        }
+        let mut words = t.split_whitespace();
+        let (Some(pct), Some(n)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if !pct.ends_with('%') {
+            continue;
+        }
+        let Ok(n) = n.parse::<u64>() else { continue };
+        let (kind, rest) = match (t.find("[k] "), t.find("[.] ")) {
+            (Some(i), _) => ("kernel", &t[i + 4..]),
+            (None, Some(i)) => ("user", &t[i + 4..]),
+            _ => continue,
+        };
+        let name = rest.split("  ").next().unwrap_or("").trim();
+        if name.is_empty() {
+            continue;
+        }
+        let name = if name.starts_with("0x") {
+            format!("[unresolved {kind} address]")
+        } else {
+            name.to_string()
+        };
+        match out.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, c)) => *c += n,
+            None => out.push((name, n)),
+        }
+    }
+    out
+}
+
+/// Samples per symbol from `opreport -l`: the header line (`samples  %  [image name]  [app
+/// name]  symbol name`) says how many name columns come before the symbol; rows are
+/// `SAMPLES  PERCENT  [IMAGE]  [APP]  SYMBOL` (a symbol may contain spaces). Summed by symbol.
+pub fn opreport_samples(report: &str) -> Vec<(String, u64)> {
+    let mut skip = None;
+    let mut out: Vec<(String, u64)> = Vec::new();
+    for l in report.lines() {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        if words.first() == Some(&"samples") {
+            // "image name", "app name": each one column before "symbol name".
+            skip = Some(
+                words
+                    .iter()
+                    .filter(|w| **w == "name")
+                    .count()
+                    .saturating_sub(1),
+            );
+            continue;
+        }
+        let Some(skip) = skip else { continue };
+        if words.len() < 3 + skip {
+            continue;
+        }
+        let (Ok(n), Ok(_)) = (words[0].parse::<u64>(), words[1].parse::<f64>()) else {
+            continue;
+        };
+        let name = words[2 + skip..].join(" ");
+        match out.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, c)) => *c += n,
+            None => out.push((name, n)),
+        }
+    }
+    out
+}
+
 /// The counts `ocount -f` wrote: (event, count) for each line `EVENT  COUNT  ...` whose count
 /// is a number (thousands separators allowed).
 pub fn ocount_counts(text: &str) -> Vec<(String, u64)> {
@@ -127,6 +204,64 @@ mod tests {
             vec![("CPU_CLK_UNHALTED".to_string(), 1_234_567)]
         );
         assert!(ocount_counts("").is_empty());
+    }
+
+    // Real output of Debian's perf 6.1 (`perf report --stdio -n --sort symbol`), recorded with
+    // cpu-clock on the build host: system-wide (kernel symbols) and on a stripped static binary
+    // (unresolved user addresses).
+    const REPORT_SYSTEM: &str = include_str!("../tests/fixtures/perf-report-system.txt");
+    const REPORT_CONTROL: &str = include_str!("../tests/fixtures/perf-report-control.txt");
+
+    #[test]
+    fn perf_report_samples_per_symbol() {
+        let s = perf_report_samples(REPORT_SYSTEM);
+        assert_eq!(s[0], ("pv_native_safe_halt".to_string(), 7940));
+        assert_eq!(s[1], ("paging64_walk_addr_generic".to_string(), 987));
+        assert!(s
+            .iter()
+            .all(|(k, _)| !k.contains(' ') && !k.starts_with('-')));
+        let c = perf_report_samples(REPORT_CONTROL);
+        let unresolved = c
+            .iter()
+            .find(|(k, _)| k == "[unresolved user address]")
+            .unwrap();
+        assert_eq!(unresolved.1, 85 + 80 + 64 + 51 + 49);
+        assert!(c
+            .iter()
+            .any(|(k, n)| k == "std::sys::backtrace::__rust_begin_short_backtrace" && *n == 1));
+        assert!(perf_report_samples("").is_empty());
+    }
+
+    // OProfile's `opreport -l` layouts as its documentation shows them (operf cannot run on the
+    // build hosts: no PMU).
+    #[test]
+    fn opreport_samples_with_and_without_image_columns() {
+        let system = "CPU: AMD64 generic, speed 2600 MHz (estimated)\n\
+            Counted CPU_CLK_UNHALTED events (Cycles outside of halt state) with a unit mask of 0x00 (No unit mask) count 100000\n\
+            samples  %        image name               symbol name\n\
+            3021     60.1119  vmlinux                  vm_interrupt\n\
+            1001     19.9180  cpu_split                hot_75\n\
+            1000     19.8980  libstdc++.so.6           operator new(unsigned long)\n\
+            3        0.0597   vmlinux                  vm_interrupt\n";
+        let s = opreport_samples(system);
+        assert_eq!(
+            s,
+            vec![
+                ("vm_interrupt".to_string(), 3024),
+                ("hot_75".to_string(), 1001),
+                ("operator new(unsigned long)".to_string(), 1000)
+            ]
+        );
+        let one_image =
+            "samples  %        symbol name\n3021     75.1119  hot_75\n1001     24.8881  cold_25\n";
+        assert_eq!(
+            opreport_samples(one_image)[1],
+            ("cold_25".to_string(), 1001)
+        );
+        assert!(
+            opreport_samples("3021 75.1 hot_75\n").is_empty(),
+            "no header, no rows"
+        );
     }
 
     #[test]

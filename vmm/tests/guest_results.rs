@@ -30,15 +30,7 @@ fn run_guest_script(dir: &Path, port: Option<&[u8]>, script: &str) -> (Decoded, 
     if let Some(p) = port {
         std::fs::write(&port_file, p).unwrap();
     }
-    // Only busybox's applets on PATH (as in the guest): one link per applet.
-    let bin = dir.join("bin");
-    if !bin.exists() {
-        std::fs::create_dir(&bin).unwrap();
-        let list = Command::new(BUSYBOX).arg("--list").output().unwrap();
-        for app in String::from_utf8_lossy(&list.stdout).lines() {
-            std::os::unix::fs::symlink(BUSYBOX, bin.join(app)).unwrap();
-        }
-    }
+    let bin = busybox_bin(dir);
     let out = Command::new(BUSYBOX)
         .args(["sh", "-c"])
         .arg(format!(". {}\n{script}", experiments_sh().display()))
@@ -56,6 +48,19 @@ fn run_guest_script(dir: &Path, port: Option<&[u8]>, script: &str) -> (Decoded, 
     assert!(out.status.success(), "script failed:\n{console}");
     let bytes = std::fs::read(&results).unwrap_or_default();
     (decode(&bytes), console)
+}
+
+/// Only busybox's applets on PATH (as in the guest): one link per applet, in DIR/bin.
+fn busybox_bin(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    if !bin.exists() {
+        std::fs::create_dir(&bin).unwrap();
+        let list = Command::new(BUSYBOX).arg("--list").output().unwrap();
+        for app in String::from_utf8_lossy(&list.stdout).lines() {
+            std::os::unix::fs::symlink(BUSYBOX, bin.join(app)).unwrap();
+        }
+    }
+    bin
 }
 
 /// A fake /dev/port whose control-port byte reads `mode`, as the VMM's device answers.
@@ -178,4 +183,84 @@ fn without_a_control_port_a_requested_mode_is_reported_not_faked() {
     assert!(d
         .get("domain-switch", "no-such-experiment/status.txt")
         .is_some());
+}
+
+/// Puts an executable busybox-sh script called `name` on the test's PATH.
+fn stub(dir: &Path, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let p = busybox_bin(dir).join(name);
+    let _ = std::fs::remove_file(&p);
+    std::fs::write(&p, format!("#!{BUSYBOX} sh\n{body}")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `vpmu-vmm compare --profiler perf|oprofile`, guest half against host half: the guest
+/// library's compare-perf and compare-oprofile experiments, with stand-ins for perf, operf,
+/// opreport and cpu_split that print real (perf) or documented (OProfile) report layouts, in
+/// both modes through the stand-in control port; the host turns the frames into its two
+/// comparisons. (The profilers themselves run only where guest user space does.)
+#[test]
+fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
+    use vmm::compare::in_guest::{comparisons, GuestProfiler};
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    stub(
+        dir.path(),
+        "perf",
+        &format!(
+            "case \"$1\" in\n\
+             record) while [ $# -gt 0 ]; do [ \"$1\" = -o ] && : >\"$2\"; shift; done ;;\n\
+             report) case \"$*\" in *system.data*) cat {f}/perf-report-system.txt ;; \
+             *) cat {f}/perf-report-control.txt ;; esac ;;\n\
+             *) exit 9 ;;\n\
+             esac\n",
+            f = fixtures.display()
+        ),
+    );
+    // operf --system-wide runs until SIGINT (sent by timeout), then exits 0, as the real one.
+    stub(
+        dir.path(),
+        "operf",
+        "case \"$*\" in *--system-wide*) trap 'exit 0' INT; while :; do sleep 1; done ;; esac\n",
+    );
+    stub(
+        dir.path(),
+        "opreport",
+        "echo 'CPU: AMD64 generic, speed 2600 MHz (estimated)'\n\
+         echo 'samples  %        image name               symbol name'\n\
+         case \"$*\" in *op_system*) echo '900      90.0000  vmlinux  vm_interrupt'\n\
+         echo '100      10.0000  vmlinux  default_idle' ;;\n\
+         *) echo '750      75.0000  cpu_split  hot_75'\n echo '250      25.0000  cpu_split  cold_25' ;; esac\n",
+    );
+    stub(dir.path(), "cpu_split", "exit 0\n");
+    for (profiler, exp) in [
+        (GuestProfiler::Perf, "compare-perf"),
+        (GuestProfiler::Oprofile, "compare-oprofile"),
+    ] {
+        let (d, console) = run_guest_script(
+            dir.path(),
+            Some(&port_with(0xff)),
+            &format!("VPMU_SECS=1; vpmu_run_experiments {exp} cpu-switch,domain-switch"),
+        );
+        assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
+        for mode in ["cpu-switch", "domain-switch"] {
+            let status = d.get(mode, &format!("{exp}/status.txt")).unwrap();
+            let status = String::from_utf8_lossy(&status.payload);
+            assert!(
+                vmm::guest_reports::failed_steps(&status).is_empty(),
+                "{exp} {mode}: {status}\n{console}"
+            );
+        }
+        let (packets, control) =
+            comparisons(profiler, &d).unwrap_or_else(|e| panic!("{exp}: {e}\n{console}"));
+        let top = match profiler {
+            GuestProfiler::Perf => "pv_native_safe_halt",
+            GuestProfiler::Oprofile => "vm_interrupt",
+        };
+        assert!(
+            packets.row(top).is_some_and(|r| r.cpu_samples > 0),
+            "{packets:?}"
+        );
+        assert!(control.cpu_total > 0 && control.domain_total > 0);
+    }
 }

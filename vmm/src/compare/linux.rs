@@ -322,7 +322,8 @@ pub fn check_inputs(
         return Err(
             "--workload packet-rx needs --kernel and --initrd (the default guest: \
                     `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
-                    --initrd \"$SPIN_INITRAMFS\"; scripts/demo.sh does this)"
+                    --initrd \"$SPIN_INITRAMFS\", or --initrd \"$INITRAMFS\" with --profiler \
+                    perf|oprofile; scripts/demo.sh does this)"
                 .into(),
         );
     };

@@ -1,8 +1,10 @@
 //! `vpmu-vmm compare`: one workload profiled with the VMM's work charged to the guest
 //! (domain-switch) and not charged (cpu-switch), shown side by side ([`table`]): text table,
 //! CSV and SVG chart. Workloads: [`linux`] (packet receive on the stock kernel, profiled from
-//! the host) and [`tiny`] (a bare-metal guest that samples itself with the vPMU).
+//! the host), [`in_guest`] (the same, profiled by the guest's own perf or OProfile: needs a
+//! VT-x/SVM host) and [`tiny`] (a bare-metal guest that samples itself with the vPMU).
 
+pub mod in_guest;
 pub mod linux;
 pub mod table;
 pub mod tiny;
@@ -30,90 +32,144 @@ pub enum CompareError {
 
 /// `vpmu-vmm compare`: runs the workload, prints the tables and what they show, writes the files.
 pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
+    use crate::cli::{Profiler, Workload};
+    let in_guest = match args.profiler {
+        Profiler::Host => None,
+        Profiler::Perf => Some(in_guest::GuestProfiler::Perf),
+        Profiler::Oprofile => Some(in_guest::GuestProfiler::Oprofile),
+    };
+    if args.workload == Workload::Tiny && in_guest.is_some() {
+        return Err(CompareError::Input(
+            "--profiler perf|oprofile needs --workload packet-rx: the tiny guest has no Linux (it samples itself with the vPMU)"
+                .into(),
+        ));
+    }
+    if let Some(why) = in_guest.and_then(|_| in_guest::cannot_run_here()) {
+        return Err(CompareError::Input(why));
+    }
     std::fs::create_dir_all(&args.out).map_err(|source| CompareError::Io {
         path: args.out.clone(),
         source,
     })?;
-    match args.workload {
-        crate::cli::Workload::PacketRx => {
-            let (kernel, initrd) =
-                linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
-                    .map_err(CompareError::Input)?;
-            let emulated =
-                crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some();
-            let access_cost_us = args.net_access_cost_us.unwrap_or(if emulated {
-                linux::EMULATED_ACCESS_COST_US
-            } else {
-                0
-            });
-            let why = match (args.net_access_cost_us, emulated) {
-                (Some(_), _) => "as asked",
-                (None, true) => {
-                    "scaled like this host's emulated guest kernel code; docs/accounting-modes.md"
-                }
-                (None, false) => "the VMM's own work only",
-            };
-            eprintln!(
-                "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
-                 {} echo requests/s; then 4 phases of {} s (packets and a CPU-bound control, each in cpu-switch and domain-switch) \
-                 interleaved in {} rounds. The guest kernel's code is emulated on some hosts: the boot takes a minute or more there.",
-                kernel.display(),
-                args.net_rx_pps,
-                args.phase_secs,
-                args.rounds
-            );
-            let l = linux::run(&linux::Settings {
-                kernel,
-                initrd,
-                out: args.out.clone(),
-                phase: std::time::Duration::from_secs(args.phase_secs),
-                rounds: args.rounds,
-                pps: args.net_rx_pps,
-                hz: args.hz,
-                access_cost_us,
-                boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
-            })?;
-            eprintln!("[compare] done in {:.1} s", l.run.run_time.as_secs_f64());
-            if let Some(n) = l.run.net.as_ref().and_then(|n| n.pinger.as_ref()) {
-                eprintln!(
-                    "[compare] network: {} echo requests, {} replies ok, {} bad",
-                    n.requests_pushed, n.replies_ok, n.replies_bad
-                );
-            }
-            for c in [&l.packets, &l.control] {
-                println!("{}", c.to_table_top(args.top));
-                let (csv, svg) = write_outputs(&args.out, c)?;
-                println!("written: {} {}\n", csv.display(), svg.display());
-            }
-            for f in linux::DEVICE_ACCESS_FUNCTIONS {
-                if let Some(r) = l.packets.row(f) {
-                    println!(
-                        "{f} (accesses the card's registers): {} samples in cpu-switch, {} in domain-switch ({:.1}% -> {:.1}%)",
-                        r.cpu_samples, r.domain_samples, r.cpu_percent, r.domain_percent
-                    );
-                }
-            }
+    match (args.workload, in_guest) {
+        (Workload::PacketRx, None) => packet_rx_host(args),
+        (Workload::PacketRx, Some(p)) => packet_rx_in_guest(args, p),
+        (Workload::Tiny, _) => tiny_guest(args),
+    }
+}
+
+/// The extra device-model work per card register access: as asked, else by host, and why.
+fn access_cost(args: &crate::cli::CompareArgs) -> (u32, &'static str) {
+    let emulated = crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some();
+    match (args.net_access_cost_us, emulated) {
+        (Some(us), _) => (us, "as asked"),
+        (None, true) => (
+            linux::EMULATED_ACCESS_COST_US,
+            "scaled like this host's emulated guest kernel code; docs/accounting-modes.md",
+        ),
+        (None, false) => (0, "the VMM's own work only"),
+    }
+}
+
+fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
+    let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
+        .map_err(CompareError::Input)?;
+    let (access_cost_us, why) = access_cost(args);
+    eprintln!(
+        "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
+         {} echo requests/s; then 4 phases of {} s (packets and a CPU-bound control, each in cpu-switch and domain-switch) \
+         interleaved in {} rounds, profiled from the host. The guest kernel's code is emulated on some hosts: the boot takes a minute or more there.",
+        kernel.display(),
+        args.net_rx_pps,
+        args.phase_secs,
+        args.rounds
+    );
+    let l = linux::run(&linux::Settings {
+        kernel,
+        initrd,
+        out: args.out.clone(),
+        phase: std::time::Duration::from_secs(args.phase_secs),
+        rounds: args.rounds,
+        pps: args.net_rx_pps,
+        hz: args.hz,
+        access_cost_us,
+        boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
+    })?;
+    print_packet_rx(args, &l.packets, &l.control, &l.run)
+}
+
+fn packet_rx_in_guest(
+    args: &crate::cli::CompareArgs,
+    profiler: in_guest::GuestProfiler,
+) -> Result<(), CompareError> {
+    let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
+        .map_err(CompareError::Input)?;
+    let (access_cost_us, why) = access_cost(args);
+    eprintln!(
+        "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
+         {} echo requests/s; the guest's {} profiles the whole system for {} s and cpu_split (the control) in each mode, switching through the vPMU control port",
+        kernel.display(),
+        args.net_rx_pps,
+        profiler.experiment().trim_start_matches("compare-"),
+        args.phase_secs,
+    );
+    let g = in_guest::run(&in_guest::Settings {
+        profiler,
+        kernel,
+        initrd,
+        out: args.out.clone(),
+        secs: args.phase_secs,
+        pps: args.net_rx_pps,
+        access_cost_us,
+        boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
+    })?;
+    print_packet_rx(args, &g.packets, &g.control, &g.run)
+}
+
+fn print_packet_rx(
+    args: &crate::cli::CompareArgs,
+    packets: &table::Comparison,
+    control: &table::Comparison,
+    run: &crate::vm::RunReport,
+) -> Result<(), CompareError> {
+    eprintln!("[compare] done in {:.1} s", run.run_time.as_secs_f64());
+    if let Some(n) = run.net.as_ref().and_then(|n| n.pinger.as_ref()) {
+        eprintln!(
+            "[compare] network: {} echo requests, {} replies ok, {} bad",
+            n.requests_pushed, n.replies_ok, n.replies_bad
+        );
+    }
+    for c in [packets, control] {
+        println!("{}", c.to_table_top(args.top));
+        let (csv, svg) = write_outputs(&args.out, c)?;
+        println!("written: {} {}\n", csv.display(), svg.display());
+    }
+    for f in linux::DEVICE_ACCESS_FUNCTIONS {
+        if let Some(r) = packets.row(f) {
             println!(
-                "{}",
-                summary(&l.packets, &l.control, linux::VIRTIO_NET_TOTAL)
+                "{f} (accesses the card's registers): {} samples in cpu-switch, {} in domain-switch ({:.1}% -> {:.1}%)",
+                r.cpu_samples, r.domain_samples, r.cpu_percent, r.domain_percent
             );
-        }
-        crate::cli::Workload::Tiny => {
-            eprintln!(
-                "[compare] booting the tiny comparison guest: I/O workload and CPU-bound control, \
-                 cpu-switch then domain-switch, one boot ({} us per I/O access)...",
-                args.io_delay_us
-            );
-            let t = tiny::run(&args.out, args.io_delay_us)?;
-            eprintln!("[compare] done in {:.1} s", t.run.run_time.as_secs_f64());
-            for c in [&t.io, &t.control] {
-                println!("{}", c.to_table());
-                let (csv, svg) = write_outputs(&args.out, c)?;
-                println!("written: {} {}\n", csv.display(), svg.display());
-            }
-            println!("{}", summary(&t.io, &t.control, "io_heavy"));
         }
     }
+    println!("{}", summary(packets, control, linux::VIRTIO_NET_TOTAL));
+    Ok(())
+}
+
+fn tiny_guest(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
+    eprintln!(
+        "[compare] booting the tiny comparison guest: I/O workload and CPU-bound control, \
+         cpu-switch then domain-switch, one boot ({} us per I/O access)...",
+        args.io_delay_us
+    );
+    let t = tiny::run(&args.out, args.io_delay_us)?;
+    eprintln!("[compare] done in {:.1} s", t.run.run_time.as_secs_f64());
+    for c in [&t.io, &t.control] {
+        println!("{}", c.to_table());
+        let (csv, svg) = write_outputs(&args.out, c)?;
+        println!("written: {} {}\n", csv.display(), svg.display());
+    }
+    println!("{}", summary(&t.io, &t.control, "io_heavy"));
     Ok(())
 }
 

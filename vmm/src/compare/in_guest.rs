@@ -1,0 +1,277 @@
+//! `vpmu-vmm compare --workload packet-rx --profiler perf|oprofile`: the same comparison with the
+//! guest's own stock profiler instead of the VMM's host-side sampler. One boot of the default
+//! kernel with the default initramfs (perf, OProfile, cpu_split) and the virtio-net card; the
+//! guest's /init runs the `compare-perf` or `compare-oprofile` experiment
+//! (guest-image/initramfs/experiments.sh) once per accounting mode, switching through the vPMU
+//! control port: a system-wide profile while the VMM's pinger sends packets, and a profile of
+//! cpu_split (the CPU-bound control). The reports come back over COM2 as result frames
+//! ([`crate::guest_results`]) and are read with [`crate::guest_reports`].
+//!
+//! **Needs a host where guest user space runs (VT-x/SVM).** On hosts whose KVM emulates guest
+//! kernel code (this project's build machines) init dies at its first system call; [`run`]
+//! refuses before booting and says so.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::table::{Comparison, Profile};
+use super::CompareError;
+use crate::end::VmEnd;
+use crate::guest_reports::{failed_steps, opreport_samples, perf_report_samples};
+use crate::guest_results::{decode, Decoded};
+use crate::net::NetConfig;
+use crate::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
+
+/// The guest's profiler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestProfiler {
+    Perf,
+    Oprofile,
+}
+
+impl GuestProfiler {
+    /// The experiment /init runs (experiments.sh).
+    pub fn experiment(self) -> &'static str {
+        match self {
+            GuestProfiler::Perf => "compare-perf",
+            GuestProfiler::Oprofile => "compare-oprofile",
+        }
+    }
+
+    /// Samples per symbol from one of this profiler's reports.
+    pub fn parse(self, report: &str) -> Profile {
+        let pairs = match self {
+            GuestProfiler::Perf => perf_report_samples(report),
+            GuestProfiler::Oprofile => opreport_samples(report),
+        };
+        let mut p = Profile::default();
+        for (name, n) in pairs {
+            *p.samples.entry(name).or_default() += n;
+        }
+        p
+    }
+}
+
+pub struct Settings {
+    pub profiler: GuestProfiler,
+    pub kernel: PathBuf,
+    /// The default (full) initramfs: perf, OProfile, cpu_split, /init with experiments.sh.
+    pub initrd: PathBuf,
+    pub out: PathBuf,
+    /// Seconds of system-wide profile per mode.
+    pub secs: u64,
+    pub pps: u32,
+    pub access_cost_us: u32,
+    pub boot_timeout: Duration,
+}
+
+pub struct GuestComparison {
+    pub packets: Comparison,
+    pub control: Comparison,
+    pub run: RunReport,
+}
+
+/// Why the guest's own profilers cannot run on this host, if they cannot.
+pub fn cannot_run_here() -> Option<String> {
+    crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).map(|why| {
+        format!(
+            "--profiler perf|oprofile runs the profiler inside the guest, and guest user space \
+             cannot run on this host ({why}; a guest SYSCALL never reaches the guest kernel): use \
+             --profiler host (the default), or a VT-x/SVM host"
+        )
+    })
+}
+
+/// The kernel command line for the guest's experiment.
+pub fn cmdline(profiler: GuestProfiler, secs: u64) -> String {
+    format!(
+        "vpmu.experiment={} vpmu.modes=cpu-switch,domain-switch vpmu.secs={secs}",
+        profiler.experiment()
+    )
+}
+
+/// Boots the guest once; it profiles itself in both modes and powers off.
+pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
+    if let Some(why) = cannot_run_here() {
+        return Err(CompareError::Input(why));
+    }
+    let serial2 = s.out.join("guest-results.bin");
+    let console = s.out.join("guest-console.log");
+    let mut cfg = VmConfig::new(Boot::Linux {
+        kernel: s.kernel.clone(),
+        initrd: Some(s.initrd.clone()),
+        cmdline: cmdline(s.profiler, s.secs),
+    });
+    cfg.memory_mib = 1024;
+    // The guest switches the mode itself before each profile (vpmu.modes).
+    cfg.vpmu = VpmuSetting::CpuSwitch;
+    cfg.net = Some(NetConfig {
+        rx_pps: s.pps,
+        access_cost_us: s.access_cost_us,
+    });
+    cfg.serial2 = Some(serial2.clone());
+    cfg.console_out = Some(console.clone());
+    // Two system-wide profiles plus two cpu_split runs and the reports: generous.
+    cfg.timeout = Some(s.boot_timeout + Duration::from_secs(4 * s.secs + 600));
+    let report = vm::run(&cfg)?;
+    if report.end != VmEnd::PowerOff {
+        return Err(CompareError::GuestEnd(format!(
+            "{} (guest console: {})",
+            report.end,
+            console.display()
+        )));
+    }
+    let bytes = std::fs::read(&serial2).map_err(|source| CompareError::Io {
+        path: serial2.clone(),
+        source,
+    })?;
+    let (packets, control) = comparisons(s.profiler, &decode(&bytes))?;
+    Ok(GuestComparison {
+        packets,
+        control,
+        run: report,
+    })
+}
+
+/// The packet and control comparisons from the guest's result frames.
+pub fn comparisons(
+    profiler: GuestProfiler,
+    d: &Decoded,
+) -> Result<(Comparison, Comparison), CompareError> {
+    if !d.problems.is_empty() {
+        return Err(CompareError::GuestReport(format!(
+            "damaged or missing result frames: {}",
+            d.problems
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
+    }
+    let exp = profiler.experiment();
+    let text = |mode: &str, name: &str| -> Result<String, CompareError> {
+        d.get(mode, &format!("{exp}/{name}"))
+            .map(|f| String::from_utf8_lossy(&f.payload).into_owned())
+            .ok_or_else(|| {
+                CompareError::GuestReport(format!(
+                    "no {exp}/{name} from the guest in {mode} (did the mode switch fail? see the guest console)"
+                ))
+            })
+    };
+    let mut profiles = Vec::new();
+    for mode in ["cpu-switch", "domain-switch"] {
+        let status = text(mode, "status.txt")?;
+        let failed = failed_steps(&status);
+        if !failed.is_empty() {
+            return Err(CompareError::GuestReport(format!(
+                "{mode}: profiler steps failed in the guest: {}",
+                failed.join("; ")
+            )));
+        }
+        let system = profiler.parse(&text(mode, "report-system.txt")?);
+        let control = profiler.parse(&text(mode, "report-control.txt")?);
+        if system.total() == 0 || control.total() == 0 {
+            return Err(CompareError::GuestReport(format!(
+                "{mode}: the guest's {exp} reports hold no samples"
+            )));
+        }
+        profiles.push((system, control));
+    }
+    let name = |what: &str| format!("packet-rx{what}-{}", exp.trim_start_matches("compare-"));
+    Ok((
+        Comparison::new(&name(""), &profiles[0].0, &profiles[1].0),
+        Comparison::new(&name("-control"), &profiles[0].1, &profiles[1].1),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A result stream as the guest library writes it (its framing is checked against the real
+    /// busybox library in vmm/tests/guest_results.rs).
+    fn stream(frames: &[(&str, &str, &str)]) -> Vec<u8> {
+        let mut b =
+            b"VPMU-RESULTS-BEGIN v1 experiments=compare-perf modes=cpu-switch,domain-switch\n"
+                .to_vec();
+        for (seq, (mode, name, payload)) in frames.iter().enumerate() {
+            let crc = crc32fast::hash(payload.as_bytes());
+            b.extend_from_slice(
+                format!(
+                    "VPMU-FRAME v1 seq={seq} name={name} mode={mode} len={} crc32={crc:08x}\n",
+                    payload.len()
+                )
+                .as_bytes(),
+            );
+            b.extend_from_slice(payload.as_bytes());
+            b.extend_from_slice(format!("\nVPMU-FRAME-END seq={seq}\n").as_bytes());
+        }
+        b.extend_from_slice(format!("VPMU-RESULTS-END frames={}\n", frames.len()).as_bytes());
+        b
+    }
+
+    fn report(rows: &[(&str, u64)]) -> String {
+        let total: u64 = rows.iter().map(|r| r.1).sum();
+        let mut s = String::from("# Overhead       Samples  Symbol\n#\n");
+        for (name, n) in rows {
+            s.push_str(&format!(
+                "    {:.2}%  {n:>12}  [k] {name}\n",
+                100.0 * *n as f64 / total as f64
+            ));
+        }
+        s
+    }
+
+    #[test]
+    fn frames_become_the_two_comparisons() {
+        let cpu_sys = report(&[("vm_interrupt", 20), ("default_idle", 980)]);
+        let dom_sys = report(&[("vm_interrupt", 2000), ("default_idle", 1000)]);
+        let ctl = report(&[("hot_75", 750), ("cold_25", 250)]);
+        let ok = "exit=0\tperf record\n";
+        let bytes = stream(&[
+            ("cpu-switch", "compare-perf/report-system.txt", &cpu_sys),
+            ("cpu-switch", "compare-perf/report-control.txt", &ctl),
+            ("cpu-switch", "compare-perf/status.txt", ok),
+            ("domain-switch", "compare-perf/report-system.txt", &dom_sys),
+            ("domain-switch", "compare-perf/report-control.txt", &ctl),
+            ("domain-switch", "compare-perf/status.txt", ok),
+        ]);
+        let d = decode(&bytes);
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        let (p, c) = comparisons(GuestProfiler::Perf, &d).unwrap();
+        assert_eq!(p.workload, "packet-rx-perf");
+        let r = p.row("vm_interrupt").unwrap();
+        assert_eq!((r.cpu_samples, r.domain_samples), (20, 2000));
+        assert!(r.ratio() > 30.0);
+        assert_eq!(c.row("hot_75").unwrap().ratio(), 1.0);
+
+        // A failed step in the guest is an error that names it, not an empty table.
+        let bad = stream(&[
+            ("cpu-switch", "compare-perf/report-system.txt", &cpu_sys),
+            ("cpu-switch", "compare-perf/report-control.txt", &ctl),
+            (
+                "cpu-switch",
+                "compare-perf/status.txt",
+                "exit=1\tperf record -a\n",
+            ),
+        ]);
+        let e = comparisons(GuestProfiler::Perf, &decode(&bad)).unwrap_err();
+        assert!(e.to_string().contains("perf record -a"), "{e}");
+        // A missing mode is named.
+        let half = stream(&[
+            ("cpu-switch", "compare-perf/report-system.txt", &cpu_sys),
+            ("cpu-switch", "compare-perf/report-control.txt", &ctl),
+            ("cpu-switch", "compare-perf/status.txt", ok),
+        ]);
+        let e = comparisons(GuestProfiler::Perf, &decode(&half)).unwrap_err();
+        assert!(e.to_string().contains("domain-switch"), "{e}");
+    }
+
+    #[test]
+    fn the_command_line_names_the_experiment_and_both_modes() {
+        let c = cmdline(GuestProfiler::Oprofile, 20);
+        assert!(c.contains("vpmu.experiment=compare-oprofile"));
+        assert!(c.contains("vpmu.modes=cpu-switch,domain-switch"));
+        assert!(c.contains("vpmu.secs=20"));
+    }
+}
