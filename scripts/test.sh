@@ -4,7 +4,10 @@
 #   2. tiny guests on /dev/kvm        (same run; they fail loudly without /dev/kvm)
 #   3. stock Linux on /dev/kvm        two boots of the default guest kernel: 2 vCPUs with the perf
 #                                     NMI watchdog on the vPMU in both modes; packet receive compared
-#                                     in both modes (vpmu-vmm compare --workload packet-rx)
+#                                     in both modes (vpmu-vmm compare --workload packet-rx); and,
+#                                     where guest user space runs (VT-x/SVM), stock perf and OProfile
+#                                     in the guest (guest_profilers; elsewhere it says loudly that
+#                                     it cannot run)
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 set -euo pipefail
@@ -38,3 +41,17 @@ VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS_TINY" \
 say "tier 3: packet receive compared in both accounting modes (vpmu-vmm compare --workload packet-rx; one boot)"
 VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
   cargo test --release -p vmm --test linux_compare -- --ignored --nocapture
+
+# Stock perf and OProfile inside the guest need guest user space: not on hosts whose KVM emulates
+# guest kernel code (the kvm_pvm module, as vmm::host_quirks::detect checks), where the test
+# says so loudly and checks nothing. Elsewhere it needs the default (full) initramfs.
+if [ -e /sys/module/kvm_pvm ]; then
+  say "tier 3: stock perf/OProfile in the guest: this host cannot run guest user space (the test says why)"
+  cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture
+else
+  say "tier 3: stock perf and OProfile in the guest, both modes (builds the default initramfs once)"
+  guest-image/build.sh initramfs
+  eval "$(guest-image/build.sh paths)"
+  VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS" \
+    cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture
+fi
