@@ -12,7 +12,7 @@
 #     compare-perf      for `vpmu-vmm compare --profiler perf`: perf record -a (the whole
 #                       system, e.g. the kernel answering the VMM's packets) for $VPMU_SECS s, and
 #                       perf record on cpu_split (the CPU-bound control); perf report -n --sort
-#                       symbol of each
+#                       symbol of each (the control: cpu_split's own symbols)
 #     compare-oprofile  the same with operf --system-wide (stopped after $VPMU_SECS s) and operf
 #                       on cpu_split; opreport -l of each
 #   MODES: optional comma-separated accounting modes (cpu-switch,domain-switch): the whole LIST
@@ -150,8 +150,10 @@ exp_compare_perf() {
 		perf report -i "$dir/system.data" --stdio -n --sort symbol
 	vpmu_step compare-perf record-control.log \
 		perf record -N -e "$VPMU_EVENT" -o "$dir/control.data" -- cpu_split "$VPMU_ROUNDS"
+	# The control is cpu_split's own code (hot_75, cold_25): what the VMM does for the packets that
+	# arrive meanwhile is not part of it.
 	vpmu_step compare-perf report-control.txt \
-		perf report -i "$dir/control.data" --stdio -n --sort symbol
+		perf report -i "$dir/control.data" --stdio -n --sort symbol --dsos cpu_split
 }
 
 exp_compare_oprofile() {
@@ -161,7 +163,8 @@ exp_compare_oprofile() {
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
 		operf -d "$dir/op_control" cpu_split "$VPMU_ROUNDS"
-	vpmu_step compare-oprofile report-control.txt opreport -l --session-dir="$dir/op_control"
+	vpmu_step compare-oprofile report-control.txt opreport -l --session-dir="$dir/op_control" \
+		image:/usr/bin/cpu_split
 }
 
 exp_workloads() {
