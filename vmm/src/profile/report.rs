@@ -258,7 +258,7 @@ pub fn render_system_wide(t: &Trace, rows: &[TimeRow], top: usize) -> String {
     let _ = writeln!(
         out,
         "\nsystem-wide view: guest symbols = samples taken in the guest x {:.3} ms; [vmm] rows = \
-         exit handling measured with the TSC; total {:.1} ms = {} vCPU(s) x the {:.1} ms run",
+         exit handling measured with the TSC; total {:.1} ms for {} vCPU(s) x the {:.1} ms run",
         t.header.sample_period_ns as f64 / 1e6,
         total,
         t.header.vcpus,
@@ -281,6 +281,15 @@ pub fn render_system_wide(t: &Trace, rows: &[TimeRow], top: usize) -> String {
             "{rest:>11.3} {:>7.2}  ({} more rows; --top 0 shows all)",
             rest * 100.0 / total.max(f64::MIN_POSITIVE),
             rows.len() - top
+        );
+    }
+    let over = total - run_ms * f64::from(t.header.vcpus);
+    if over > 0.005 * total {
+        let _ = writeln!(
+            out,
+            "(the rows exceed vCPUs x run by {over:.1} ms: the sample clock also ran while the VMM \
+             handled interrupted exits, which the [vmm] interrupted row measures too; guest rows \
+             are estimates from samples)"
         );
     }
     out
