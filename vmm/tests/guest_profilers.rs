@@ -230,28 +230,23 @@ fn compare_with_the_guests_own_profilers() {
         .expect("VPMU_TEST_INITRD must name the default (full) initramfs");
     for profiler in ["perf", "oprofile"] {
         let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(BIN)
-            .args(["compare", "--workload", "packet-rx", "--profiler", profiler])
-            .args([
+        let run = common::run_compare(
+            &[
+                "--workload",
+                "packet-rx",
+                "--profiler",
+                profiler,
                 "--kernel",
                 &kernel,
                 "--initrd",
                 &initrd,
                 "--phase-secs",
                 "20",
-            ])
-            .arg("--out")
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        eprintln!("{stdout}\n{stderr}");
-        assert!(out.status.success(), "compare --profiler {profiler} failed");
-        let read = |name: &str| {
-            vmm::compare::table::csv_rows(&std::fs::read_to_string(dir.path().join(name)).unwrap())
-                .unwrap()
-        };
+            ],
+            dir.path(),
+        );
+        let stdout = run.stdout;
+        let read = |name: &str| common::compare_csv(dir.path(), name);
         let packets = read(&format!("packet-rx-{profiler}.csv"));
         let control = read(&format!("packet-rx-control-{profiler}.csv"));
         assert!(!packets.is_empty() && !control.is_empty());

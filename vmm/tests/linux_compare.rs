@@ -9,11 +9,7 @@
 
 mod common;
 
-use std::process::Command;
-
-const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
-
-use vmm::compare::table::{csv_rows, Row};
+use vmm::compare::table::Row;
 
 fn row(rows: &[Row], function: &str) -> Row {
     rows.iter()
@@ -33,26 +29,21 @@ fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
         std::env::var("VPMU_TEST_SPIN_INITRD").expect("VPMU_TEST_SPIN_INITRD: the spin initramfs");
     let phase = std::env::var("VPMU_TEST_PHASE_SECS").unwrap_or_else(|_| "20".into());
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "compare",
+    let run = common::run_compare(
+        &[
             "--workload",
             "packet-rx",
             "--kernel",
             &kernel,
             "--initrd",
             &initrd,
-        ])
-        .args(["--phase-secs", &phase, "--out"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("{stdout}\n{stderr}");
-    assert!(out.status.success(), "compare failed");
-    let read =
-        |name: &str| csv_rows(&std::fs::read_to_string(dir.path().join(name)).unwrap()).unwrap();
+            "--phase-secs",
+            &phase,
+        ],
+        dir.path(),
+    );
+    let stderr = run.stderr;
+    let read = |name: &str| common::compare_csv(dir.path(), name);
     let packets = read("packet-rx.csv");
     let total = row(&packets, vmm::compare::linux::VIRTIO_NET_TOTAL);
     let (cpu, dom) = (total.cpu_percent, total.domain_percent);

@@ -57,3 +57,33 @@ pub fn run_tiny_with(
         serial2: std::fs::read(serial2).unwrap(),
     }
 }
+
+/// What `vpmu-vmm compare ARGS --out DIR` printed; panics (showing both streams) if it failed.
+pub struct Compared {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run_compare(args: &[&str], out: &Path) -> Compared {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vpmu-vmm"))
+        .arg("compare")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    let c = Compared {
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    };
+    eprintln!("{}\n{}", c.stdout, c.stderr);
+    assert!(o.status.success(), "vpmu-vmm compare {args:?} failed");
+    c
+}
+
+/// The rows of a CSV that `compare` wrote into `dir`.
+pub fn compare_csv(dir: &Path, name: &str) -> Vec<vmm::compare::table::Row> {
+    let text = std::fs::read_to_string(dir.join(name))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join(name).display()));
+    vmm::compare::table::csv_rows(&text).unwrap()
+}
