@@ -105,4 +105,22 @@ for mode in cpu-switch domain-switch; do
 	say "$mode: perf report: hot_75 = $hot% of cpu_split's cpu-clock samples (want 75 +- 2)"
 	grep -q 'task-clock' "$OUT/$mode/perf-stat/cpu_split.csv" || die "$mode: no perf stat CSV"
 done
+# compare-perf (what `vpmu-vmm compare --profiler perf` boots), the same way: the real perf
+# must accept its options and print reports with sample counts.
+rm -f "$ROOT/tmp/results.bin"
+say "running compare-perf (cpu-switch,domain-switch) with cpu-clock, 2 s system-wide..."
+in_root VPMU_RESULTS_DEV=/tmp/results.bin VPMU_PORT_DEV=/tmp/port VPMU_EVENT=cpu-clock \
+	VPMU_SECS=2 VPMU_ROUNDS=${VPMU_ROUNDS:-100} \
+	sh -c '. /etc/vpmu/experiments.sh; vpmu_run_experiments compare-perf cpu-switch,domain-switch' >&2
+rm -rf "$OUT"
+"$VMM" results "$ROOT/tmp/results.bin" --out "$OUT" | tail -n 1 >&2 || die "compare-perf result stream incomplete"
+for mode in cpu-switch domain-switch; do
+	d=$OUT/$mode/compare-perf
+	grep -q $'^exit=[1-9]' "$d/status.txt" && die "$mode: compare-perf steps failed: $(cat "$d/status.txt")"
+	n=$(grep -cE '^ +[0-9.]+% +[0-9]+ +\[k\] ' "$d/report-system.txt" || true)
+	[ "$n" -gt 0 ] || die "$mode: perf report -n of the system-wide profile has no kernel symbol rows"
+	grep -qE '^ +[0-9.]+% +[0-9]+ +\[\.\] hot_75' "$d/report-control.txt" ||
+		die "$mode: the control's perf report -n has no hot_75 row"
+	say "$mode: compare-perf: $n kernel symbols in the system-wide report; hot_75 in the control's"
+done
 say "OK (operf/ocount need a PMU: here they stop with the message above, in a guest on the vPMU they count)"
