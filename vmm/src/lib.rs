@@ -33,5 +33,6 @@ pub mod pmu;
 pub mod profile;
 pub mod report;
 pub mod trace;
+pub mod tsc;
 pub mod vcpu;
 pub mod vm;

@@ -120,11 +120,6 @@ pub fn plan(rounds: u32) -> Vec<(Workload, AccountingMode)> {
     v
 }
 
-fn rdtsc() -> u64 {
-    // SAFETY: RDTSC has no preconditions.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
 /// Boots the guest once and runs the interleaved phases.
 pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
     let profile = s.out.join("packet-rx.profile");
@@ -220,7 +215,7 @@ fn drive(
             .push(Slice {
                 workload,
                 mode,
-                start_tsc: rdtsc(),
+                start_tsc: crate::tsc::now(),
             });
         if i % 4 == 0 {
             eprintln!(
@@ -233,7 +228,7 @@ fn drive(
             return;
         }
     }
-    end_tsc.store(rdtsc(), Ordering::Relaxed);
+    end_tsc.store(crate::tsc::now(), Ordering::Relaxed);
     h.control
         .request_end(VmEnd::Stopped("compare: all slices done".into()));
 }

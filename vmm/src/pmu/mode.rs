@@ -11,11 +11,6 @@ use std::time::{Duration, Instant};
 
 use vpmu::AccountingMode;
 
-fn rdtsc() -> u64 {
-    // SAFETY: RDTSC has no preconditions.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
 /// Index of a mode in per-mode tables.
 pub fn index(mode: AccountingMode) -> usize {
     match mode {
@@ -63,7 +58,7 @@ impl ModeSwitch {
             start: Instant::now(),
             log: Mutex::new(vec![Switch {
                 at: Duration::ZERO,
-                tsc: rdtsc(),
+                tsc: crate::tsc::now(),
                 mode,
                 by: "start",
             }]),
@@ -94,7 +89,7 @@ impl ModeSwitch {
             .unwrap_or_else(|e| e.into_inner())
             .push(Switch {
                 at,
-                tsc: rdtsc(),
+                tsc: crate::tsc::now(),
                 mode,
                 by,
             });

@@ -71,11 +71,6 @@ pub struct Sampler {
 // by the vCPU thread that owns the sampler; moving it between threads before start is harmless.
 unsafe impl Send for Sampler {}
 
-fn rdtsc() -> u64 {
-    // SAFETY: RDTSC has no preconditions.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
 impl Sampler {
     /// `clock` must not be [`SampleClock::None`]; `hz` > 0.
     pub fn new(
@@ -181,7 +176,7 @@ impl Sampler {
                 // Sample points on a grid from here; accept a signal slightly early (timer
                 // slack, TSC vs CLOCK_MONOTONIC): a grid point missed by a hair is counted at
                 // the next signal, with the one after it.
-                *next_due = rdtsc() + *period_tsc - *period_tsc / 8;
+                *next_due = crate::tsc::now() + *period_tsc - *period_tsc / 8;
                 Ok(())
             }
         }
@@ -260,7 +255,7 @@ impl Sampler {
                 if !watch.take() {
                     return Ok(0);
                 }
-                Ok(periods_passed(rdtsc(), next_due, *period_tsc))
+                Ok(periods_passed(crate::tsc::now(), next_due, *period_tsc))
             }
         }
     }

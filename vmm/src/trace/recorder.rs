@@ -85,11 +85,6 @@ pub enum RecordError {
     },
 }
 
-fn rdtsc() -> u64 {
-    // SAFETY: RDTSC has no preconditions.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
 /// The calling thread's CPU time in ns.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -124,7 +119,7 @@ impl VcpuRecorder {
                 self.stop_sampling(e);
             }
         }
-        let t = rdtsc();
+        let t = crate::tsc::now();
         if let Some(sink) = &mut self.exits {
             match self.pending.take() {
                 Some((event, exit_tsc)) => {
@@ -155,7 +150,7 @@ impl VcpuRecorder {
     /// Just after KVM_RUN returned, before the exit is handled.
     #[inline]
     pub fn after_run(&mut self, r: &Result<VcpuExit<'_>, kvm_ioctls::Error>) {
-        let t = rdtsc();
+        let t = crate::tsc::now();
         if let Some(s) = &mut self.sampler {
             s.leave_guest();
         }
@@ -185,7 +180,7 @@ impl VcpuRecorder {
             Ok(n) => n.min(MAX_SAMPLES_AT_ONCE),
             Err(e) => return self.stop_sampling(e),
         };
-        let tsc = rdtsc();
+        let tsc = crate::tsc::now();
         let (rip, cpl) = match (fd.get_regs(), fd.get_sregs()) {
             (Ok(r), Ok(s)) => {
                 let protected = s.cr0 & 1 == 1;
@@ -237,7 +232,7 @@ impl VcpuRecorder {
 
     /// At the end of the vCPU thread.
     pub fn finish(mut self) {
-        let t = rdtsc();
+        let t = crate::tsc::now();
         let cpu = thread_cpu_ns();
         self.sampler = None;
         if let Some(mut sink) = self.exits.take() {
@@ -301,7 +296,7 @@ impl Recording {
             vcpus: vcpus as u16,
             contents,
             tsc_khz,
-            start_tsc: rdtsc(),
+            start_tsc: crate::tsc::now(),
             sample_clock: if sampling { clock } else { SampleClock::None },
             sample_period_ns: if sampling {
                 1_000_000_000 / u64::from(hz)

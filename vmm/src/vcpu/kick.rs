@@ -50,8 +50,8 @@ pub fn kick_signal() -> i32 {
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     SIGNALS.with(|s| s.set(s.get().wrapping_add(1)));
-    // SAFETY: RDTSC has no preconditions (and is async-signal-safe).
-    SIGNAL_TSC.with(|t| t.set(unsafe { core::arch::x86_64::_rdtsc() }));
+    // (RDTSC is async-signal-safe.)
+    SIGNAL_TSC.with(|t| t.set(crate::tsc::now()));
     let run = KVM_RUN.with(|p| p.get());
     if !run.is_null() {
         // SAFETY: the pointer is this thread's own mmap'd kvm_run, set by `bind` before the first
