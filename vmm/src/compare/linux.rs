@@ -366,6 +366,62 @@ mod tests {
     }
 
     #[test]
+    fn samples_are_filed_by_slice_and_kept_only_in_their_own_mode() {
+        use crate::trace::format::{Header, SampleClock, VcpuTrace, CONTENTS_SAMPLES};
+        let (c, d) = (AccountingMode::CpuSwitch, AccountingMode::DomainSwitch);
+        let at = |tsc, mode| Record::Sample {
+            rip: 0xffff_ffff_8100_0010,
+            cpl: 0,
+            tsc,
+            during: None,
+            mode: Some(mode),
+        };
+        let t = Trace {
+            header: Header {
+                vcpus: 1,
+                contents: CONTENTS_SAMPLES,
+                tsc_khz: 1000,
+                start_tsc: 0,
+                sample_clock: SampleClock::DomainSwitch,
+                sample_period_ns: 1_000_000,
+                kernel: String::new(),
+            },
+            vcpus: vec![VcpuTrace {
+                records: vec![
+                    at(50, d),  // boot, before the first slice: not filed
+                    at(150, c), // packets, cpu-switch
+                    at(160, c),
+                    at(210, c), // domain-switch slice, still counted in cpu-switch (the vCPU
+                    //             had not applied the switch yet): dropped
+                    at(220, d), // packets, domain-switch
+                    at(310, c), // control, cpu-switch
+                    at(420, d), // control, domain-switch
+                    at(999, d), // after the end: not filed
+                ],
+                dropped: 0,
+                end_tsc: 1000,
+                end_thread_cpu_ns: 0,
+            }],
+        };
+        let slice = |workload, mode, start_tsc| Slice {
+            workload,
+            mode,
+            start_tsc,
+        };
+        let slices = [
+            slice(Workload::Packets, c, 100),
+            slice(Workload::Packets, d, 200),
+            slice(Workload::Control, c, 300),
+            slice(Workload::Control, d, 400),
+        ];
+        let syms = SymbolTable::parse_system_map("ffffffff81000000 T f\n", "m").unwrap();
+        let p = split(&t, &syms, &slices, 500);
+        let totals: Vec<u64> = p.iter().map(Profile::total).collect();
+        assert_eq!(totals, [2, 1, 1, 1]);
+        assert_eq!(p[0].samples.get("f"), Some(&2));
+    }
+
+    #[test]
     fn the_plan_interleaves_and_balances_the_modes() {
         let p = plan(2);
         assert_eq!(p.len(), 8);
