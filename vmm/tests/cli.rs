@@ -91,6 +91,20 @@ fn usage_errors_exit_2() {
             "--net-rx-pps",
         ),
         (vec!["run", "--kernel", &k, "--net-rx-pps", "5"], "--net"),
+        (
+            vec![
+                "run",
+                "--kernel",
+                &k,
+                "--vpmu-schedule",
+                "cpu-switch:1,repeat,domain-switch:1",
+            ],
+            "`repeat` must be the last entry",
+        ),
+        (
+            vec!["compare", "--workload", "packet-rx", "--rounds", "0"],
+            "--rounds",
+        ),
     ] {
         let o = vmm(&args);
         assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
