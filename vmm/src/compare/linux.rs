@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn samples_are_filed_by_slice_and_kept_only_in_their_own_mode() {
-        use crate::trace::format::{Header, SampleClock, VcpuTrace, CONTENTS_SAMPLES};
+        use crate::trace::format::{Header, VcpuTrace, CONTENTS_SAMPLES};
         let (c, d) = (AccountingMode::CpuSwitch, AccountingMode::DomainSwitch);
         let at = |tsc, mode| Record::Sample {
             rip: 0xffff_ffff_8100_0010,
@@ -377,15 +377,7 @@ mod tests {
             mode: Some(mode),
         };
         let t = Trace {
-            header: Header {
-                vcpus: 1,
-                contents: CONTENTS_SAMPLES,
-                tsc_khz: 1000,
-                start_tsc: 0,
-                sample_clock: SampleClock::DomainSwitch,
-                sample_period_ns: 1_000_000,
-                kernel: String::new(),
-            },
+            header: Header::for_tests(CONTENTS_SAMPLES),
             vcpus: vec![VcpuTrace {
                 records: vec![
                     at(50, d),  // boot, before the first slice: not filed

@@ -356,9 +356,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::format::{
-        ExitEvent, Header, SampleClock, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES,
-    };
+    use crate::trace::format::{ExitEvent, Header, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES};
 
     fn sample(rip: u64, cpl: u8, during: bool) -> Record {
         Record::Sample {
@@ -375,15 +373,7 @@ mod tests {
         out.detail = 0x2f8;
         out.flags = 1 | (1 << 1);
         Trace {
-            header: Header {
-                vcpus: 1,
-                contents: CONTENTS_EXITS | CONTENTS_SAMPLES,
-                tsc_khz: 1000,
-                start_tsc: 0,
-                sample_clock: SampleClock::DomainSwitch,
-                sample_period_ns: 1_000_000,
-                kernel: String::new(),
-            },
+            header: Header::for_tests(CONTENTS_EXITS | CONTENTS_SAMPLES),
             vcpus: vec![VcpuTrace {
                 records: vec![
                     Record::Clock {

@@ -417,6 +417,21 @@ pub struct Header {
 }
 
 impl Header {
+    /// A header for hand-made traces in unit tests: 1 vCPU, 1 MHz TSC from 0, 1 ms samples
+    /// of a domain-switch clock.
+    #[cfg(test)]
+    pub fn for_tests(contents: u16) -> Header {
+        Header {
+            vcpus: 1,
+            contents,
+            tsc_khz: 1000,
+            start_tsc: 0,
+            sample_clock: SampleClock::DomainSwitch,
+            sample_period_ns: 1_000_000,
+            kernel: String::new(),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let path = self.kernel.as_bytes();
         let path = &path[..path.len().min(u16::MAX as usize - HEADER_FIXED)];
