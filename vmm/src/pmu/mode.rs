@@ -170,15 +170,6 @@ impl Schedule {
         self.steps[0].0
     }
 
-    /// The steps in the order they run: the list once, or the list over and over (`repeat`).
-    fn sequence(&self) -> Box<dyn Iterator<Item = (AccountingMode, Duration)> + Send + '_> {
-        if self.repeat {
-            Box::new(self.steps.iter().copied().cycle())
-        } else {
-            Box::new(self.steps.iter().copied())
-        }
-    }
-
     /// Runs the schedule on its own thread: at each step's time, sets the mode and calls
     /// `kick` (which makes every vCPU exit and apply it). Stops early when `stopping` says so.
     pub fn spawn(
@@ -192,7 +183,14 @@ impl Schedule {
             .spawn(move || {
                 let start = Instant::now();
                 let mut at = Duration::ZERO;
-                for (i, (mode, secs)) in self.sequence().enumerate() {
+                // The list once, or over and over (`repeat`) until the VM stops.
+                let steps = if self.repeat {
+                    usize::MAX
+                } else {
+                    self.steps.len()
+                };
+                for i in 0..steps {
+                    let (mode, secs) = self.steps[i % self.steps.len()];
                     if i > 0 {
                         while start.elapsed() < at {
                             if stopping() {
