@@ -41,6 +41,27 @@ fn cannot_run_here() -> Option<&'static str> {
     None
 }
 
+/// The kernel and initramfs to boot, or None (after saying loudly why) where this file's tests
+/// cannot run: no /dev/kvm, or no guest user space.
+fn inputs(what: &str) -> Option<(String, String)> {
+    if !common::kvm_available() {
+        return None;
+    }
+    if let Some(why) = cannot_run_here() {
+        eprintln!(
+            "\n*** {what} CANNOT RUN on this host: {why}. ***\n\
+             *** Nothing was checked. Run it on a VT-x/SVM host with the command in docs/guest.md (\"What was \
+             proven on this host, and what needs a VT-x/SVM host\"). ***\n"
+        );
+        return None;
+    }
+    let kernel =
+        std::env::var("VPMU_TEST_KERNEL").expect("VPMU_TEST_KERNEL must name the guest kernel");
+    let initrd = std::env::var("VPMU_TEST_INITRD")
+        .expect("VPMU_TEST_INITRD must name the default (full) initramfs");
+    Some((kernel, initrd))
+}
+
 struct Boot {
     console: String,
     vmm_stderr: String,
@@ -168,21 +189,9 @@ fn check_boot(b: &Boot) {
 #[test]
 #[ignore = "boots Linux with perf and OProfile: needs a VT-x/SVM host (guest user space) and VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
 fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
-    if !common::kvm_available() {
+    let Some((kernel, initrd)) = inputs("guest_profilers") else {
         return;
-    }
-    if let Some(why) = cannot_run_here() {
-        eprintln!(
-            "\n*** guest_profilers CANNOT RUN on this host: {why}. ***\n\
-             *** Nothing was checked. Run it on a VT-x/SVM host with the command in docs/guest.md (\"What was \
-             proven on this host, and what needs a VT-x/SVM host\"). ***\n"
-        );
-        return;
-    }
-    let kernel =
-        std::env::var("VPMU_TEST_KERNEL").expect("VPMU_TEST_KERNEL must name the guest kernel");
-    let initrd = std::env::var("VPMU_TEST_INITRD")
-        .expect("VPMU_TEST_INITRD must name the default (full) initramfs");
+    };
     let dir = tempfile::tempdir().unwrap();
 
     // One boot per mode, the mode fixed by the VMM.
@@ -215,19 +224,9 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
 #[test]
 #[ignore = "boots Linux with perf and OProfile: needs a VT-x/SVM host (guest user space) and VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
 fn compare_with_the_guests_own_profilers() {
-    if !common::kvm_available() {
+    let Some((kernel, initrd)) = inputs("compare --profiler perf|oprofile") else {
         return;
-    }
-    if let Some(why) = cannot_run_here() {
-        eprintln!(
-            "\n*** compare --profiler perf|oprofile CANNOT RUN on this host: {why}. Nothing was checked. ***\n"
-        );
-        return;
-    }
-    let kernel =
-        std::env::var("VPMU_TEST_KERNEL").expect("VPMU_TEST_KERNEL must name the guest kernel");
-    let initrd = std::env::var("VPMU_TEST_INITRD")
-        .expect("VPMU_TEST_INITRD must name the default (full) initramfs");
+    };
     for profiler in ["perf", "oprofile"] {
         let dir = tempfile::tempdir().unwrap();
         let run = common::run_compare(
