@@ -6,7 +6,7 @@
 //! Vendor files decode MSRs, check reserved bits and call in here with decoded values.
 
 use crate::backend::{CounterBackend, CounterId, Scale};
-use crate::Event;
+use crate::{Event, EventFilter};
 
 /// What the guest's select registers say about one counter, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +25,16 @@ struct Run {
     scale: Scale,
     /// Guest events from `Counter::value` to the wrap past the counter width.
     to_wrap: u64,
+}
+
+/// Whether a counter counts, given the guest's registers, the operator's filter and the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Counts,
+    /// The guest's registers say count, but the event filter refuses the event.
+    Filtered,
+    /// Stopped by the guest's registers (or the backend cannot count the event).
+    Stopped,
 }
 
 #[derive(Debug)]
@@ -68,6 +78,10 @@ pub(crate) struct CounterCore {
     /// Counters that overflowed with interrupt-on-overflow set, PMI not yet reported.
     pending_pmi: u64,
     blocked: Vec<(u16, u8)>,
+    /// The operator's event filter (`None`: every event may count).
+    filter: Option<EventFilter>,
+    /// Times the filter kept a counter the guest's registers enabled from counting.
+    filter_blocked: u64,
     reset_gp: Control,
     reset_fixed: fn(u8) -> Control,
     backend: Box<dyn CounterBackend>,
@@ -97,6 +111,8 @@ impl CounterCore {
             global_status: 0,
             pending_pmi: 0,
             blocked: layout.blocked,
+            filter: None,
+            filter_blocked: 0,
             reset_gp: layout.reset_gp,
             reset_fixed: layout.reset_fixed,
             backend,
@@ -141,6 +157,25 @@ impl CounterCore {
         for s in running {
             self.arm(s, true);
         }
+    }
+
+    /// Sets (or removes) the event filter. Running counters are folded first, and every counter
+    /// is then armed or stopped under the new filter.
+    pub fn set_filter(&mut self, filter: Option<EventFilter>) {
+        let was: Vec<bool> = (0..self.counters.len()).map(|s| self.fold(s)).collect();
+        self.filter = filter;
+        for (s, was) in was.into_iter().enumerate() {
+            self.arm(s, was);
+        }
+    }
+
+    pub fn filter(&self) -> Option<&EventFilter> {
+        self.filter.as_ref()
+    }
+
+    /// How many times the filter kept an enabled counter from counting.
+    pub fn filter_blocked(&self) -> u64 {
+        self.filter_blocked
     }
 
     /// Mask of a counter's value (2^width - 1).
@@ -201,12 +236,16 @@ impl CounterCore {
         if c.select == select && c.ctl == ctl {
             return;
         }
-        let stays_stopped = c.run.is_none() && !self.counts_with(c, &ctl);
+        let verdict = self.verdict(c, &ctl);
+        let stays_stopped = c.run.is_none() && verdict != Verdict::Counts;
         let set = |c: &mut Counter| {
             c.select = select;
             c.ctl = ctl;
         };
         if stays_stopped {
+            if verdict == Verdict::Filtered {
+                self.note_filtered(s, &ctl);
+            }
             set(&mut self.counters[s]);
         } else {
             self.update(s, set);
@@ -319,15 +358,36 @@ impl CounterCore {
         log::trace!("vpmu: {} overflowed (int={})", c.id, c.ctl.int);
     }
 
-    /// Whether the guest's registers say counter `c` with control `ctl` counts, and the backend
-    /// can count it.
-    fn counts_with(&self, c: &Counter, ctl: &Control) -> bool {
+    /// Whether counter `c` with control `ctl` counts: the guest's registers say so, the event
+    /// filter allows its event (checked only then, as KVM's `pmc_event_is_allowed`), and the
+    /// backend can count it.
+    fn verdict(&self, c: &Counter, ctl: &Control) -> Verdict {
         let ev = &ctl.event;
-        ctl.enabled
+        let enabled = ctl.enabled
             && (ev.usr || ev.os)
             && (!self.has_global_ctrl || self.global_ctrl & c.id.mask() != 0)
-            && !(ev.fixed.is_none() && self.blocked.contains(&(ev.code, ev.umask)))
-            && self.backend.supports(ev)
+            && !(ev.fixed.is_none() && self.blocked.contains(&(ev.code, ev.umask)));
+        if !enabled {
+            Verdict::Stopped
+        } else if self.filter.as_ref().is_some_and(|f| !f.allows(ev)) {
+            Verdict::Filtered
+        } else if self.backend.supports(ev) {
+            Verdict::Counts
+        } else {
+            Verdict::Stopped
+        }
+    }
+
+    /// The filter kept counter `s` from counting (its value stays as it is).
+    fn note_filtered(&mut self, s: usize, ctl: &Control) {
+        self.filter_blocked += 1;
+        let e = &ctl.event;
+        log::debug!(
+            "vpmu: {} event {:#x}/{:#04x} not counted: refused by the event filter",
+            self.counters[s].id,
+            e.code,
+            e.umask
+        );
     }
 
     /// Programs the backend for the counter's current state, or stops it (`was`: the backend
@@ -335,9 +395,14 @@ impl CounterCore {
     fn arm(&mut self, s: usize, was: bool) {
         let c = &self.counters[s];
         let id = c.id;
-        if !self.counts_with(c, &c.ctl) {
+        let verdict = self.verdict(c, &c.ctl);
+        if verdict != Verdict::Counts {
             if was {
                 self.backend.stop(id);
+            }
+            if verdict == Verdict::Filtered {
+                let ctl = c.ctl;
+                self.note_filtered(s, &ctl);
             }
             return;
         }

@@ -63,6 +63,8 @@
 //! 5. Around KVM_RUN: [`Pmu::enter_guest`] / [`Pmu::leave_guest`] (for backends that account
 //!    per [`AccountingMode::CpuSwitch`] by hand; no-ops otherwise).
 //! 6. After every exit: [`Pmu::service_overflow`]; deliver the [`Pmi`] it returns.
+//! 7. Optionally, before the first KVM_RUN: [`Pmu::set_event_filter`] with the operator's
+//!    [`EventFilter`] (KVM_SET_PMU_EVENT_FILTER's allow/deny lists; [`filter`]).
 
 mod amd;
 pub mod backend;
@@ -71,6 +73,7 @@ mod counter;
 pub mod cpuid;
 mod event;
 pub mod fake;
+pub mod filter;
 mod intel;
 pub mod msr;
 mod pmu;
@@ -79,4 +82,5 @@ pub use backend::{AccountingMode, BackendError, CounterBackend, CounterId, Scale
 pub use config::{AmdConfig, ConfigError, IntelConfig, PmuConfig, Vendor};
 pub use cpuid::{CpuidEdit, CpuidEntry, CpuidReg};
 pub use event::{ArchEvent, Event};
+pub use filter::{EventFilter, EventMatch, FilterAction, FilterError};
 pub use pmu::{Fault, Pmi, Pmu};

@@ -7,7 +7,7 @@ use crate::backend::{AccountingMode, CounterBackend, CounterId};
 use crate::counter::CounterCore;
 use crate::cpuid::{CpuidEdit, CpuidEntry};
 use crate::intel::{self, IntelModel};
-use crate::{ConfigError, PmuConfig, Vendor};
+use crate::{ConfigError, EventFilter, PmuConfig, Vendor};
 
 /// Why an access failed. Every variant means the same thing to the guest: inject #GP(0)
 /// (for a WRMSR/RDMSR exit through the MSR filter: set the exit's `error` to 1). The variants
@@ -228,6 +228,24 @@ impl Pmu {
     /// counting goes on under the new mode's rules.
     pub fn set_accounting_mode(&mut self, mode: AccountingMode) {
         self.core.set_mode(mode);
+    }
+
+    /// Sets the operator's event filter (`None`: none), as KVM_SET_PMU_EVENT_FILTER: a counter
+    /// whose event the filter refuses keeps its registers (they read back what the guest wrote)
+    /// but never counts. Takes effect at once, also for counters already running.
+    pub fn set_event_filter(&mut self, filter: Option<EventFilter>) {
+        self.core.set_filter(filter);
+    }
+
+    /// The event filter, if one is set.
+    pub fn event_filter(&self) -> Option<&EventFilter> {
+        self.core.filter()
+    }
+
+    /// How many times the event filter kept a counter from counting: each time a guest write
+    /// (select, value, global control) left a counter enabled but its event refused.
+    pub fn filter_blocked(&self) -> u64 {
+        self.core.filter_blocked()
     }
 
     /// The backend, e.g. to print its statistics.
