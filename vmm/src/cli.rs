@@ -232,6 +232,10 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// --vpmu cpu-switch or domain-switch.
     #[arg(long, value_name = "LIST")]
     pub vpmu_schedule: Option<crate::pmu::mode::Schedule>,
+    /// Keep the guest's counters from counting some events, as KVM_SET_PMU_EVENT_FILTER: SPEC is
+    /// allow:LIST or deny:LIST (e.g. allow:0x3c,0xc0/0x00,fixed=0x3), or a file holding one.
+    #[arg(long, value_name = "SPEC", value_parser = parse_event_filter, long_help = EVENT_FILTER_HELP)]
+    pub pmu_event_filter: Option<vpmu::EventFilter>,
     /// Write what the guest sends to its second serial port (ttyS1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub serial2: Option<PathBuf>,
@@ -276,6 +280,54 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     pub net_access_cost_us: u32,
 }
 
+const EVENT_FILTER_HELP: &str = "\
+Keep the guest's counters from counting some events, as KVM_SET_PMU_EVENT_FILTER does. A \
+refused counter is still programmed as far as the guest can tell (its select register reads back \
+what it wrote, its value stays where it was: 0 or what the guest wrote), it just never counts. \
+The run's summary says how many programmings the filter refused per vCPU. Needs --vpmu \
+cpu-switch or domain-switch.
+
+SPEC is inline (it starts with allow: or deny:) or the name of a file holding the same text, \
+where newlines also separate items and # starts a comment:
+  allow:ITEM,...   only the listed events (and fixed counters) count
+  deny:ITEM,...    the listed events (and fixed counters) do not count
+  ITEM = EVENT[/UMASK] | fixed=BITMAP
+EVENT is an event select (Intel 8 bits, AMD 12 bits: up to 0xfff); without /UMASK it stands for \
+every unit mask of that select. fixed=BITMAP: bit i is Intel fixed counter i (0x1 instructions, \
+0x2 core cycles, 0x4 reference cycles); fixed counters follow the bitmap alone, so an allow \
+list without fixed= stops them all. Numbers are 0x hex or decimal; at most 300 events.
+Examples: allow:0x3c,0xc0/0x00,fixed=0x3   deny:0x76,0xc0";
+
+/// Largest `--pmu-event-filter` file read.
+const MAX_EVENT_FILTER_FILE: u64 = 1 << 20;
+
+/// `--pmu-event-filter SPEC`: inline when it starts with `allow:`/`deny:`, else a file of that
+/// syntax. Errors are usage errors (clap: exit 2) naming the bad item.
+pub fn parse_event_filter(spec: &str) -> Result<vpmu::EventFilter, String> {
+    let head = spec.trim_start().to_ascii_lowercase();
+    if head.starts_with("allow:") || head.starts_with("deny:") {
+        return spec.parse().map_err(|e: vpmu::FilterError| e.to_string());
+    }
+    let not_file = |why: String| {
+        format!(
+            "{spec:?} is neither an inline filter (allow:... or deny:...) nor a filter file: {why}"
+        )
+    };
+    let meta = std::fs::metadata(spec).map_err(|e| not_file(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(not_file("not a regular file".into()));
+    }
+    if meta.len() > MAX_EVENT_FILTER_FILE {
+        return Err(format!(
+            "{spec}: {} bytes; a filter file holds at most {MAX_EVENT_FILTER_FILE}",
+            meta.len()
+        ));
+    }
+    let text = std::fs::read_to_string(spec).map_err(|e| not_file(e.to_string()))?;
+    text.parse()
+        .map_err(|e: vpmu::FilterError| format!("{spec}: {e}"))
+}
+
 impl RunArgs {
     pub fn to_config(&self, started: std::time::Instant) -> Result<VmConfig, String> {
         let timeout = match self.timeout {
@@ -289,6 +341,11 @@ impl RunArgs {
         if self.vpmu_schedule.is_some() && self.vpmu == VpmuSetting::Off {
             return Err(
                 "--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
+            );
+        }
+        if self.pmu_event_filter.is_some() && self.vpmu == VpmuSetting::Off {
+            return Err(
+                "--pmu-event-filter needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
             );
         }
         Ok(VmConfig {
@@ -306,6 +363,7 @@ impl RunArgs {
             rdpmc: self.rdpmc,
             controller: None,
             vpmu_schedule: self.vpmu_schedule.clone(),
+            pmu_event_filter: self.pmu_event_filter.clone(),
             io_delay_us: 0,
             const_msrs: Vec::new(),
             net: self.net.then_some(crate::net::NetConfig {
@@ -328,5 +386,35 @@ impl RunArgs {
                 pool: Default::default(),
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_filter_is_inline_or_a_file() {
+        let f = parse_event_filter("allow:0x3c,fixed=0x3").unwrap();
+        assert_eq!(f.to_string(), "allow:0x3c,fixed=0x3");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policy");
+        std::fs::write(
+            &path,
+            "# no cycles\ndeny:\n  0x3c   # any unit mask\n  fixed=0x2\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        assert_eq!(
+            parse_event_filter(p).unwrap().to_string(),
+            "deny:0x3c,fixed=0x2"
+        );
+        std::fs::write(&path, "deny: 0x3c, 0xzz").unwrap();
+        let e = parse_event_filter(p).unwrap_err();
+        assert!(e.starts_with(p) && e.contains("\"0xzz\""), "{e}");
+        let e = parse_event_filter("0x3c").unwrap_err();
+        assert!(e.contains("neither an inline filter"), "{e}");
+        let e = parse_event_filter(dir.path().to_str().unwrap()).unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 }

@@ -72,6 +72,19 @@ pub fn print(r: &RunReport) {
                 );
             }
         }
+        if let Some(f) = &r.pmu_event_filter {
+            let per: Vec<String> = p
+                .filter_blocked_by_vcpu
+                .iter()
+                .enumerate()
+                .map(|(i, n)| format!("vCPU {i}: {n}"))
+                .collect();
+            eprintln!(
+                "[vpmu-vmm] vPMU event filter {f}: {} counter programmings refused ({})",
+                p.filter_blocked,
+                per.join(", ")
+            );
+        }
         if p.rdpmc_genuine_msr > 0 {
             eprintln!(
                 "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",

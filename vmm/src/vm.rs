@@ -102,6 +102,8 @@ pub struct VmConfig {
     pub rdpmc: RdpmcSetting,
     /// `--vpmu-schedule`: accounting modes to switch through at run time (vPMU on only).
     pub vpmu_schedule: Option<pmu::mode::Schedule>,
+    /// `--pmu-event-filter`: events the guest's counters may not count (vPMU on only).
+    pub pmu_event_filter: Option<vpmu::EventFilter>,
     /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
     /// thread (VMM work done for the guest). 0 = no device.
     pub io_delay_us: u32,
@@ -183,6 +185,7 @@ impl VmConfig {
             pmi_limit: 2000,
             rdpmc: RdpmcSetting::Patch,
             vpmu_schedule: None,
+            pmu_event_filter: None,
             io_delay_us: 0,
             const_msrs: Vec::new(),
             serial2: None,
@@ -360,6 +363,8 @@ pub struct RunReport {
     /// Summed over vCPUs; all zero with `--vpmu=off`.
     pub pmu: PmuStats,
     pub vpmu: VpmuSetting,
+    /// The vPMU's `--pmu-event-filter` (None without one, or with the vPMU off).
+    pub pmu_event_filter: Option<vpmu::EventFilter>,
     /// The accounting modes the run went through (initial mode first), with times.
     pub mode_history: Vec<pmu::mode::Switch>,
     pub fixups: Vec<(&'static str, u64)>,
@@ -634,6 +639,9 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 cfg.pmi_limit,
                 ranges.len()
             );
+            if let Some(f) = &cfg.pmu_event_filter {
+                log::info!("vPMU event filter: {f}");
+            }
             Some((config, backend, mode, probe.cpuid_edits(), rdpmc))
         }
     };
@@ -673,8 +681,9 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                         signal: kick::kick_signal(),
                     }),
                 );
-                let model = vpmu::Pmu::new(*config, Box::new(backend))
+                let mut model = vpmu::Pmu::new(*config, Box::new(backend))
                     .map_err(|e| VmError::Unsupported(format!("vPMU configuration: {e}")))?;
+                model.set_event_filter(cfg.pmu_event_filter.clone());
                 Some(VcpuPmu::new(
                     model,
                     cfg.pmi_limit,
@@ -813,6 +822,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         exits,
         pmu: pmu_stats,
         vpmu: cfg.vpmu,
+        pmu_event_filter: vpmu_plan.as_ref().and(cfg.pmu_event_filter.clone()),
         mode_history: mode_switch.map(|m| m.history()).unwrap_or_default(),
         fixups: fixups.snapshot(),
         console_tail: log.tail(15),

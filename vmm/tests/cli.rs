@@ -114,6 +114,49 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn bad_event_filters_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = write_file(&dir, "vmlinux", &tiny_elf(16));
+    let bad = write_file(&dir, "filter", b"# policy\nallow:\n 0x3c\n 0x1000\n");
+    let run = |spec: &str, vpmu: &str| {
+        vmm(&[
+            "run",
+            "--kernel",
+            &k,
+            "--vpmu",
+            vpmu,
+            "--pmu-event-filter",
+            spec,
+        ])
+    };
+    for (spec, vpmu, needle) in [
+        (
+            "allow:c0",
+            "cpu-switch",
+            "\"c0\": event select is not a number",
+        ),
+        (
+            "deny:0x3c/0x100",
+            "cpu-switch",
+            "unit mask 0x100 is out of range",
+        ),
+        ("allow:fixed=0x8", "cpu-switch", "fixed-counter bitmap"),
+        ("permit:0x3c", "cpu-switch", "neither an inline filter"),
+        (
+            bad.as_str(),
+            "cpu-switch",
+            "event select 0x1000 is out of range",
+        ),
+        ("deny:0x76", "off", "--pmu-event-filter needs the vPMU"),
+    ] {
+        let o = run(spec, vpmu);
+        assert_eq!(o.code, 2, "{spec}: {}", o.stderr);
+        assert!(o.stderr.contains(needle), "{spec}: {}", o.stderr);
+        assert_eq!(error_lines(&o.stderr).len(), 1, "{spec}: {}", o.stderr);
+    }
+}
+
+#[test]
 fn bad_files_exit_1_with_one_line() {
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("*** /dev/kvm missing: file errors are still checked, after KVM setup fails ***");

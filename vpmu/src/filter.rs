@@ -318,7 +318,13 @@ mod tests {
             "# operator policy\nDeny:\n  0x176   # a 12-bit AMD select\n  60/1, fixed=4 # ref cycles\n",
         );
         assert_eq!(f.action(), FilterAction::Deny);
-        assert_eq!(f.events()[0], EventMatch { select: 0x3c, umask: Some(1) });
+        assert_eq!(
+            f.events()[0],
+            EventMatch {
+                select: 0x3c,
+                umask: Some(1)
+            }
+        );
         assert_eq!(f.events()[1].select, 0x176);
         assert_eq!(f.fixed_bitmap(), 4);
     }
@@ -331,7 +337,11 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for s in ["allow:0x3c,0xc0/0x00,fixed=0x3", "deny:", "deny:0xfff/0xff,0x2e"] {
+        for s in [
+            "allow:0x3c,0xc0/0x00,fixed=0x3",
+            "deny:",
+            "deny:0xfff/0xff,0x2e",
+        ] {
             let f = parse(s);
             assert_eq!(parse(&f.to_string()), f, "{s} -> {f}");
         }
@@ -358,7 +368,10 @@ mod tests {
         let many: Vec<String> = (0..=MAX_EVENTS).map(|i| i.to_string()).collect();
         assert!(err(&format!("deny:{}", many.join(","))).contains("at most 300"));
         let ok: Vec<String> = (0..MAX_EVENTS).map(|i| i.to_string()).collect();
-        assert_eq!(parse(&format!("deny:{}", ok.join(","))).events().len(), MAX_EVENTS);
+        assert_eq!(
+            parse(&format!("deny:{}", ok.join(","))).events().len(),
+            MAX_EVENTS
+        );
     }
 
     fn gp(vendor: crate::Vendor, code: u16, umask: u8) -> Event {

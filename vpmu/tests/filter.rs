@@ -142,7 +142,11 @@ fn amd_selects_are_12_bits_and_umask_matters_when_given() {
             fake.advance_all(20);
             let want = if counts { 25 } else { 5 };
             assert_eq!(rd(&mut pmu, ctr), want, "{config:?} {spec}");
-            assert_eq!(pmu.filter_blocked(), u64::from(!counts), "{config:?} {spec}");
+            assert_eq!(
+                pmu.filter_blocked(),
+                u64::from(!counts),
+                "{config:?} {spec}"
+            );
         }
     }
 }

@@ -73,6 +73,12 @@ pub struct PmuStats {
     /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
     /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
     pub pmi_signal_tsc: Vec<u64>,
+    /// Counter programmings the `--pmu-event-filter` refused ([`vpmu::Pmu::filter_blocked`]):
+    /// this vCPU's, or the sum.
+    pub filter_blocked: u64,
+    /// `filter_blocked` of each [`PmuStats`] [`add`](PmuStats::add)ed, in order (the VM's
+    /// total lists its vCPUs' counts by vCPU id).
+    pub filter_blocked_by_vcpu: Vec<u64>,
 }
 
 pub const MAX_PMI_TSCS: usize = 1024;
@@ -101,6 +107,8 @@ impl PmuStats {
         self.pmis_masked += o.pmis_masked;
         self.pmis_throttled += o.pmis_throttled;
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
+        self.filter_blocked += o.filter_blocked;
+        self.filter_blocked_by_vcpu.push(o.filter_blocked);
     }
 }
 
@@ -167,10 +175,13 @@ impl MsrHandler for VcpuPmu {
 
     fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault> {
         self.stats.msr_writes += 1;
-        self.pmu.wrmsr(index, value).map_err(|f| {
+        let r = self.pmu.wrmsr(index, value).map_err(|f| {
             self.stats.gp_faults += 1;
             log::debug!("wrmsr {index:#x} <- {value:#x}: #GP ({f:?})");
             GpFault
-        })
+        });
+        // Only guest writes start counters, so only they can meet the event filter.
+        self.stats.filter_blocked = self.pmu.filter_blocked();
+        r
     }
 }
