@@ -57,20 +57,23 @@ SUDO=()
 APT_UPDATED=0
 
 # need_pkgs PKG...: install whatever of PKG... is missing (one dpkg -s call when all are there).
+# apt-get's output goes to $APT_LOG (a progress line per step here; its tail on failure).
+APT_LOG=$CACHE/logs/apt.log
 need_pkgs() {
 	dpkg -s "$@" >/dev/null 2>&1 && return 0
 	local p missing=()
 	for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-	say "installing ${missing[*]} (apt-get)"
 	apt_update
-	"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-		"${missing[@]}" >&2 || die "apt-get install ${missing[*]} failed"
+	run_logged "$APT_LOG" "installing ${missing[*]} (apt-get)" \
+		"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends "${missing[@]}"
 }
 
 apt_update() {
 	[ "$APT_UPDATED" = 1 ] && return 0
-	say "apt-get update"
-	"${SUDO[@]}" apt-get update -q >&2 || die "apt-get update failed"
+	mkdir -p "$(dirname "$APT_LOG")"
+	say "apt-get's output goes to $APT_LOG"
+	run_logged "$APT_LOG" "apt-get update" "${SUDO[@]}" apt-get update -q
 	APT_UPDATED=1
 }
 

@@ -9,6 +9,13 @@
 //!
 //! The VMM turns its table (KVM's `kvm_cpuid_entry2`) into [`CpuidEntry`]s or applies the
 //! [`CpuidEdit`]s itself; no KVM type appears here.
+//!
+//! The leaves are written by hand: the `x86` crate's CPUID module (raw-cpuid) only *reads* a
+//! CPU, through a function pointer, and knows neither PerfCtrExtCore nor Fn8000_0022. It is used
+//! the other way round, as a second, independent reader of what the model writes:
+//! [`decode_leaf_0a`] (docs/architecture.md, "The x86 crate").
+
+use std::cell::Cell;
 
 /// CPUID.1: feature flags.
 pub const LEAF_FEATURES: u32 = 0x1;
@@ -28,6 +35,42 @@ pub const EXT_ECX_PERFCTR_LLC: u32 = 1 << 28;
 pub const LEAF_EXT_PERFMON: u32 = 0x8000_0022;
 /// Fn8000_0022_EAX\[PerfMonV2\].
 pub const EXT_PERFMON_EAX_V2: u32 = 1 << 0;
+
+/// Reads a CPUID.0AH entry with the `x86` crate's decoder (raw-cpuid's
+/// `get_performance_monitoring_info`), as a guest on an Intel CPU whose maximum basic leaf is
+/// 0AH would see it. For checking the model's encoding against a reader written by others.
+pub fn decode_leaf_0a(entry: &CpuidEntry) -> x86::cpuid::PerformanceMonitoringInfo {
+    thread_local! {
+        static LEAF_0A: Cell<CpuidEntry> = Cell::new(CpuidEntry::default());
+    }
+    // raw-cpuid takes a plain `fn`, so the entry reaches it through a thread-local.
+    fn read(leaf: u32, _subleaf: u32) -> x86::cpuid::CpuIdResult {
+        let e = match leaf {
+            // "GenuineIntel" in EBX, EDX, ECX; leaves up to 0AH.
+            0 => CpuidEntry {
+                eax: LEAF_ARCH_PERFMON,
+                ebx: 0x756e_6547,
+                edx: 0x4965_6e69,
+                ecx: 0x6c65_746e,
+                ..Default::default()
+            },
+            LEAF_ARCH_PERFMON => LEAF_0A.with(Cell::get),
+            _ => CpuidEntry::default(),
+        };
+        x86::cpuid::CpuIdResult {
+            eax: e.eax,
+            ebx: e.ebx,
+            ecx: e.ecx,
+            edx: e.edx,
+        }
+    }
+    LEAF_0A.with(|c| c.set(*entry));
+    let info = x86::cpuid::CpuId::with_cpuid_fn(read)
+        .get_performance_monitoring_info()
+        .expect("leaf 0AH is within the reader's maximum leaf");
+    LEAF_0A.with(|c| c.set(CpuidEntry::default()));
+    info
+}
 
 /// One CPUID leaf/subleaf and its four registers (the VMM's table entry without KVM's flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

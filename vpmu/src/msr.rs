@@ -3,30 +3,36 @@
 //! Names follow the Intel SDM Vol. 4 ("Model-Specific Registers", architectural MSRs) and the
 //! AMD APM Vol. 2 ("Performance Monitoring Counters", and the MSR appendix) so that the code
 //! can be read next to the manuals.
+//!
+//! The Intel architectural MSR numbers come from the `x86` crate (`x86::msr`), under the SDM's
+//! names. The `x86` crate has none of the AMD performance-monitoring MSRs (PERF_CTLx/CTRx in
+//! either range, the PerfMonV2 global registers) and no event-select or status bit fields, so
+//! those are written out here from the manuals (docs/architecture.md, "The x86 crate").
 
 // ---- Intel architectural performance monitoring (SDM Vol. 3B, "Architectural Performance
-// Monitoring"; Vol. 4, "Architectural MSRs") ----
+// Monitoring"; Vol. 4, "Architectural MSRs"); numbers from `x86::msr` ----
 
 /// IA32_PMC0: first general-purpose counter; IA32_PMCx = IA32_PMC0 + x. Writes take the low
 /// 32 bits sign-extended to the counter width.
-pub const IA32_PMC0: u32 = 0xc1;
+pub const IA32_PMC0: u32 = x86::msr::IA32_PMC0;
 /// IA32_PERFEVTSEL0: event select of IA32_PMC0; IA32_PERFEVTSELx = IA32_PERFEVTSEL0 + x.
-pub const IA32_PERFEVTSEL0: u32 = 0x186;
+pub const IA32_PERFEVTSEL0: u32 = x86::msr::IA32_PERFEVTSEL0;
 /// IA32_FIXED_CTR0 (instructions retired); CTR1 (core cycles) and CTR2 (reference cycles)
 /// follow.
-pub const IA32_FIXED_CTR0: u32 = 0x309;
+pub const IA32_FIXED_CTR0: u32 = x86::msr::IA32_FIXED_CTR0;
 /// IA32_PERF_CAPABILITIES (read-only; exists when CPUID.1:ECX.PDCM\[bit 15\] = 1).
-pub const IA32_PERF_CAPABILITIES: u32 = 0x345;
+pub const IA32_PERF_CAPABILITIES: u32 = x86::msr::IA32_PERF_CAPABILITIES;
 /// IA32_FIXED_CTR_CTRL: four bits per fixed counter (OS, USR, AnyThread, PMI).
-pub const IA32_FIXED_CTR_CTRL: u32 = 0x38d;
+pub const IA32_FIXED_CTR_CTRL: u32 = x86::msr::IA32_FIXED_CTR_CTRL;
 /// IA32_PERF_GLOBAL_STATUS (read-only): overflow bits, GP counters at 0.., fixed at 32...
-pub const IA32_PERF_GLOBAL_STATUS: u32 = 0x38e;
+/// (The `x86` crate spells it `IA32_PERF_GLOBAL_STAUS`.)
+pub const IA32_PERF_GLOBAL_STATUS: u32 = x86::msr::IA32_PERF_GLOBAL_STAUS;
 /// IA32_PERF_GLOBAL_CTRL: enable bits, GP counters at 0.., fixed at 32...
-pub const IA32_PERF_GLOBAL_CTRL: u32 = 0x38f;
+pub const IA32_PERF_GLOBAL_CTRL: u32 = x86::msr::IA32_PERF_GLOBAL_CTRL;
 /// IA32_PERF_GLOBAL_OVF_CTRL: write 1 to clear the matching IA32_PERF_GLOBAL_STATUS bit.
-pub const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
+pub const IA32_PERF_GLOBAL_OVF_CTRL: u32 = x86::msr::IA32_PERF_GLOBAL_OVF_CTRL;
 /// IA32_A_PMC0: full-width alias of IA32_PMC0 (exists when IA32_PERF_CAPABILITIES.FW_WRITE).
-pub const IA32_A_PMC0: u32 = 0x4c1;
+pub const IA32_A_PMC0: u32 = x86::msr::IA32_A_PMC0;
 
 /// The architecture allows at most this many general-purpose counters in the IA32_PMCx,
 /// IA32_PERFEVTSELx and IA32_A_PMCx blocks (0xC1-0xC8, 0x186-0x18D, 0x4C1-0x4C8).
@@ -38,7 +44,7 @@ pub const INTEL_MAX_FIXED_MSRS: u32 = 4;
 /// IA32_PERF_CAPABILITIES bit 13 (FW_WRITE): IA32_A_PMCx full-width writes are supported.
 pub const PERF_CAP_FW_WRITE: u64 = 1 << 13;
 
-// ---- AMD (APM Vol. 2, "Performance Monitoring Counters") ----
+// ---- AMD (APM Vol. 2, "Performance Monitoring Counters"); not in `x86::msr` ----
 
 /// PerfEvtSel0 (legacy "K7" range): PERF_CTL0..3 at 0xC0010000..3.
 pub const AMD_K7_PERF_CTL0: u32 = 0xc001_0000;
@@ -96,3 +102,36 @@ pub const AMD_EVTSEL_RESERVED: u64 = 0xffff_fff0_0028_0000;
 pub const INTEL_STATUS_OVF_BUF: u64 = 1 << 62;
 /// IA32_PERF_GLOBAL_STATUS bit 63 (CondChgd), clearable through IA32_PERF_GLOBAL_OVF_CTRL.
 pub const INTEL_STATUS_COND_CHGD: u64 = 1 << 63;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers taken from the `x86` crate are the SDM's (Vol. 4, Table 2-2): a crate update
+    /// that moved one would move the guest's view of the PMU.
+    #[test]
+    fn intel_msr_numbers_are_the_sdms() {
+        let sdm = [
+            (IA32_PMC0, 0xc1),
+            (IA32_PERFEVTSEL0, 0x186),
+            (IA32_FIXED_CTR0, 0x309),
+            (IA32_PERF_CAPABILITIES, 0x345),
+            (IA32_FIXED_CTR_CTRL, 0x38d),
+            (IA32_PERF_GLOBAL_STATUS, 0x38e),
+            (IA32_PERF_GLOBAL_CTRL, 0x38f),
+            (IA32_PERF_GLOBAL_OVF_CTRL, 0x390),
+            (IA32_A_PMC0, 0x4c1),
+        ];
+        for (ours, manual) in sdm {
+            assert_eq!(ours, manual, "{ours:#x} != {manual:#x}");
+        }
+        // The per-counter MSRs are consecutive, as the model's `base + x` arithmetic assumes.
+        assert_eq!(x86::msr::IA32_PMC7, IA32_PMC0 + INTEL_MAX_GP - 1);
+        assert_eq!(
+            x86::msr::IA32_PERFEVTSEL7,
+            IA32_PERFEVTSEL0 + INTEL_MAX_GP - 1
+        );
+        assert_eq!(x86::msr::IA32_A_PMC7, IA32_A_PMC0 + INTEL_MAX_GP - 1);
+        assert_eq!(x86::msr::IA32_FIXED_CTR2, IA32_FIXED_CTR0 + 2);
+    }
+}

@@ -168,3 +168,36 @@ fn bit_edits_of_absent_leaves_do_nothing() {
     assert_eq!(t, vec![leaf(0, 1, 0, 0, 0)]);
     assert_eq!(leaf(5, 1, 2, 3, 4).reg(CpuidReg::Edx), 4);
 }
+
+/// The model's leaf 0AH, read back by an independent decoder (the `x86` crate's raw-cpuid).
+#[test]
+fn intel_leaf_0a_reads_back_through_the_x86_crate() {
+    for (gp, fixed, width) in [(4u8, 3u8, 48u8), (2, 0, 40), (8, 1, 32)] {
+        let fake = FakeBackend::with_support(|e| e.arch_event() != Some(ArchEvent::Branches));
+        let (pmu, _) = pmu_with(
+            PmuConfig::Intel(IntelConfig {
+                gp_counters: gp,
+                fixed_counters: fixed,
+                counter_width: width,
+                ..Default::default()
+            }),
+            fake,
+        );
+        let mut t = host_table();
+        pmu.apply_cpuid(&mut t);
+        let info = cpuid::decode_leaf_0a(&get(&t, 0xa).unwrap());
+        let name = format!("{gp} GP, {fixed} fixed, {width} bits");
+        assert_eq!(info.version_id(), 2, "{name}");
+        assert_eq!(info.number_of_counters(), gp, "{name}");
+        assert_eq!(info.counter_bit_width(), width, "{name}");
+        assert_eq!(info.fixed_function_counters(), fixed, "{name}");
+        assert_eq!(info.fixed_function_counters_bit_width(), width, "{name}");
+        assert_eq!(
+            usize::from(info.ebx_length()),
+            ArchEvent::INTEL_CPUID_ORDER.len()
+        );
+        assert!(info.is_branch_inst_ret_ev_unavailable(), "{name}");
+        assert!(!info.is_core_cyc_ev_unavailable() && !info.is_inst_ret_ev_unavailable());
+        assert!(!info.is_branch_midpred_ev_unavailable(), "{name}");
+    }
+}

@@ -295,16 +295,13 @@ fn with_total(mut c: Comparison, cpu: &Profile, dom: &Profile) -> Comparison {
         }
     };
     let (a, b) = (sum(cpu), sum(dom));
-    c.rows.insert(
-        0,
-        super::table::Row {
-            function: VIRTIO_NET_TOTAL.into(),
-            cpu_samples: a,
-            cpu_percent: pct(a, cpu),
-            domain_samples: b,
-            domain_percent: pct(b, dom),
-        },
-    );
+    c.insert_total(super::table::Row {
+        function: VIRTIO_NET_TOTAL.into(),
+        cpu_samples: a,
+        cpu_percent: pct(a, cpu),
+        domain_samples: b,
+        domain_percent: pct(b, dom),
+    });
     c
 }
 

@@ -71,6 +71,9 @@ impl Row {
     }
 }
 
+/// How many functions the chart shows besides the total rows (the rest is summed in one row).
+pub const CHART_TOP: usize = 20;
+
 /// Both profiles of one workload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Comparison {
@@ -78,6 +81,8 @@ pub struct Comparison {
     pub cpu_total: u64,
     pub domain_total: u64,
     pub rows: Vec<Row>,
+    /// Names of rows that sum other rows ([`insert_total`](Self::insert_total)).
+    pub total_rows: Vec<String>,
 }
 
 impl Comparison {
@@ -86,14 +91,29 @@ impl Comparison {
     pub fn new(workload: &str, cpu: &Profile, domain: &Profile) -> Self {
         let names: std::collections::BTreeSet<&String> =
             cpu.samples.keys().chain(domain.samples.keys()).collect();
+        // Totals once, not per function (Profile::percent sums the profile).
+        let (cpu_total, domain_total) = (cpu.total(), domain.total());
+        let pct = |n: u64, t: u64| {
+            if t == 0 {
+                0.0
+            } else {
+                100.0 * n as f64 / t as f64
+            }
+        };
         let mut rows: Vec<Row> = names
             .into_iter()
-            .map(|n| Row {
-                function: n.clone(),
-                cpu_samples: *cpu.samples.get(n).unwrap_or(&0),
-                cpu_percent: cpu.percent(n),
-                domain_samples: *domain.samples.get(n).unwrap_or(&0),
-                domain_percent: domain.percent(n),
+            .map(|n| {
+                let (c, d) = (
+                    *cpu.samples.get(n).unwrap_or(&0),
+                    *domain.samples.get(n).unwrap_or(&0),
+                );
+                Row {
+                    function: n.clone(),
+                    cpu_samples: c,
+                    cpu_percent: pct(c, cpu_total),
+                    domain_samples: d,
+                    domain_percent: pct(d, domain_total),
+                }
             })
             .collect();
         rows.sort_by(|a, b| {
@@ -104,9 +124,10 @@ impl Comparison {
         });
         Comparison {
             workload: workload.to_string(),
-            cpu_total: cpu.total(),
-            domain_total: domain.total(),
+            cpu_total,
+            domain_total,
             rows,
+            total_rows: Vec::new(),
         }
     }
 
@@ -192,58 +213,249 @@ impl Comparison {
         s
     }
 
-    /// A horizontal bar chart: per function, its share in each mode.
-    pub fn to_svg(&self) -> String {
-        const BAR: usize = 14;
-        const LABEL: usize = 260;
-        const PLOT: f64 = 420.0;
-        let rows = self.rows.len();
-        let height = 60 + rows * (2 * BAR + 12) + 30;
-        let width = LABEL + PLOT as usize + 80;
-        let max = self
+    /// Adds `row`, a sum over other rows (e.g. a code path's total), at the top. The chart
+    /// always shows it and does not count its samples again in its "other" row.
+    pub fn insert_total(&mut self, row: Row) {
+        self.total_rows.push(row.function.clone());
+        self.rows.insert(0, row);
+    }
+
+    fn is_total(&self, r: &Row) -> bool {
+        self.total_rows.contains(&r.function)
+    }
+
+    /// The rows the chart shows, in table order: the total rows, the `top` functions with the
+    /// largest share in either mode, and one `other N functions` row summing the rest (N >= 2:
+    /// a single leftover function is shown as itself). Every row stays in the CSV.
+    pub fn chart_rows(&self, top: usize) -> Vec<Row> {
+        let mut by_share: Vec<&Row> = self.rows.iter().filter(|r| !self.is_total(r)).collect();
+        by_share.sort_by(|a, b| {
+            let share = |r: &Row| r.cpu_percent.max(r.domain_percent);
+            share(b)
+                .total_cmp(&share(a))
+                .then(a.function.cmp(&b.function))
+        });
+        let top = if by_share.len() <= top + 1 {
+            by_share.len()
+        } else {
+            top
+        };
+        let kept: std::collections::BTreeSet<&str> = by_share
+            .iter()
+            .take(top)
+            .map(|r| r.function.as_str())
+            .collect();
+        let mut out: Vec<Row> = self
             .rows
             .iter()
+            .filter(|r| self.is_total(r) || kept.contains(r.function.as_str()))
+            .cloned()
+            .collect();
+        let rest: Vec<&Row> = by_share.iter().skip(top).copied().collect();
+        if !rest.is_empty() {
+            let pct = |n: u64, t: u64| {
+                if t == 0 {
+                    0.0
+                } else {
+                    100.0 * n as f64 / t as f64
+                }
+            };
+            let cpu: u64 = rest.iter().map(|r| r.cpu_samples).sum();
+            let dom: u64 = rest.iter().map(|r| r.domain_samples).sum();
+            out.push(Row {
+                function: format!("other {} functions", rest.len()),
+                cpu_samples: cpu,
+                cpu_percent: pct(cpu, self.cpu_total),
+                domain_samples: dom,
+                domain_percent: pct(dom, self.domain_total),
+            });
+        }
+        out
+    }
+
+    /// A horizontal bar chart of [`chart_rows`](Self::chart_rows)`(CHART_TOP)`: per row, its
+    /// share in each mode and the ratio of the two, on a labelled percent axis.
+    pub fn to_svg(&self) -> String {
+        const BAR: usize = 14;
+        const ROW: usize = 2 * BAR + 10;
+        const CHAR: f64 = 7.3; // monospace advance at 12 px
+        const MAX_LABEL: usize = 64; // characters; longer names are cut, the full one in <title>
+        const PLOT: f64 = 480.0;
+        const TOP: usize = 130;
+        let rows = self.chart_rows(CHART_TOP);
+        let labels: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                if r.function.chars().count() > MAX_LABEL {
+                    let cut: String = r.function.chars().take(MAX_LABEL - 1).collect();
+                    format!("{cut}\u{2026}")
+                } else {
+                    r.function.clone()
+                }
+            })
+            .collect();
+        let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(8);
+        let label_w = ((longest as f64 * CHAR) as usize + 20).max(120);
+        let plot_x = 10 + label_w;
+        let ratio_x = plot_x as f64 + PLOT + 64.0;
+        let width = (ratio_x + 90.0) as usize;
+        let height = TOP + rows.len() * ROW + 44;
+        let max = rows
+            .iter()
             .map(|r| r.cpu_percent.max(r.domain_percent))
-            .fold(1.0, f64::max);
+            .fold(0.0, f64::max);
+        let step = [1.0, 2.0, 5.0, 10.0, 20.0, 25.0, 50.0]
+            .into_iter()
+            .find(|s| max / s <= 6.0)
+            .unwrap_or(50.0);
+        let axis_max = ((max / step).ceil() * step).clamp(step, 100.0);
+        let x_of = |pct: f64| plot_x as f64 + PLOT * pct / axis_max;
+        let (cpu_c, dom_c) = ("#4e79a7", "#e15759");
+        let shown = rows.len();
+        let title = format!(
+            "{}: share of samples per function, cpu-switch vs domain-switch accounting",
+            self.workload
+        );
+        let selection = if shown < self.rows.len() {
+            format!(
+                "{} of {} rows charted: {}the {CHART_TOP} largest in either mode; the other {} summed in one row (all rows are in the CSV)",
+                shown - 1,
+                self.rows.len(),
+                if self.total_rows.is_empty() { "" } else { "the path total, " },
+                self.rows.len() + 1 - shown,
+            )
+        } else {
+            format!("all {} rows", self.rows.len())
+        };
+        let order = "sorted by the percentage points domain-switch adds; dom/cpu = domain-switch share / cpu-switch share";
+        let legend = [
+            (
+                cpu_c,
+                format!(
+                    "cpu-switch: only guest execution counts ({} samples)",
+                    self.cpu_total
+                ),
+            ),
+            (
+                dom_c,
+                format!(
+                    "domain-switch: the VMM's work for the guest counts too ({} samples)",
+                    self.domain_total
+                ),
+            ),
+        ];
+        // Widest header line, at about 9 px (15 px bold) and 6.8 px (12 px) per character.
+        let header_w = (title.chars().count() as f64 * 9.0)
+            .max(selection.chars().count() as f64 * 6.8)
+            .max(order.chars().count() as f64 * 6.8);
+        let width = width.max((header_w + 30.0) as usize);
         let mut s = String::new();
         let _ = writeln!(
             s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
         );
         let _ = writeln!(
             s,
-            r#"<text x="10" y="20" font-size="14">{}: share of samples per function, cpu-switch vs domain-switch</text>"#,
-            xml(&self.workload)
+            r#"<rect width="{width}" height="{height}" fill="white"/>"#
         );
         let _ = writeln!(
             s,
-            r##"<rect x="10" y="32" width="12" height="12" fill="#4e79a7"/><text x="26" y="42">cpu-switch ({} samples)</text><rect x="220" y="32" width="12" height="12" fill="#e15759"/><text x="236" y="42">domain-switch ({} samples)</text>"##,
-            self.cpu_total, self.domain_total
+            r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#,
+            xml(&title)
         );
-        for (i, r) in self.rows.iter().enumerate() {
-            let y = 60 + i * (2 * BAR + 12);
+        let _ = writeln!(
+            s,
+            r##"<text x="10" y="42" fill="#444">{}</text><text x="10" y="58" fill="#444">{order}</text>"##,
+            xml(&selection)
+        );
+        for (i, (color, text)) in legend.iter().enumerate() {
+            let y = 70 + 18 * i;
             let _ = writeln!(
                 s,
-                r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-                LABEL - 8,
-                y + BAR + 4,
-                xml(&r.function)
+                r##"<rect x="10" y="{y}" width="12" height="12" fill="{color}"/><text x="27" y="{}">{}</text>"##,
+                y + 10,
+                xml(text)
             );
-            for (j, (pct, color)) in [(r.cpu_percent, "#4e79a7"), (r.domain_percent, "#e15759")]
+        }
+        // Percent axis on top, grid lines through the plot.
+        let bottom = TOP + rows.len() * ROW;
+        let mut t = 0.0;
+        while t <= axis_max + 1e-9 {
+            let x = x_of(t);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{bottom}" stroke="#ddd"/><text x="{x:.1}" y="{}" text-anchor="middle" fill="#444">{t}%</text>"##,
+                TOP - 6,
+                TOP - 10
+            );
+            t += step;
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{}" text-anchor="middle" fill="#444">share of the mode's samples</text><text x="{ratio_x:.1}" y="{}" font-weight="bold">dom/cpu</text>"##,
+            plot_x as f64 + PLOT / 2.0,
+            bottom + 30,
+            TOP - 10
+        );
+        for (i, (r, label)) in rows.iter().zip(&labels).enumerate() {
+            let y = TOP + i * ROW + 4;
+            let total = self.is_total(r);
+            let other = i + 1 == rows.len() && !self.rows.iter().any(|x| x.function == r.function);
+            let weight = if total {
+                r#" font-weight="bold""#
+            } else if other {
+                r#" font-style="italic""#
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="end" font-family="monospace"{weight}><title>{}</title>{}</text>"#,
+                plot_x - 8,
+                y + BAR + 4,
+                xml(&r.function),
+                xml(label)
+            );
+            for (j, (pct, color)) in [(r.cpu_percent, cpu_c), (r.domain_percent, dom_c)]
                 .into_iter()
                 .enumerate()
             {
-                let len = PLOT * pct / max;
+                let len = x_of(pct) - plot_x as f64;
                 let by = y + j * BAR;
                 let _ = writeln!(
                     s,
-                    r#"<rect x="{LABEL}" y="{by}" width="{len:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}">{pct:.1}%</text>"#,
+                    r#"<rect x="{plot_x}" y="{by}" width="{len:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}" font-size="11">{pct:.1}%</text>"#,
                     BAR - 2,
-                    LABEL as f64 + len + 4.0,
+                    plot_x as f64 + len + 4.0,
                     by + BAR - 3
                 );
             }
+            let ratio = r.ratio();
+            let ratio = if ratio.is_infinite() {
+                "new".to_string()
+            } else {
+                format!("{ratio:.2}x")
+            };
+            let _ = writeln!(
+                s,
+                r#"<text x="{ratio_x:.1}" y="{}"{weight}>{ratio}</text>"#,
+                y + BAR + 4
+            );
+            if total {
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="10" y1="{}" x2="{:.1}" y2="{}" stroke="#999" stroke-dasharray="4 3"/>"##,
+                    y + ROW - 6,
+                    ratio_x + 60.0,
+                    y + ROW - 6
+                );
+            }
         }
+        let _ = writeln!(
+            s,
+            r##"<line x1="{plot_x}" y1="{}" x2="{plot_x}" y2="{bottom}" stroke="#444"/>"##,
+            TOP - 6
+        );
         s.push_str("</svg>\n");
         s
     }
@@ -401,7 +613,128 @@ mod tests {
         ));
         let svg = c.to_svg();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<rect").count(), 2 + 2 * c.rows.len());
+        // Background, two legend boxes, two bars per row.
+        assert_eq!(svg.matches("<rect").count(), 3 + 2 * c.rows.len());
+        assert!(svg.contains("all 5 rows"), "{svg}");
+        assert!(svg.contains("13.33x") && svg.contains(">new<"), "{svg}");
+    }
+
+    /// A packet-rx-shaped comparison: a path total over `n` virtio functions, a few big
+    /// functions whose share moves between the modes, and a long tail of one-sample functions.
+    fn many_rows(tail: usize) -> Comparison {
+        let mut cpu = vec![
+            ("default_idle".to_string(), 5000),
+            ("vp_notify".to_string(), 40),
+            ("virtnet_poll".to_string(), 30),
+        ];
+        let mut dom = vec![
+            ("default_idle".to_string(), 3000),
+            ("vp_notify".to_string(), 2500),
+            ("virtnet_poll".to_string(), 200),
+        ];
+        for i in 0..30 {
+            cpu.push((format!("mid_{i:02}"), 100 - i));
+            dom.push((format!("mid_{i:02}"), 100 - i));
+        }
+        for i in 0..tail {
+            cpu.push((format!("tail_{i:05}"), 1));
+            dom.push((format!("tail_{i:05}"), (i % 2) as u64));
+        }
+        let p =
+            |v: &Vec<(String, u64)>| Profile::from_pairs(v.iter().map(|(k, n)| (k.as_str(), *n)));
+        let (cpu, dom) = (p(&cpu), p(&dom));
+        let mut c = Comparison::new("packet-rx", &cpu, &dom);
+        let path = |p: &Profile| {
+            p.samples.get("vp_notify").unwrap() + p.samples.get("virtnet_poll").unwrap()
+        };
+        let pct = |n: u64, p: &Profile| 100.0 * n as f64 / p.total() as f64;
+        c.insert_total(Row {
+            function: "[virtio path: total]".into(),
+            cpu_samples: path(&cpu),
+            cpu_percent: pct(path(&cpu), &cpu),
+            domain_samples: path(&dom),
+            domain_percent: pct(path(&dom), &dom),
+        });
+        c
+    }
+
+    #[test]
+    fn chart_keeps_the_total_and_the_largest_functions_and_sums_the_rest() {
+        let c = many_rows(500);
+        let rows = c.chart_rows(CHART_TOP);
+        assert_eq!(rows.len(), 1 + CHART_TOP + 1);
+        assert_eq!(rows[0].function, "[virtio path: total]");
+        let names: Vec<&str> = rows.iter().map(|r| r.function.as_str()).collect();
+        // Large in cpu-switch only, in domain-switch only, and in both: all kept.
+        for f in [
+            "default_idle",
+            "vp_notify",
+            "virtnet_poll",
+            "mid_00",
+            "mid_16",
+        ] {
+            assert!(names.contains(&f), "{f} missing: {names:?}");
+        }
+        assert!(!names.contains(&"mid_17") && !names.iter().any(|n| n.starts_with("tail_")));
+        // Table order (by gain) is kept for the charted functions.
+        let order: Vec<&str> = c
+            .rows
+            .iter()
+            .map(|r| r.function.as_str())
+            .filter(|n| names.contains(n))
+            .collect();
+        assert_eq!(order, names[..names.len() - 1]);
+        // The other row sums exactly the functions not shown (the total row not counted again).
+        let other = rows.last().unwrap();
+        assert_eq!(other.function, format!("other {} functions", 13 + 500));
+        let shown = |f: fn(&Row) -> u64| rows[1..rows.len() - 1].iter().map(f).sum::<u64>();
+        assert_eq!(other.cpu_samples, c.cpu_total - shown(|r| r.cpu_samples));
+        assert_eq!(
+            other.domain_samples,
+            c.domain_total - shown(|r| r.domain_samples)
+        );
+        let pct_sum: f64 = rows[1..].iter().map(|r| r.cpu_percent).sum();
+        assert!((pct_sum - 100.0).abs() < 1e-6, "{pct_sum}");
+        // Every row stays in the CSV and the text table.
+        assert_eq!(c.to_csv().lines().count(), 1 + c.rows.len());
+        assert_eq!(c.to_table().lines().count(), 2 + c.rows.len());
+    }
+
+    #[test]
+    fn chart_of_few_rows_shows_them_all_and_never_sums_a_single_function() {
+        let c = packet_rx();
+        assert_eq!(c.chart_rows(CHART_TOP), c.rows);
+        assert_eq!(c.chart_rows(3).len(), 4);
+        assert_eq!(c.chart_rows(3)[3].function, "other 2 functions");
+        // One function left over is charted as itself, not as "other 1 functions".
+        assert_eq!(c.chart_rows(4), c.rows);
+        let empty = Comparison::new("w", &Profile::default(), &Profile::default());
+        assert!(empty.chart_rows(CHART_TOP).is_empty());
+        assert!(empty.to_svg().trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn chart_height_does_not_grow_with_the_number_of_functions() {
+        let small = many_rows(0).to_svg();
+        let huge = many_rows(20_000).to_svg();
+        let height = |svg: &str| -> usize {
+            let h = svg.split("height=\"").nth(1).unwrap();
+            h[..h.find('"').unwrap()].parse().unwrap()
+        };
+        assert_eq!(height(&small), height(&huge));
+        assert!(height(&huge) < 1200, "{}", height(&huge));
+        assert_eq!(huge.matches("<rect").count(), 3 + 2 * (1 + CHART_TOP + 1));
+        assert!(huge.contains("other 20013 functions"), "{huge}");
+        assert!(huge.contains("21 of 20034 rows charted"), "{huge}");
+    }
+
+    #[test]
+    fn chart_cuts_long_names_but_keeps_them_whole_in_a_title() {
+        let long = format!("[vmm] {}", "x".repeat(200));
+        let p = Profile::from_pairs([(long.as_str(), 2), ("f", 1)]);
+        let svg = Comparison::new("w", &p, &p).to_svg();
+        assert!(svg.contains(&format!("<title>{long}</title>")));
+        assert!(svg.contains(&format!("{}\u{2026}</text>", &long[..63])));
     }
 
     #[test]
