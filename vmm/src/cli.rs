@@ -327,6 +327,7 @@ impl RunArgs {
                 }),
                 pool: Default::default(),
             },
+            panic_vcpu_at_exit: None,
         })
     }
 }
