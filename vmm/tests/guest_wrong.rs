@@ -278,3 +278,30 @@ fn panicking_vcpu_thread_ends_the_run_with_8_and_closed_files() {
         dir.path(),
     );
 }
+
+#[test]
+fn run_help_documents_every_exit_code() {
+    let (c, out, err) = vmm(&["run", "--help"]);
+    assert_eq!(c, 0, "{err}");
+    for want in [
+        "3  the guest kernel panicked",
+        "4  the guest triple-faulted",
+        "6  a guest instruction",
+        "7  --timeout expired",
+        "8  VMM bug (a vCPU thread panicked)",
+        "a line per vCPU names its RIP and its last exits",
+    ] {
+        assert!(out.contains(want), "{want:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn compare_outputs_are_replaced_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.csv");
+    std::fs::write(&p, "old").unwrap();
+    vmm::compare::write_whole(&p, b"new,contents\n").unwrap();
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), "new,contents\n");
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(names.len(), 1, "no temporary file left behind");
+}

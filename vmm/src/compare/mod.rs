@@ -209,10 +209,24 @@ pub fn write_outputs(
     let csv = out.join(format!("{}.csv", c.workload));
     let svg = out.join(format!("{}.svg", c.workload));
     for (path, text) in [(&csv, c.to_csv()), (&svg, c.to_svg())] {
-        std::fs::write(path, text).map_err(|source| CompareError::Io {
+        write_whole(path, text.as_bytes()).map_err(|source| CompareError::Io {
             path: path.clone(),
             source,
         })?;
     }
     Ok((csv, svg))
+}
+
+/// Writes `path` so that it is never seen cut short: into `path.tmp`, synced, then renamed
+/// over `path` (a run stopped in the middle leaves the old file or the new one, whole).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
