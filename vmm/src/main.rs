@@ -28,7 +28,7 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
-                ExitCode::from(code::ERROR as u8)
+                ExitCode::from(e.exit_code() as u8)
             }
         },
         Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out) {

@@ -88,6 +88,30 @@ fn triple_fault_exits_4_and_names_the_vcpu() {
         d[0]
     );
     assert!(d[0].contains("pio 0x3f8 out 1 x"), "{}", d[0]);
+    // `compare` ends with the run's own code and says the same.
+    let e = vmm::compare::CompareError::guest_end(&r.report, " (guest console: c)");
+    assert_eq!(e.exit_code(), code::TRIPLE_FAULT);
+    let msg = e.to_string();
+    assert!(
+        msg.contains("triple fault")
+            && msg.contains("(guest console: c)\n[vpmu-vmm] vCPU 0 at RIP 0x"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn compare_guest_that_powers_off_early_is_exit_1() {
+    if !kvm_available() {
+        return;
+    }
+    let r = run_tiny_with(&tiny_guests::HELLO64, Duration::from_secs(60), |_| {});
+    assert_eq!(r.report.end.exit_code(), code::CLEAN);
+    assert!(
+        vmm::report::diagnostic(&r.report).is_empty(),
+        "clean: no diagnostic"
+    );
+    let e = vmm::compare::CompareError::guest_end(&r.report, "");
+    assert_eq!(e.exit_code(), code::ERROR);
 }
 
 #[test]
