@@ -23,6 +23,11 @@ fn main() -> ExitCode {
         .format_target(false)
         .init();
 
+    if matches!(cli.command, Command::Run(_) | Command::Compare(_)) {
+        if let Err(e) = vmm::stop_signal::install() {
+            log::warn!("cannot catch SIGINT/SIGTERM ({e}): they will kill the run outright");
+        }
+    }
     match cli.command {
         Command::Compare(args) => match vmm::compare::command(&args) {
             Ok(()) => ExitCode::SUCCESS,

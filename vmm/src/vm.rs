@@ -365,11 +365,19 @@ impl VmControl {
         self.panic_at.filter(|(v, _)| *v == id).map(|(_, n)| n)
     }
 
-    /// Waits for the end, or ends the VM with `Timeout` after `timeout`.
+    /// Waits for the end, or ends the VM with `Timeout` after `timeout` (or with `Signal` at
+    /// SIGINT/SIGTERM, [`crate::stop_signal`]: looked at every 100 ms).
     pub fn wait(&self, timeout: Option<Duration>) -> VmEnd {
         let start = Instant::now();
         let mut e = self.end.lock().unwrap();
         while e.is_none() {
+            if let Some(sig) = crate::stop_signal::pending() {
+                drop(e);
+                self.request_end(VmEnd::Signal(sig));
+                e = self.end.lock().unwrap();
+                continue;
+            }
+            const POLL: Duration = Duration::from_millis(100);
             match timeout {
                 Some(t) => {
                     let left = t.saturating_sub(start.elapsed());
@@ -379,9 +387,9 @@ impl VmControl {
                         e = self.end.lock().unwrap();
                         continue;
                     }
-                    e = self.ended.wait_timeout(e, left).unwrap().0;
+                    e = self.ended.wait_timeout(e, left.min(POLL)).unwrap().0;
                 }
-                None => e = self.ended.wait(e).unwrap(),
+                None => e = self.ended.wait_timeout(e, POLL).unwrap().0,
             }
         }
         e.clone().unwrap()
