@@ -80,6 +80,12 @@ impl VcpuRunner {
                 r.before_run();
             }
             let result = self.fd.run();
+            if let Some(r) = &mut self.recorder {
+                r.after_run(&result);
+            }
+            if let Some(p) = &mut self.pmu {
+                p.pmu.leave_guest();
+            }
             self.last_exits.push(&result);
             if panic_at == Some(self.last_exits.total()) {
                 panic!(
@@ -87,12 +93,6 @@ impl VcpuRunner {
                     self.id,
                     self.last_exits.total()
                 );
-            }
-            if let Some(r) = &mut self.recorder {
-                r.after_run(&result);
-            }
-            if let Some(p) = &mut self.pmu {
-                p.pmu.leave_guest();
             }
             let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
                 Some(p) => p,
