@@ -37,7 +37,8 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
-    /// side (table on stdout; CSV and SVG chart in --out).
+    /// side (table on stdout; CSV and SVG chart in --out). If the guest goes wrong, the exit
+    /// code is the run's own (as for `run`); 1 for bad input.
     Compare(CompareArgs),
     /// Read VM-exit traces written by `run --trace` (docs/tracing.md).
     #[command(subcommand)]
@@ -385,6 +386,7 @@ impl RunArgs {
                 }),
                 pool: Default::default(),
             },
+            panic_vcpu_at_exit: None,
         })
     }
 }

@@ -20,6 +20,10 @@ pub mod code {
     pub const EMULATION_FAILURE: i32 = 6;
     /// `--timeout` expired before the guest ended.
     pub const TIMEOUT: i32 = 7;
+    /// A VMM bug: a vCPU thread panicked (the run was ended, its outputs closed).
+    pub const VMM_BUG: i32 = 8;
+    /// SIGINT / SIGTERM ended the run: 128 + the signal number (130, 143), as a shell reports.
+    pub const SIGNAL_BASE: i32 = 128;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +38,10 @@ pub enum VmEnd {
     Timeout(Duration),
     /// A run-time controller (e.g. `vpmu-vmm compare`) ended the run when its experiment was done.
     Stopped(String),
+    /// A vCPU thread panicked (a VMM bug): which one, and the panic message.
+    VmmPanic(String),
+    /// SIGINT or SIGTERM stopped the run (its number).
+    Signal(i32),
 }
 
 impl VmEnd {
@@ -45,6 +53,8 @@ impl VmEnd {
             VmEnd::KvmFailure(_) => code::KVM_FAILURE,
             VmEnd::EmulationFailure(_) => code::EMULATION_FAILURE,
             VmEnd::Timeout(_) => code::TIMEOUT,
+            VmEnd::VmmPanic(_) => code::VMM_BUG,
+            VmEnd::Signal(s) => code::SIGNAL_BASE + s,
         }
     }
 
@@ -64,6 +74,8 @@ impl std::fmt::Display for VmEnd {
             VmEnd::EmulationFailure(what) => write!(f, "unhandled emulation failure: {what}"),
             VmEnd::Timeout(d) => write!(f, "--timeout of {:.1} s expired", d.as_secs_f64()),
             VmEnd::Stopped(why) => write!(f, "stopped: {why}"),
+            VmEnd::VmmPanic(what) => write!(f, "VMM bug: {what}"),
+            VmEnd::Signal(s) => write!(f, "stopped by {}", crate::stop_signal::name(*s)),
         }
     }
 }
@@ -77,4 +89,7 @@ Exit codes:
   4  the guest triple-faulted
   5  KVM failure
   6  a guest instruction the host could not emulate and the VMM could not complete
-  7  --timeout expired";
+  7  --timeout expired
+  8  VMM bug (a vCPU thread panicked)
+  130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
+On any end but 0 a line per vCPU names its RIP and its last exits.";

@@ -32,6 +32,7 @@ pub mod net;
 pub mod pmu;
 pub mod profile;
 pub mod report;
+pub mod stop_signal;
 pub mod trace;
 pub mod tsc;
 pub mod vcpu;

@@ -23,12 +23,17 @@ fn main() -> ExitCode {
         .format_target(false)
         .init();
 
+    if matches!(cli.command, Command::Run(_) | Command::Compare(_)) {
+        if let Err(e) = vmm::stop_signal::install() {
+            log::warn!("cannot catch SIGINT/SIGTERM ({e}): they will kill the run outright");
+        }
+    }
     match cli.command {
         Command::Compare(args) => match vmm::compare::command(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
-                ExitCode::from(code::ERROR as u8)
+                ExitCode::from(e.exit_code() as u8)
             }
         },
         Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out) {

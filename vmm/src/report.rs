@@ -99,6 +99,9 @@ pub fn print(r: &RunReport) {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));
     }
+    for l in diagnostic(r) {
+        eprintln!("{l}");
+    }
     if !r.end.is_clean() && !r.console_tail.is_empty() {
         eprintln!("[vpmu-vmm] last guest console lines:");
         for l in &r.console_tail {
@@ -148,4 +151,16 @@ fn print_net(n: &crate::net::NetReport) {
     if let Some(why) = &p.first_bad {
         eprintln!("[vpmu-vmm] net pinger: first bad frame: {why}");
     }
+}
+
+/// On any end but a clean one: one line per vCPU with its RIP and its last exits
+/// (`[vpmu-vmm] vCPU 0 at RIP 0x100034 (CPL 0), ended the run, 12 exits, last: ...`).
+pub fn diagnostic(r: &RunReport) -> Vec<String> {
+    if r.end.is_clean() {
+        return Vec::new();
+    }
+    r.vcpu_states
+        .iter()
+        .map(|s| format!("[vpmu-vmm] {}", s.line()))
+        .collect()
 }

@@ -119,6 +119,9 @@ pub struct VmConfig {
     pub started: Option<Instant>,
     /// `--trace` / `--host-profile` (off by default).
     pub record: crate::trace::RecordConfig,
+    /// Test hook: vCPU `.0`'s thread panics at its `.1`-th exit (a stand-in for a VMM bug;
+    /// tests check that the run still ends, with exit code 8 and its outputs closed).
+    pub panic_vcpu_at_exit: Option<(u32, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -193,6 +196,7 @@ impl VmConfig {
             record: Default::default(),
             net: None,
             controller: None,
+            panic_vcpu_at_exit: None,
         }
     }
 }
@@ -302,6 +306,10 @@ pub struct VmControl {
     ended: Condvar,
     stopping: AtomicBool,
     threads: Mutex<Vec<libc::pthread_t>>,
+    /// How each vCPU stood when its thread ended (the diagnostic of a bad end).
+    vcpu_states: Mutex<Vec<crate::vcpu::last_exits::VcpuEndState>>,
+    /// Test hook (`VmConfig::panic_vcpu_at_exit`).
+    panic_at: Option<(u32, u64)>,
 }
 
 impl VmControl {
@@ -320,10 +328,12 @@ impl VmControl {
         }
     }
 
-    /// Records why the VM ends (the first reason wins) and kicks every vCPU out of KVM_RUN.
-    pub fn request_end(&self, end: VmEnd) {
-        let mut e = self.end.lock().unwrap();
-        if e.is_none() {
+    /// Records why the VM ends (the first reason wins: true if it was this one) and kicks
+    /// every vCPU out of KVM_RUN.
+    pub fn request_end(&self, end: VmEnd) -> bool {
+        let mut e = self.end.lock().unwrap_or_else(|p| p.into_inner());
+        let first = e.is_none();
+        if first {
             *e = Some(end);
         }
         self.stopping.store(true, Ordering::Release);
@@ -331,13 +341,46 @@ impl VmControl {
             kick::kick(t);
         }
         self.ended.notify_all();
+        first
     }
 
-    /// Waits for the end, or ends the VM with `Timeout` after `timeout`.
+    /// A vCPU thread's state as it ends (see [`crate::vcpu::last_exits`]).
+    pub fn report_vcpu_state(&self, st: crate::vcpu::last_exits::VcpuEndState) {
+        self.vcpu_states
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(st);
+    }
+
+    /// The vCPU states reported so far, in vCPU order.
+    pub fn vcpu_states(&self) -> Vec<crate::vcpu::last_exits::VcpuEndState> {
+        let mut v = self
+            .vcpu_states
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        v.sort_by_key(|s| s.vcpu);
+        v
+    }
+
+    /// Test hook: the exit (1-based) at which vCPU `id`'s thread panics on purpose.
+    pub fn panic_at(&self, id: u32) -> Option<u64> {
+        self.panic_at.filter(|(v, _)| *v == id).map(|(_, n)| n)
+    }
+
+    /// Waits for the end, or ends the VM with `Timeout` after `timeout` (or with `Signal` at
+    /// SIGINT/SIGTERM, [`crate::stop_signal`]: looked at every 100 ms).
     pub fn wait(&self, timeout: Option<Duration>) -> VmEnd {
         let start = Instant::now();
         let mut e = self.end.lock().unwrap();
         while e.is_none() {
+            if let Some(sig) = crate::stop_signal::pending() {
+                drop(e);
+                self.request_end(VmEnd::Signal(sig));
+                e = self.end.lock().unwrap();
+                continue;
+            }
+            const POLL: Duration = Duration::from_millis(100);
             match timeout {
                 Some(t) => {
                     let left = t.saturating_sub(start.elapsed());
@@ -347,9 +390,9 @@ impl VmControl {
                         e = self.end.lock().unwrap();
                         continue;
                     }
-                    e = self.ended.wait_timeout(e, left).unwrap().0;
+                    e = self.ended.wait_timeout(e, left.min(POLL)).unwrap().0;
                 }
-                None => e = self.ended.wait(e).unwrap(),
+                None => e = self.ended.wait_timeout(e, POLL).unwrap().0,
             }
         }
         e.clone().unwrap()
@@ -369,6 +412,8 @@ pub struct RunReport {
     pub mode_history: Vec<pmu::mode::Switch>,
     pub fixups: Vec<(&'static str, u64)>,
     pub console_tail: Vec<String>,
+    /// Each vCPU's RIP and last exits as its thread ended (printed on a bad end).
+    pub vcpu_states: Vec<crate::vcpu::last_exits::VcpuEndState>,
     pub cmdline: Option<String>,
     /// With `--net`: what the network card and the pinger counted.
     pub net: Option<NetReport>,
@@ -494,7 +539,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     };
 
     // The accounting mode (switchable at run time: `--vpmu-schedule`, the vPMU control port).
-    let control = Arc::new(VmControl::default());
+    let control = Arc::new(VmControl {
+        panic_at: cfg.panic_vcpu_at_exit,
+        ..Default::default()
+    });
     let mode_switch = match cfg.vpmu {
         VpmuSetting::Off => None,
         on => {
@@ -724,6 +772,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             vm: vm.clone(),
             const_msrs: !cfg.const_msrs.is_empty(),
             recorder: None,
+            last_exits: Default::default(),
         });
     }
     let mut recording = match runners.first().filter(|_| cfg.record.is_on()) {
@@ -765,7 +814,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         handles.push(
             std::thread::Builder::new()
                 .name(name)
-                .spawn(move || r.run())
+                .spawn(move || r.run_catching_panics())
                 .map_err(|e| VmError::Memory(e.to_string()))?,
         );
     }
@@ -811,11 +860,12 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             );
         }
     }
-    let log = console_log.lock().unwrap();
+    // (A vCPU thread that panicked may have poisoned these locks: the data is still whole.)
+    let log = console_log.lock().unwrap_or_else(|e| e.into_inner());
     if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
         end = VmEnd::GuestPanic(line.to_string());
     }
-    let net = net_card.map(|c| NetReport::from_card(&c.lock().unwrap()));
+    let net = net_card.map(|c| NetReport::from_card(&c.lock().unwrap_or_else(|e| e.into_inner())));
     Ok(RunReport {
         end,
         net,
@@ -826,6 +876,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         mode_history: mode_switch.map(|m| m.history()).unwrap_or_default(),
         fixups: fixups.snapshot(),
         console_tail: log.tail(15),
+        vcpu_states: control.vcpu_states(),
         cmdline,
         setup_time,
         run_time,

@@ -115,11 +115,10 @@ pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     cfg.timeout = Some(s.boot_timeout + Duration::from_secs(4 * s.secs + 600));
     let report = vm::run(&cfg)?;
     if report.end != VmEnd::PowerOff {
-        return Err(CompareError::GuestEnd(format!(
-            "{} (guest console: {})",
-            report.end,
-            console.display()
-        )));
+        return Err(CompareError::guest_end(
+            &report,
+            &format!(" (guest console: {})", console.display()),
+        ));
     }
     let bytes = std::fs::read(&serial2).map_err(|source| CompareError::Io {
         path: serial2.clone(),

@@ -151,11 +151,10 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
     })));
     let report = vm::run(&cfg)?;
     if !matches!(report.end, VmEnd::Stopped(_)) {
-        return Err(CompareError::GuestEnd(format!(
-            "{} (guest console: {})",
-            report.end,
-            console.display()
-        )));
+        return Err(CompareError::guest_end(
+            &report,
+            &format!(" (guest console: {})", console.display()),
+        ));
     }
     let slices = slices.lock().unwrap_or_else(|e| e.into_inner()).clone();
     if slices.len() != plan(rounds).len() {

@@ -17,8 +17,10 @@ use crate::vm::VmError;
 pub enum CompareError {
     #[error(transparent)]
     Vm(#[from] VmError),
+    /// The run ended the wrong way: what happened (with the per-vCPU diagnostic) and the
+    /// exit code `compare` ends with (the run's own, or 1 for an early clean end).
     #[error("the comparison guest did not power off cleanly: {0}")]
-    GuestEnd(String),
+    GuestEnd(String, i32),
     #[error("the comparison guest's report: {0}")]
     GuestReport(String),
     #[error("{0}")]
@@ -28,6 +30,32 @@ pub enum CompareError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+impl CompareError {
+    /// A run that ended the wrong way: its end, `extra`, and one diagnostic line per vCPU.
+    pub fn guest_end(report: &crate::vm::RunReport, extra: &str) -> Self {
+        let mut what = format!("{}{extra}", report.end);
+        for l in crate::report::diagnostic(report) {
+            what.push('\n');
+            what.push_str(&l);
+        }
+        let code = if report.end.is_clean() {
+            crate::end::code::ERROR
+        } else {
+            report.end.exit_code()
+        };
+        CompareError::GuestEnd(what, code)
+    }
+
+    /// The process exit code: the guest run's own when it went wrong (3 panic, 4 triple
+    /// fault, ... as for `run`), else 1.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CompareError::GuestEnd(_, code) => *code,
+            _ => crate::end::code::ERROR,
+        }
+    }
 }
 
 /// `vpmu-vmm compare`: runs the workload, prints the tables and what they show, writes the files.
@@ -209,10 +237,24 @@ pub fn write_outputs(
     let csv = out.join(format!("{}.csv", c.workload));
     let svg = out.join(format!("{}.svg", c.workload));
     for (path, text) in [(&csv, c.to_csv()), (&svg, c.to_svg())] {
-        std::fs::write(path, text).map_err(|source| CompareError::Io {
+        write_whole(path, text.as_bytes()).map_err(|source| CompareError::Io {
             path: path.clone(),
             source,
         })?;
     }
     Ok((csv, svg))
+}
+
+/// Writes `path` so that it is never seen cut short: into `path.tmp`, synced, then renamed
+/// over `path` (a run stopped in the middle leaves the old file or the new one, whole).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }

@@ -42,7 +42,7 @@ pub fn run(out: &Path, io_delay_us: u32) -> Result<TinyComparison, CompareError>
     cfg.timeout = Some(Duration::from_secs(300));
     let report = vm::run(&cfg)?;
     if report.end != VmEnd::PowerOff {
-        return Err(CompareError::GuestEnd(report.end.to_string()));
+        return Err(CompareError::guest_end(&report, ""));
     }
     let bytes = std::fs::read(&serial2).map_err(|source| CompareError::Io {
         path: serial2.clone(),

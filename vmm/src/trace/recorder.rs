@@ -232,6 +232,15 @@ impl VcpuRecorder {
 
     /// At the end of the vCPU thread.
     pub fn finish(mut self) {
+        self.close();
+    }
+
+    /// Writes this vCPU's end blocks (once): from [`Self::finish`], or from drop when the
+    /// vCPU thread unwinds, so the file stays complete and readable whatever ended the run.
+    fn close(&mut self) {
+        if self.exits.is_none() && self.samples.is_none() {
+            return;
+        }
         let t = crate::tsc::now();
         let cpu = thread_cpu_ns();
         self.sampler = None;
@@ -252,6 +261,12 @@ impl VcpuRecorder {
         if let Some(sink) = self.samples.take() {
             sink.finish(t, cpu);
         }
+    }
+}
+
+impl Drop for VcpuRecorder {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 

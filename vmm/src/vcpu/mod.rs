@@ -5,6 +5,7 @@ pub mod cpuid;
 pub mod guest_cpu;
 pub mod kick;
 pub mod lapic;
+pub mod last_exits;
 pub mod regs;
 pub mod ticker;
 pub mod view;
@@ -46,11 +47,13 @@ pub struct VcpuRunner {
     pub const_msrs: bool,
     /// `--trace` / `--host-profile` (None: neither).
     pub recorder: Option<crate::trace::recorder::VcpuRecorder>,
+    /// The last exits, for the diagnostic of a bad end, and the no-progress check.
+    pub last_exits: last_exits::LastExits,
 }
 
 impl VcpuRunner {
     /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
-    pub fn run(mut self) -> (ExitCounts, PmuStats) {
+    pub fn run(&mut self) -> (ExitCounts, PmuStats) {
         let mut counts = ExitCounts::default();
         kick::bind(self.fd.get_kvm_run());
         // SAFETY: pthread_self has no preconditions.
@@ -65,6 +68,8 @@ impl VcpuRunner {
         }
         let mut no_msrs = NoMsrs;
         let mut const_msrs = exit::ConstMsrs;
+        let mut ended_vm = false;
+        let panic_at = self.control.panic_at(self.id);
         while !self.control.stopping() {
             if let Some(p) = &mut self.pmu {
                 p.follow_mode();
@@ -80,6 +85,14 @@ impl VcpuRunner {
             }
             if let Some(p) = &mut self.pmu {
                 p.pmu.leave_guest();
+            }
+            self.last_exits.push(&result);
+            if panic_at == Some(self.last_exits.total()) {
+                panic!(
+                    "test hook: vCPU {} panics at exit {}",
+                    self.id,
+                    self.last_exits.total()
+                );
             }
             let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
                 Some(p) => p,
@@ -101,10 +114,10 @@ impl VcpuRunner {
                 Outcome::Interrupted => self.fd.set_kvm_immediate_exit(0),
                 Outcome::InternalError => {
                     if let Err(end) = self.complete_instruction() {
-                        self.control.request_end(end);
+                        ended_vm |= self.control.request_end(end);
                     }
                 }
-                Outcome::Stop(end) => self.control.request_end(end),
+                Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
             }
             if let Some(r) = &mut self.recorder {
                 r.after_exit(&self.fd);
@@ -118,8 +131,59 @@ impl VcpuRunner {
         if let Some(r) = self.recorder.take() {
             r.finish();
         }
+        self.report_end_state(ended_vm, None);
         kick::unbind();
-        (counts, self.pmu.map(|p| p.stats).unwrap_or_default())
+        (counts, self.pmu.take().map(|p| p.stats).unwrap_or_default())
+    }
+
+    /// Runs the vCPU ([`Self::run`]); if the thread panics (a VMM bug), the run is ended with
+    /// [`VmEnd::VmmPanic`] instead of leaving the other threads running and the VMM waiting.
+    /// Unwinding closes this vCPU's trace and profile streams (the recorder closes on drop).
+    pub fn run_catching_panics(mut self) -> (ExitCounts, PmuStats) {
+        let payload = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run())) {
+            Ok(r) => return r,
+            Err(p) => p,
+        };
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        log::error!(
+            "vCPU {}: the vCPU thread panicked (a VMM bug): {msg}",
+            self.id
+        );
+        // Close the trace/profile streams first: they must end whole whatever follows.
+        self.recorder = None;
+        self.ticker = None;
+        let first = self.control.request_end(VmEnd::VmmPanic(format!(
+            "vCPU {} thread panicked: {msg}",
+            self.id
+        )));
+        self.report_end_state(first, Some(msg));
+        kick::unbind();
+        Default::default()
+    }
+
+    /// At the end of the thread: this vCPU's RIP and last exits, for the diagnostic.
+    fn report_end_state(&self, ended_vm: bool, panicked: Option<String>) {
+        let rip = self.fd.get_regs().ok().map(|r| r.rip);
+        let cpl = self.fd.get_sregs().ok().map(|s| {
+            if s.cr0 & 1 == 1 {
+                (s.cs.selector & 3) as u8
+            } else {
+                0
+            }
+        });
+        self.control.report_vcpu_state(last_exits::VcpuEndState {
+            vcpu: self.id,
+            rip,
+            cpl,
+            last: self.last_exits.last(),
+            exits: self.last_exits.total(),
+            ended_vm,
+            panicked,
+        });
     }
 
     /// After an exit: if the vPMU has a PMI due (its status bit already set), deliver it the
@@ -226,7 +290,14 @@ impl VcpuRunner {
         let mut cpu = guest_cpu::KvmGuestCpu::new(&self.fd, &self.mem)
             .map_err(|e| VmEnd::KvmFailure(format!("reading vCPU {} registers: {e}", self.id)))?;
         let rip = host_quirks::GuestCpu::rip(&cpu);
+        let in_a_row = self.last_exits.emulation_failure_at(rip);
         match host_quirks::emulate::emulate(&mut cpu) {
+            Ok(kind) if in_a_row >= last_exits::NO_PROGRESS_LIMIT => {
+                Err(VmEnd::EmulationFailure(format!(
+                    "vCPU {}: no progress: {in_a_row} emulation failures in a row at RIP {rip:#x}, each completed as `{kind}`, with no other exit in between",
+                    self.id
+                )))
+            }
             Ok(kind) => {
                 if self.fixups.record(kind) {
                     if !self.quirks_expected && self.fixups.snapshot().len() == 1 {
