@@ -20,6 +20,9 @@ pub mod code {
     pub const EMULATION_FAILURE: i32 = 6;
     /// `--timeout` expired before the guest ended.
     pub const TIMEOUT: i32 = 7;
+    /// A VMM thread made a system call its seccomp filter forbids (`--seccomp`,
+    /// docs/security.md); the process ends at once with a line naming the thread and the call.
+    pub const SECCOMP: i32 = 8;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,4 +80,5 @@ Exit codes:
   4  the guest triple-faulted
   5  KVM failure
   6  a guest instruction the host could not emulate and the VMM could not complete
-  7  --timeout expired";
+  7  --timeout expired
+  8  a VMM thread made a system call its seccomp filter forbids (see --seccomp)";

@@ -32,6 +32,7 @@ pub mod net;
 pub mod pmu;
 pub mod profile;
 pub mod report;
+pub mod seccomp;
 pub mod trace;
 pub mod tsc;
 pub mod vcpu;
