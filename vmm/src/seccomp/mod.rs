@@ -76,6 +76,8 @@ pub enum SeccompError {
         kind: &'static str,
         source: seccompiler::BackendError,
     },
+    #[error("this kernel has no seccomp ({0}); --seccomp off runs without the filters")]
+    Unsupported(std::io::Error),
     #[error("cannot install the SIGSYS handler: {0}")]
     Handler(std::io::Error),
     #[error("cannot install the seccomp filter on thread {thread}: {source}")]
@@ -153,6 +155,10 @@ pub fn filters() -> Result<Arc<Filters>, SeccompError> {
     static FILTERS: OnceLock<Arc<Filters>> = OnceLock::new();
     if let Some(f) = FILTERS.get() {
         return Ok(f.clone());
+    }
+    // SAFETY: PR_GET_SECCOMP takes no pointer; it fails with EINVAL without CONFIG_SECCOMP.
+    if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
+        return Err(SeccompError::Unsupported(std::io::Error::last_os_error()));
     }
     install_sigsys_handler()?;
     let f = Arc::new(Filters::compile()?);
@@ -439,6 +445,39 @@ mod tests {
             "stderr: {stderr}"
         );
         assert!(!stderr.contains("UNREACHED"), "stderr: {stderr}");
+    }
+
+    /// A panic on a filtered thread with RUST_BACKTRACE=1 still reports the panic (the
+    /// backtrace's file access is refused, not trapped): bugs are not hidden behind exit 8.
+    #[test]
+    fn a_panic_with_backtrace_on_a_filtered_thread_is_reported() {
+        if std::env::var(CHILD_ENV).as_deref() == Ok("3") {
+            let f = filters().unwrap();
+            let r = std::thread::Builder::new()
+                .name("vcpu5".into())
+                .spawn(move || {
+                    f.apply(ThreadKind::Vcpu).unwrap();
+                    panic!("boom on purpose");
+                })
+                .unwrap()
+                .join();
+            std::process::exit(if r.is_err() { 42 } else { 0 });
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "seccomp::tests::a_panic_with_backtrace_on_a_filtered_thread_is_reported",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "3")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("boom on purpose"), "stderr: {stderr}");
+        assert_eq!(out.status.code(), Some(42), "stderr: {stderr}");
     }
 
     /// The same with an ioctl request the vCPU filter does not list (KVM_CREATE_VM on a

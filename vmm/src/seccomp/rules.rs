@@ -128,6 +128,7 @@ fn common() -> Rules {
             libc::SYS_getpid,
             libc::SYS_getrandom,
             libc::SYS_write,
+            libc::SYS_writev,
             libc::SYS_close,
             libc::SYS_exit,
             libc::SYS_exit_group,
@@ -153,14 +154,27 @@ fn fcntl_rules() -> Vec<SeccompRule> {
     .collect()
 }
 
+/// File-system look-ups refused with EPERM on the threads other than the main one.
+const REFUSED: &[libc::c_long] = &[
+    libc::SYS_open,
+    libc::SYS_openat,
+    libc::SYS_getcwd,
+    libc::SYS_readlink,
+    libc::SYS_readlinkat,
+    libc::SYS_stat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+];
+
 /// Calls a thread other than the main one may make but that fail with EPERM instead of
-/// running (a second filter; seccomp takes the strictest answer of all filters): opening files.
-/// glibc's malloc opens /proc/sys/vm/overcommit_memory once, on whichever thread first trims an
-/// arena, and copes with a failure.
+/// running (a second filter; seccomp takes the strictest answer of all filters): opening and
+/// looking up files. glibc's malloc opens /proc/sys/vm/overcommit_memory once, on whichever
+/// thread first trims an arena, and copes with a failure; a panic's backtrace (RUST_BACKTRACE)
+/// looks for the binary's debug information, and without it still prints the panic.
 pub fn refused(kind: ThreadKind) -> Rules {
     let mut r = Rules::new();
     if kind != ThreadKind::Main {
-        allow(&mut r, &[libc::SYS_open, libc::SYS_openat]);
+        allow(&mut r, REFUSED);
     }
     r
 }
@@ -170,7 +184,7 @@ pub fn for_thread(kind: ThreadKind) -> Rules {
     let mut r = common();
     if kind != ThreadKind::Main {
         // Refused by the second filter (see [`refused`]).
-        allow(&mut r, &[libc::SYS_open, libc::SYS_openat]);
+        allow(&mut r, REFUSED);
     }
     match kind {
         ThreadKind::Vcpu => {
@@ -183,7 +197,6 @@ pub fn for_thread(kind: ThreadKind) -> Rules {
                 &mut r,
                 &[
                     libc::SYS_read,
-                    libc::SYS_writev,
                     libc::SYS_perf_event_open,
                     libc::SYS_timer_create,
                     libc::SYS_timer_settime,
@@ -195,10 +208,7 @@ pub fn for_thread(kind: ThreadKind) -> Rules {
         }
         ThreadKind::TraceWriter => {
             // Writes blocks to the trace file it was given open.
-            allow(
-                &mut r,
-                &[libc::SYS_writev, libc::SYS_fsync, libc::SYS_lseek],
-            );
+            allow(&mut r, &[libc::SYS_fsync, libc::SYS_lseek]);
         }
         ThreadKind::Schedule | ThreadKind::Controller => {
             // Sleeps, sets the mode, kicks the vCPUs (pthread_kill) and may stop the VM.
@@ -222,7 +232,6 @@ pub fn for_thread(kind: ThreadKind) -> Rules {
                     libc::SYS_pread64,
                     libc::SYS_pwrite64,
                     libc::SYS_readv,
-                    libc::SYS_writev,
                     libc::SYS_lseek,
                     libc::SYS_open,
                     libc::SYS_openat,
