@@ -7,8 +7,8 @@
 //! `vm::run` opens a [`Scope`] on its calling thread; each thread it starts takes a
 //! [`Confine`] from that scope before it is spawned ([`for_new_thread`]) and applies it first
 //! thing; the calling thread confines itself once everything is started, before it waits for
-//! the end. Filters stack and are inherited, so each thread applies exactly one, and the
-//! calling thread applies its own last (threads it spawned earlier do not inherit it).
+//! the end. Filters stack and are inherited, so each thread applies its kind's filters only, and
+//! the calling thread applies its own last (threads it spawned earlier do not inherit them).
 
 pub mod names;
 pub mod rules;
