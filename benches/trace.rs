@@ -29,7 +29,7 @@ fn run(traced: bool) -> (RunReport, Option<Trace>) {
     if traced {
         cfg.record.trace = Some(path.clone());
     }
-    let r = vmm::vm::run(&cfg).expect("VM run");
+    let r = vpmu_benches::run_vm(&cfg);
     assert_eq!(r.end, VmEnd::PowerOff, "{:?}", r.end);
     let t = traced.then(|| Trace::read_file(&path).expect("trace readable"));
     (r, t)
@@ -45,7 +45,7 @@ fn long_run(secs: u64) {
     let mut cfg = config(&tiny_guests::EXIT_FOREVER64, dir.path(), secs);
     let path = dir.path().join("long.trace");
     cfg.record.trace = Some(path.clone());
-    let r = vmm::vm::run(&cfg).expect("VM run");
+    let r = vpmu_benches::run_vm(&cfg);
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     // The file is not read back here: this process's max RSS is the recording's alone (the
     // log line of vm::run gives the record and drop counts).

@@ -34,7 +34,7 @@ fn run(
         const_msrs,
         ..VmConfig::new(Boot::tiny(guest))
     };
-    let r = vmm::vm::run(&cfg).expect("VM run");
+    let r = vpmu_benches::run_vm(&cfg);
     assert_eq!(r.end, VmEnd::PowerOff, "{}: {:?}", guest.name, r.end);
     let words = std::fs::read(serial2)
         .unwrap()

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use crate::end::EXIT_CODES_HELP;
 use crate::host_quirks::QuirkSetting;
 use crate::pmu::{BackendChoice, ModelChoice};
+use crate::seccomp::SeccompSetting;
 use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
 use crate::vm::{
     Boot, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS,
@@ -279,6 +280,11 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     #[arg(long, value_name = "US", default_value_t = 0, requires = "net",
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub net_access_cost_us: u32,
+    /// Seccomp filters: on = every VMM thread (vCPUs, main, trace writer, schedule, stdin) is
+    /// confined to the system calls it needs; a forbidden call ends the run with a line naming
+    /// the thread and the call (exit code 8). off = no filters, for debugging (docs/security.md).
+    #[arg(long, value_enum, default_value_t = SeccompSetting::On)]
+    pub seccomp: SeccompSetting,
 }
 
 const EVENT_FILTER_HELP: &str = "\
@@ -387,6 +393,7 @@ impl RunArgs {
                 pool: Default::default(),
             },
             panic_vcpu_at_exit: None,
+            seccomp: self.seccomp,
         })
     }
 }

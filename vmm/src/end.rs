@@ -24,6 +24,9 @@ pub mod code {
     pub const VMM_BUG: i32 = 8;
     /// SIGINT / SIGTERM ended the run: 128 + the signal number (130, 143), as a shell reports.
     pub const SIGNAL_BASE: i32 = 128;
+    /// A VMM thread made a system call its seccomp filter forbids (`--seccomp`,
+    /// docs/security.md); the process ends at once with a line naming the thread and the call.
+    pub const SECCOMP: i32 = 9;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,5 +94,6 @@ Exit codes:
   6  a guest instruction the host could not emulate and the VMM could not complete
   7  --timeout expired
   8  VMM bug (a vCPU thread panicked)
+  9  a VMM thread made a system call its seccomp filter forbids (see --seccomp)
   130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
 On any end but 0 a line per vCPU names its RIP and its last exits.";

@@ -33,6 +33,7 @@ pub mod pmu;
 pub mod profile;
 pub mod report;
 pub mod stop_signal;
+pub mod seccomp;
 pub mod trace;
 pub mod tsc;
 pub mod vcpu;

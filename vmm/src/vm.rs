@@ -32,6 +32,7 @@ use crate::net::{self, pinger::Pinger, NetConfig, NetReport};
 use crate::pmu::{
     self, backend::PerfBackend, perf::HostPerf, BackendChoice, ModelChoice, PmuStats, VcpuPmu,
 };
+use crate::seccomp::{self, ThreadKind};
 use crate::vcpu::{cpuid, kick, regs, ticker::Ticker, VcpuRunner};
 
 pub const MIN_MEMORY_MIB: u64 = 32;
@@ -122,6 +123,9 @@ pub struct VmConfig {
     /// Test hook: vCPU `.0`'s thread panics at its `.1`-th exit (a stand-in for a VMM bug;
     /// tests check that the run still ends, with exit code 8 and its outputs closed).
     pub panic_vcpu_at_exit: Option<(u32, u64)>,
+    /// `--seccomp`: confine every thread of the run, the calling thread included (from the end
+    /// of setup on, for the rest of its life: call `run` on a fresh thread to do more after).
+    pub seccomp: crate::seccomp::SeccompSetting,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +156,8 @@ pub enum VmError {
     Unsupported(String),
     #[error(transparent)]
     Record(#[from] crate::trace::recorder::RecordError),
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -197,6 +203,7 @@ impl VmConfig {
             net: None,
             controller: None,
             panic_vcpu_at_exit: None,
+            seccomp: Default::default(),
         }
     }
 }
@@ -425,6 +432,8 @@ pub struct RunReport {
 /// Builds the VM described by `cfg`, runs it to the end and reports.
 pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     let t0 = cfg.started.unwrap_or_else(Instant::now);
+    // Threads started from here on confine themselves (docs/security.md).
+    let seccomp = seccomp::Scope::enter(cfg.seccomp)?;
     let quirks = host_quirks::detect(cfg.host_quirks);
     if let Some(why) = quirks {
         log::info!("host quirks on: {why}");
@@ -811,10 +820,14 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     let mut handles = Vec::new();
     for r in runners {
         let name = format!("vcpu{}", r.id);
+        let confine = seccomp::for_new_thread(ThreadKind::Vcpu);
         handles.push(
             std::thread::Builder::new()
                 .name(name)
-                .spawn(move || r.run_catching_panics())
+                .spawn(move || {
+                    confine.apply();
+                    r.run_catching_panics()
+                })
                 .map_err(|e| VmError::Memory(e.to_string()))?,
         );
     }
@@ -830,11 +843,16 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             net_paused: net_paused.clone(),
             console: console_log.clone(),
         };
+        let confine = seccomp::for_new_thread(ThreadKind::Controller);
         std::thread::Builder::new()
             .name("vm-controller".into())
-            .spawn(move || (c.0)(handles))
+            .spawn(move || {
+                confine.apply();
+                (c.0)(handles)
+            })
             .map_err(|e| VmError::Memory(e.to_string()))?;
     }
+    seccomp.confine_caller();
     let mut end = control.wait(cfg.timeout);
     let mut exits: Vec<ExitCounts> = Vec::new();
     let mut pmu_stats = PmuStats::default();

@@ -70,9 +70,11 @@ impl<W: Write + Send> PioDevice for Uart<W> {
 /// Feeds our stdin to COM1 on a background thread, at the pace the guest drains the FIFO.
 pub fn spawn_stdin_reader<W: Write + Send + 'static>(uart: Arc<Mutex<Uart<W>>>) {
     use std::io::Read;
+    let confine = crate::seccomp::for_new_thread(crate::seccomp::ThreadKind::Stdin);
     let _ = std::thread::Builder::new()
         .name("stdin".into())
         .spawn(move || {
+            confine.apply();
             let mut buf = [0u8; 64];
             let mut stdin = std::io::stdin();
             while let Ok(n) = stdin.read(&mut buf) {

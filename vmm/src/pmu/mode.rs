@@ -178,9 +178,11 @@ impl Schedule {
         kick: impl Fn() + Send + 'static,
         stopping: impl Fn() -> bool + Send + 'static,
     ) -> std::thread::JoinHandle<()> {
+        let confine = crate::seccomp::for_new_thread(crate::seccomp::ThreadKind::Schedule);
         std::thread::Builder::new()
             .name("vpmu-schedule".into())
             .spawn(move || {
+                confine.apply();
                 let start = Instant::now();
                 let mut at = Duration::ZERO;
                 // The list once, or over and over (`repeat`) until the VM stops.

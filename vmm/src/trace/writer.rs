@@ -170,9 +170,13 @@ impl TraceWriter {
             });
         }
         drop(to_writer);
+        let confine = crate::seccomp::for_new_thread(crate::seccomp::ThreadKind::TraceWriter);
         let handle = std::thread::Builder::new()
             .name("trace-writer".into())
-            .spawn(move || write_loop(out, from_vcpus, returns))?;
+            .spawn(move || {
+                confine.apply();
+                write_loop(out, from_vcpus, returns)
+            })?;
         Ok((TraceWriter { handle }, sinks))
     }
 

@@ -50,7 +50,14 @@ pub fn run_tiny_with(
     };
     let mut cfg = cfg;
     adjust(&mut cfg);
-    let report = vmm::vm::run(&cfg).unwrap_or_else(|e| panic!("{}: {e}", guest.name));
+    // On a thread of its own: with seccomp on (the default), vm::run leaves its calling thread
+    // confined to the main thread's system calls, and some tests run several VMs.
+    let report = std::thread::scope(|s| {
+        s.spawn(|| vmm::vm::run(&cfg))
+            .join()
+            .expect("vm::run thread")
+    })
+    .unwrap_or_else(|e| panic!("{}: {e}", guest.name));
     TinyRun {
         report,
         console: std::fs::read_to_string(console).unwrap(),

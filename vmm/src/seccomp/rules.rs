@@ -1,0 +1,269 @@
+//! The system calls each VMM thread may make (docs/security.md lists them). Everything else
+//! traps (SIGSYS, see the parent module).
+
+use std::collections::BTreeMap;
+
+use super::ThreadKind;
+use seccompiler::{
+    SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule,
+};
+
+/// Rules per system call number; an empty list allows the call with any arguments.
+pub type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+
+/// KVM vCPU (and VM) ioctls the vCPU thread makes, defined as in kvm-ioctls.
+mod kvm {
+    use kvm_bindings::*;
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
+    const KVMIO: std::os::raw::c_uint = 0xAE;
+    ioctl_io_nr!(KVM_RUN, KVMIO, 0x80);
+    ioctl_ior_nr!(KVM_GET_REGS, KVMIO, 0x81, kvm_regs);
+    ioctl_iow_nr!(KVM_SET_REGS, KVMIO, 0x82, kvm_regs);
+    ioctl_ior_nr!(KVM_GET_SREGS, KVMIO, 0x83, kvm_sregs);
+    ioctl_iow_nr!(KVM_SET_SREGS, KVMIO, 0x84, kvm_sregs);
+    ioctl_iowr_nr!(KVM_TRANSLATE, KVMIO, 0x85, kvm_translation);
+    ioctl_iowr_nr!(KVM_GET_MSRS, KVMIO, 0x88, kvm_msrs);
+    ioctl_iow_nr!(KVM_SET_MSRS, KVMIO, 0x89, kvm_msrs);
+    ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_fpu);
+    ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
+    ioctl_ior_nr!(KVM_GET_LAPIC, KVMIO, 0x8e, kvm_lapic_state);
+    ioctl_iow_nr!(KVM_SET_LAPIC, KVMIO, 0x8f, kvm_lapic_state);
+    ioctl_ior_nr!(KVM_GET_MP_STATE, KVMIO, 0x98, kvm_mp_state);
+    ioctl_io_nr!(KVM_NMI, KVMIO, 0x9a);
+    ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
+    ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+    ioctl_io_nr!(KVM_GET_TSC_KHZ, KVMIO, 0xa3);
+    ioctl_iow_nr!(KVM_SIGNAL_MSI, KVMIO, 0xa5, kvm_msi);
+}
+
+/// (name, request) of every ioctl the vCPU thread may make.
+pub fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
+    use perf_event_open_sys::bindings as perf;
+    vec![
+        ("KVM_RUN", kvm::KVM_RUN()),
+        ("KVM_GET_REGS", kvm::KVM_GET_REGS()),
+        ("KVM_SET_REGS", kvm::KVM_SET_REGS()),
+        ("KVM_GET_SREGS", kvm::KVM_GET_SREGS()),
+        ("KVM_SET_SREGS", kvm::KVM_SET_SREGS()),
+        ("KVM_TRANSLATE", kvm::KVM_TRANSLATE()),
+        ("KVM_GET_MSRS", kvm::KVM_GET_MSRS()),
+        ("KVM_SET_MSRS", kvm::KVM_SET_MSRS()),
+        ("KVM_GET_FPU", kvm::KVM_GET_FPU()),
+        ("KVM_SET_FPU", kvm::KVM_SET_FPU()),
+        ("KVM_GET_LAPIC", kvm::KVM_GET_LAPIC()),
+        ("KVM_SET_LAPIC", kvm::KVM_SET_LAPIC()),
+        ("KVM_GET_MP_STATE", kvm::KVM_GET_MP_STATE()),
+        ("KVM_NMI", kvm::KVM_NMI()),
+        ("KVM_GET_VCPU_EVENTS", kvm::KVM_GET_VCPU_EVENTS()),
+        ("KVM_SET_VCPU_EVENTS", kvm::KVM_SET_VCPU_EVENTS()),
+        ("KVM_GET_TSC_KHZ", kvm::KVM_GET_TSC_KHZ()),
+        ("KVM_SIGNAL_MSI", kvm::KVM_SIGNAL_MSI()),
+        ("PERF_EVENT_IOC_ENABLE", perf::ENABLE.into()),
+        ("PERF_EVENT_IOC_DISABLE", perf::DISABLE.into()),
+        ("PERF_EVENT_IOC_RESET", perf::RESET.into()),
+        ("PERF_EVENT_IOC_REFRESH", perf::REFRESH.into()),
+        ("PERF_EVENT_IOC_PERIOD", perf::PERIOD.into()),
+        ("PERF_EVENT_IOC_ID", perf::ID.into()),
+    ]
+}
+
+/// (name, request) of the ioctls the main thread may make after setup: terminal queries only
+/// (`isatty` on the report's output).
+pub fn main_ioctls() -> Vec<(&'static str, u64)> {
+    vec![("TCGETS", libc::TCGETS), ("FIONBIO", libc::FIONBIO)]
+}
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> SeccompRule {
+    SeccompRule::new(vec![
+        Cond::new(arg, len, op, value).expect("argument index < 6")
+    ])
+    .expect("one condition")
+}
+
+/// ioctl(fd, request, ...) with request in `allowed` (compared as the kernel does: 32 bits).
+fn ioctl_rules(allowed: &[(&'static str, u64)]) -> Vec<SeccompRule> {
+    allowed
+        .iter()
+        .map(|&(_, r)| cond(1, Len::Dword, Op::Eq, r))
+        .collect()
+}
+
+/// mmap/mprotect without PROT_EXEC: no thread makes new code.
+fn no_exec(arg: u8) -> Vec<SeccompRule> {
+    vec![cond(
+        arg,
+        Len::Dword,
+        Op::MaskedEq(libc::PROT_EXEC as u64),
+        0,
+    )]
+}
+
+fn allow(rules: &mut Rules, calls: &[libc::c_long]) {
+    for &c in calls {
+        rules.insert(c, Vec::new());
+    }
+}
+
+/// What every thread needs: memory (the allocator), locks and condition variables, its own
+/// signals (the kick, and the SIGSYS report), time, logging to stderr, and ending.
+fn common() -> Rules {
+    let mut r = Rules::new();
+    allow(
+        &mut r,
+        &[
+            libc::SYS_brk,
+            libc::SYS_munmap,
+            libc::SYS_mremap,
+            libc::SYS_madvise,
+            libc::SYS_futex,
+            libc::SYS_sched_yield,
+            libc::SYS_sched_getaffinity,
+            libc::SYS_rt_sigreturn,
+            libc::SYS_rt_sigprocmask,
+            libc::SYS_sigaltstack,
+            libc::SYS_clock_gettime,
+            libc::SYS_clock_nanosleep,
+            libc::SYS_nanosleep,
+            libc::SYS_gettid,
+            libc::SYS_getpid,
+            libc::SYS_getrandom,
+            libc::SYS_write,
+            libc::SYS_writev,
+            libc::SYS_close,
+            libc::SYS_exit,
+            libc::SYS_exit_group,
+        ],
+    );
+    r.insert(libc::SYS_mmap, no_exec(2));
+    r.insert(libc::SYS_mprotect, no_exec(2));
+    r
+}
+
+/// fcntl(fd, cmd, ...) for the perf fds: owner thread, signal, O_ASYNC | O_NONBLOCK.
+fn fcntl_rules() -> Vec<SeccompRule> {
+    [
+        libc::F_GETFL,
+        libc::F_SETFL,
+        15, // F_SETOWN_EX
+        10, // F_SETSIG
+        libc::F_GETFD,
+        libc::F_SETFD,
+    ]
+    .iter()
+    .map(|&c| cond(1, Len::Dword, Op::Eq, c as u64))
+    .collect()
+}
+
+/// File-system look-ups refused with EPERM on the threads other than the main one.
+const REFUSED: &[libc::c_long] = &[
+    libc::SYS_open,
+    libc::SYS_openat,
+    libc::SYS_getcwd,
+    libc::SYS_readlink,
+    libc::SYS_readlinkat,
+    libc::SYS_stat,
+    libc::SYS_newfstatat,
+    libc::SYS_statx,
+];
+
+/// Calls a thread other than the main one may make but that fail with EPERM instead of
+/// running (a second filter; seccomp takes the strictest answer of all filters): opening and
+/// looking up files. glibc's malloc opens /proc/sys/vm/overcommit_memory once, on whichever
+/// thread first trims an arena, and copes with a failure; a panic's backtrace (RUST_BACKTRACE)
+/// looks for the binary's debug information, and without it still prints the panic.
+pub fn refused(kind: ThreadKind) -> Rules {
+    let mut r = Rules::new();
+    if kind != ThreadKind::Main {
+        allow(&mut r, REFUSED);
+    }
+    r
+}
+
+/// The rules for one kind of thread.
+pub fn for_thread(kind: ThreadKind) -> Rules {
+    let mut r = common();
+    if kind != ThreadKind::Main {
+        // Refused by the second filter (see [`refused`]).
+        allow(&mut r, REFUSED);
+    }
+    match kind {
+        ThreadKind::Vcpu => {
+            // KVM_RUN and the exits (devices run here: UART output, irqfd writes, COM2 file),
+            // the vPMU's and profiler's perf events, POSIX timers (KickTimer, ticker, sampler),
+            // kicking the other vCPUs when the VM ends.
+            r.insert(libc::SYS_ioctl, ioctl_rules(&vcpu_ioctls()));
+            r.insert(libc::SYS_fcntl, fcntl_rules());
+            allow(
+                &mut r,
+                &[
+                    libc::SYS_read,
+                    libc::SYS_perf_event_open,
+                    libc::SYS_timer_create,
+                    libc::SYS_timer_settime,
+                    libc::SYS_timer_gettime,
+                    libc::SYS_timer_delete,
+                    libc::SYS_tgkill,
+                ],
+            );
+        }
+        ThreadKind::TraceWriter => {
+            // Writes blocks to the trace file it was given open.
+            allow(&mut r, &[libc::SYS_fsync, libc::SYS_lseek]);
+        }
+        ThreadKind::Schedule | ThreadKind::Controller => {
+            // Sleeps, sets the mode, kicks the vCPUs (pthread_kill) and may stop the VM.
+            allow(&mut r, &[libc::SYS_tgkill]);
+        }
+        ThreadKind::Stdin => {
+            // Reads stdin into COM1 (whose interrupt is an irqfd write).
+            allow(&mut r, &[libc::SYS_read]);
+        }
+        ThreadKind::Main => {
+            // Waits for the end, kicks, joins; then reports: reads and writes files (trace
+            // header, compare tables and charts, the caller's own files), no new processes,
+            // threads, sockets or KVM objects.
+            r.insert(libc::SYS_ioctl, ioctl_rules(&main_ioctls()));
+            r.insert(libc::SYS_fcntl, fcntl_rules());
+            allow(
+                &mut r,
+                &[
+                    libc::SYS_tgkill,
+                    libc::SYS_read,
+                    libc::SYS_pread64,
+                    libc::SYS_pwrite64,
+                    libc::SYS_readv,
+                    libc::SYS_lseek,
+                    libc::SYS_open,
+                    libc::SYS_openat,
+                    libc::SYS_fstat,
+                    libc::SYS_newfstatat,
+                    libc::SYS_statx,
+                    libc::SYS_access,
+                    libc::SYS_faccessat,
+                    libc::SYS_faccessat2,
+                    libc::SYS_getdents64,
+                    libc::SYS_getcwd,
+                    libc::SYS_readlink,
+                    libc::SYS_readlinkat,
+                    libc::SYS_mkdir,
+                    libc::SYS_mkdirat,
+                    libc::SYS_unlink,
+                    libc::SYS_unlinkat,
+                    libc::SYS_rmdir,
+                    libc::SYS_rename,
+                    libc::SYS_renameat,
+                    libc::SYS_renameat2,
+                    libc::SYS_ftruncate,
+                    libc::SYS_fsync,
+                    libc::SYS_fdatasync,
+                    libc::SYS_fchmod,
+                    libc::SYS_dup,
+                    libc::SYS_poll,
+                    libc::SYS_prlimit64,
+                    libc::SYS_getrusage,
+                ],
+            );
+        }
+    }
+    r
+}
