@@ -9,8 +9,12 @@
 //!   only against a fake of [`PerfSys`].
 //!
 //! Accounting modes, the same meaning on both:
-//! * cpu-switch — count only inside KVM_RUN. soft: events are enabled in `enter_guest` and
-//!   disabled in `leave_guest`; hw: `exclude_host=1` makes the hardware do it.
+//! * cpu-switch — count only inside KVM_RUN. hw: `exclude_host=1` makes the hardware do it.
+//!   soft: the events run all the time and the backend subtracts the time spent outside KVM_RUN
+//!   ([`Gate`]: an RDTSC on each side of KVM_RUN, no system call per exit). Toggling the events
+//!   instead (two ioctls per counter per exit) charged the guest for its own gating: more than
+//!   domain-switch counted for the same work (issue 12). A counter armed to overflow gets its
+//!   host period fixed when perf's signal comes early (the host counted VMM time too).
 //! * domain-switch — count whenever the vCPU thread runs (KVM and the VMM's exit handling on
 //!   that thread included): the host kernel's per-task perf context switch is the save/restore.
 //!   soft: always enabled; hw: a guest-mode event with the guest's filters plus a host-mode event
@@ -23,7 +27,7 @@ use vpmu::{
     AccountingMode, ArchEvent, BackendError, CounterBackend, CounterId, Event, Scale, Vendor,
 };
 
-use super::perf::{PerfEvent, PerfRequest, PerfSys};
+use super::perf::{PerfEvent, PerfRequest, PerfSys, SwitchSeq};
 
 /// Shortest host sample period a soft counter is armed with (ns of thread CPU time): a guest
 /// that arms a counter to overflow after 1 cycle must not turn into a signal storm on the host.
@@ -41,9 +45,92 @@ pub enum Source {
 
 struct Open {
     fds: Vec<RawFd>,
-    /// Host units counted at program time are subtracted (events start at 0, but cpu-switch
-    /// toggling leaves them as they are).
+    /// Backend units at which to report an overflow.
     armed: Option<u64>,
+    /// Soft cpu-switch: [`Gate::outside_now`] when the counter was programmed.
+    outside_at_program: u64,
+    /// The last value `read` returned (reads never go backwards).
+    last: u64,
+}
+
+/// Soft cpu-switch gating by subtraction: the TSC time the vCPU thread spends outside KVM_RUN,
+/// taken with an RDTSC on each side of it. Wall time outside KVM_RUN equals the thread's CPU
+/// time there unless the host switched the thread out meanwhile; a [`SwitchSeq`] (a load from
+/// perf's control page of an extra counting task-clock event) tells, and for such an interval
+/// the typical outside time of recent clean intervals is subtracted instead of the wall time,
+/// which would also remove the time the thread waited for a CPU.
+pub struct Gate {
+    /// TSC cycles outside KVM_RUN, closed intervals only.
+    outside: u64,
+    /// TSC when KVM_RUN last returned.
+    left_at: u64,
+    /// The switch sequence when KVM_RUN last returned.
+    seq_at_leave: u32,
+    /// Moving average (1/8) of clean outside intervals, TSC cycles.
+    typical: u64,
+    /// The extra task-clock event and its switch sequence (None until the first soft
+    /// cpu-switch counter, or if it could not be opened: then every interval counts as clean).
+    clock: Option<(RawFd, Box<dyn SwitchSeq>)>,
+    clock_failed: bool,
+    /// Outside intervals during which the thread was switched out.
+    pub switched_intervals: u64,
+    now: fn() -> u64,
+}
+
+impl Gate {
+    fn new(now: fn() -> u64) -> Gate {
+        Gate {
+            outside: 0,
+            left_at: now(),
+            seq_at_leave: 0,
+            typical: 0,
+            clock: None,
+            clock_failed: false,
+            switched_intervals: 0,
+            now,
+        }
+    }
+
+    fn seq(&self) -> u32 {
+        self.clock.as_ref().map_or(0, |(_, s)| s.get())
+    }
+
+    /// The outside time to charge for the interval that started at `left_at`, up to `now`,
+    /// and whether the thread was switched out in it.
+    fn interval(&self, now: u64) -> (u64, bool) {
+        let wall = now.saturating_sub(self.left_at);
+        if self.seq() != self.seq_at_leave {
+            (wall.min(self.typical), true)
+        } else {
+            (wall, false)
+        }
+    }
+
+    /// TSC cycles outside KVM_RUN so far, the current interval included if outside now.
+    fn outside_now(&self, in_guest: bool) -> u64 {
+        if in_guest {
+            self.outside
+        } else {
+            self.outside + self.interval((self.now)()).0
+        }
+    }
+
+    fn leave(&mut self) {
+        self.left_at = (self.now)();
+        self.seq_at_leave = self.seq();
+    }
+
+    fn enter(&mut self) {
+        let (d, switched) = self.interval((self.now)());
+        if switched {
+            self.switched_intervals += 1;
+        } else if self.typical == 0 {
+            self.typical = d;
+        } else {
+            self.typical = self.typical - self.typical / 8 + d / 8;
+        }
+        self.outside += d;
+    }
 }
 
 pub struct PerfBackend {
@@ -53,6 +140,7 @@ pub struct PerfBackend {
     counters: BTreeMap<u8, Open>,
     in_guest: bool,
     signals: crate::vcpu::kick::SignalWatch,
+    gate: Gate,
 }
 
 impl PerfBackend {
@@ -64,7 +152,79 @@ impl PerfBackend {
             counters: BTreeMap::new(),
             in_guest: false,
             signals: Default::default(),
+            gate: Gate::new(crate::tsc::now),
         }
+    }
+
+    /// Whether this backend gates by subtraction (soft source, cpu-switch).
+    fn subtracts(&self) -> bool {
+        matches!(self.source, Source::Soft { .. }) && self.mode == AccountingMode::CpuSwitch
+    }
+
+    /// Opens the gate's switch-detecting event, once (on the vCPU thread: perf events belong
+    /// to the calling thread).
+    fn open_clock(&mut self) {
+        if self.gate.clock.is_some() || self.gate.clock_failed {
+            return;
+        }
+        let req = PerfRequest {
+            event: PerfEvent::TaskClock,
+            sample_period: None,
+            exclude_user: false,
+            exclude_kernel: false,
+            exclude_host: false,
+            exclude_guest: false,
+            disabled: false,
+        };
+        let res = self.sys.open(&req).and_then(|fd| match self.sys.switch_seq(fd) {
+            Ok(s) => Ok((fd, s)),
+            Err(e) => {
+                self.sys.close(fd);
+                Err(e)
+            }
+        });
+        match res {
+            Ok(c) => {
+                self.gate.clock = Some(c);
+                self.gate.seq_at_leave = self.gate.seq();
+            }
+            Err(e) => {
+                self.gate.clock_failed = true;
+                log::warn!(
+                    "vpmu: cannot watch for host thread switches ({e}); cpu-switch subtracts \
+                     all wall time outside KVM_RUN"
+                );
+            }
+        }
+    }
+
+    /// Host TSC cycles to backend units (ns of the soft source).
+    fn tsc_to_ns(&self, tsc: u64) -> u64 {
+        match self.source {
+            Source::Soft { tsc_khz } => {
+                u64::try_from(u128::from(tsc) * 1_000_000 / u128::from(tsc_khz.max(1)))
+                    .unwrap_or(u64::MAX)
+            }
+            Source::Hw => 0,
+        }
+    }
+
+    /// Outside-KVM_RUN time since `ctr` was programmed, in backend units (0 unless gating by
+    /// subtraction).
+    fn subtracted(&self, c: &Open) -> u64 {
+        if !self.subtracts() {
+            return 0;
+        }
+        let tsc = self
+            .gate
+            .outside_now(self.in_guest)
+            .saturating_sub(c.outside_at_program);
+        self.tsc_to_ns(tsc)
+    }
+
+    /// Host-thread switches seen during outside intervals (soft cpu-switch; for reports).
+    pub fn switched_intervals(&self) -> u64 {
+        self.gate.switched_intervals
     }
 
     fn soft_counts(e: &Event) -> bool {
@@ -86,15 +246,11 @@ impl PerfBackend {
             disabled: false,
         };
         match self.source {
-            Source::Soft { .. } => {
-                // cpu-switch: opened disabled, enabled only inside KVM_RUN.
-                let disabled = self.mode == AccountingMode::CpuSwitch && !self.in_guest;
-                vec![PerfRequest {
-                    sample_period: period.map(|p| p.max(MIN_SOFT_PERIOD_NS)),
-                    disabled,
-                    ..base
-                }]
-            }
+            // Both modes run the event all the time (cpu-switch subtracts, see `Gate`).
+            Source::Soft { .. } => vec![PerfRequest {
+                sample_period: period.map(|p| p.max(MIN_SOFT_PERIOD_NS)),
+                ..base
+            }],
             Source::Hw => {
                 let guest = PerfRequest {
                     event: hw_event(e),
@@ -127,8 +283,19 @@ impl PerfBackend {
         let Some(c) = self.counters.get(&bit) else {
             return 0;
         };
-        let fds = c.fds.clone();
-        fds.into_iter().map(|fd| self.sys.read(fd)).sum()
+        let raw: u64 = match c.fds.as_slice() {
+            [fd] => self.sys.read(*fd),
+            fds => {
+                let fds = fds.to_vec();
+                fds.into_iter().map(|fd| self.sys.read(fd)).sum()
+            }
+        };
+        let c = &self.counters[&bit];
+        let v = raw.saturating_sub(self.subtracted(c)).max(c.last);
+        if let Some(c) = self.counters.get_mut(&bit) {
+            c.last = v;
+        }
+        v
     }
 
     fn close(&mut self, bit: u8) {
@@ -192,6 +359,9 @@ impl CounterBackend for PerfBackend {
             return Err(BackendError::Unsupported(*e));
         }
         self.close(ctr.bit());
+        if self.subtracts() {
+            self.open_clock();
+        }
         let mut fds = Vec::new();
         for req in self.requests(e, overflow_after) {
             match self.sys.open(&req) {
@@ -207,11 +377,14 @@ impl CounterBackend for PerfBackend {
                 }
             }
         }
+        let outside_at_program = self.gate.outside_now(self.in_guest);
         self.counters.insert(
             ctr.bit(),
             Open {
                 fds,
                 armed: overflow_after,
+                outside_at_program,
+                last: 0,
             },
         );
         Ok(())
@@ -236,8 +409,14 @@ impl CounterBackend for PerfBackend {
             .collect();
         let mut bits = 0;
         for (bit, at) in armed {
-            if self.count(bit) >= at {
+            let v = self.count(bit);
+            if v >= at {
                 bits |= 1 << bit;
+            } else if self.subtracts() {
+                // Early: the host also counted time outside KVM_RUN. Ask for a notification
+                // when the rest of the guest's period has run (perf restarts the period now).
+                let fd = self.counters[&bit].fds[0];
+                self.sys.set_period(fd, (at - v).max(MIN_SOFT_PERIOD_NS));
             }
         }
         bits
@@ -245,30 +424,25 @@ impl CounterBackend for PerfBackend {
 
     fn enter_guest(&mut self) {
         self.in_guest = true;
-        if matches!(self.source, Source::Soft { .. }) && self.mode == AccountingMode::CpuSwitch {
-            for c in self.counters.values() {
-                for &fd in &c.fds {
-                    self.sys.enable(fd);
-                }
-            }
+        if self.subtracts() {
+            self.gate.enter();
         }
     }
 
     fn set_mode(&mut self, mode: AccountingMode) {
         // The model re-programs every running counter right after this, and `requests` follows
-        // the mode: soft cpu-switch events open disabled (we are outside KVM_RUN), hw events get
-        // the new mode's exclude bits.
+        // the mode: hw events get the new mode's exclude bits; soft cpu-switch starts its
+        // outside interval here (we are outside KVM_RUN).
+        if mode != self.mode && mode == AccountingMode::CpuSwitch && !self.in_guest {
+            self.gate.leave();
+        }
         self.mode = mode;
     }
 
     fn leave_guest(&mut self) {
         self.in_guest = false;
-        if matches!(self.source, Source::Soft { .. }) && self.mode == AccountingMode::CpuSwitch {
-            for c in self.counters.values() {
-                for &fd in &c.fds {
-                    self.sys.disable(fd);
-                }
-            }
+        if self.subtracts() {
+            self.gate.leave();
         }
     }
 }
@@ -279,13 +453,30 @@ impl Drop for PerfBackend {
         for b in bits {
             self.close(b);
         }
+        if let Some((fd, seq)) = self.gate.clock.take() {
+            drop(seq);
+            self.sys.close(fd);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::{Arc, Mutex};
+
+    thread_local! {
+        /// The fake TSC of the test running on this thread.
+        static NOW: Cell<u64> = const { Cell::new(0) };
+    }
+    fn fake_now() -> u64 {
+        NOW.with(|n| n.get())
+    }
+    fn advance(tsc: u64) {
+        NOW.with(|n| n.set(n.get() + tsc));
+    }
 
     /// Records every call; counts are set by the test.
     #[derive(Default)]
@@ -294,7 +485,16 @@ mod tests {
         enabled: Vec<RawFd>,
         disabled: Vec<RawFd>,
         closed: Vec<RawFd>,
+        periods: Vec<(RawFd, u64)>,
         counts: BTreeMap<RawFd, u64>,
+        /// The switch sequence every mapped control page shows.
+        seq: Arc<AtomicU32>,
+    }
+    struct FakeSeq(Arc<AtomicU32>);
+    impl SwitchSeq for FakeSeq {
+        fn get(&self) -> u32 {
+            self.0.load(Ordering::Relaxed)
+        }
     }
     struct FakePerf(Arc<Mutex<Log>>);
     impl PerfSys for FakePerf {
@@ -315,14 +515,19 @@ mod tests {
         fn close(&mut self, fd: RawFd) {
             self.0.lock().unwrap().closed.push(fd);
         }
+        fn set_period(&mut self, fd: RawFd, period: u64) {
+            self.0.lock().unwrap().periods.push((fd, period));
+        }
+        fn switch_seq(&mut self, _fd: RawFd) -> std::io::Result<Box<dyn SwitchSeq>> {
+            Ok(Box::new(FakeSeq(self.0.lock().unwrap().seq.clone())))
+        }
     }
 
     fn backend(source: Source, mode: AccountingMode) -> (PerfBackend, Arc<Mutex<Log>>) {
         let log = Arc::new(Mutex::new(Log::default()));
-        (
-            PerfBackend::new(source, mode, Box::new(FakePerf(log.clone()))),
-            log,
-        )
+        let mut b = PerfBackend::new(source, mode, Box::new(FakePerf(log.clone())));
+        b.gate = Gate::new(fake_now);
+        (b, log)
     }
 
     fn event(vendor: Vendor, code: u16, umask: u8, usr: bool, os: bool) -> Event {
@@ -358,32 +563,132 @@ mod tests {
         assert_eq!(b.scale(&fixed_cycles).to_guest(1_000_000), 2_600_000);
     }
 
+    /// One exit: `inside` ns of guest time in KVM_RUN, then `outside` ns of VMM work (the fake
+    /// TSC runs at 1 GHz: 1 cycle = 1 ns), all counted by the host event `fd`.
+    fn exit_cycle(b: &mut PerfBackend, log: &Arc<Mutex<Log>>, fd: RawFd, inside: u64, outside: u64) {
+        b.enter_guest();
+        advance(inside);
+        b.leave_guest();
+        advance(outside);
+        *log.lock().unwrap().counts.entry(fd).or_default() += inside + outside;
+    }
+
     #[test]
-    fn soft_cpu_switch_toggles_around_kvm_run_domain_switch_does_not() {
+    fn soft_cpu_switch_subtracts_time_outside_kvm_run_without_syscalls_per_exit() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
             Source::Soft { tsc_khz: 1_000_000 },
             AccountingMode::CpuSwitch,
         );
-        b.program(CounterId::gp(0), &e, None).unwrap();
-        assert!(log.lock().unwrap().opened[0].disabled);
-        b.enter_guest();
         b.leave_guest();
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        // The switch-watching clock event first, then the counter; both run from the start.
+        let fd = {
+            let l = log.lock().unwrap();
+            assert_eq!(l.opened.len(), 2);
+            assert!(l.opened.iter().all(|r| !r.disabled));
+            assert_eq!(l.opened[0].sample_period, None);
+            102
+        };
+        for _ in 0..100 {
+            exit_cycle(&mut b, &log, fd, 1000, 300);
+        }
+        // Read outside KVM_RUN, 300 ns into the current exit: the guest's 100 x 1000 ns only.
+        assert_eq!(b.read(CounterId::gp(0)), 100_000);
         {
             let l = log.lock().unwrap();
-            assert_eq!((l.enabled.len(), l.disabled.len()), (1, 1));
+            assert!(l.enabled.is_empty() && l.disabled.is_empty(), "no ioctls per exit");
         }
 
+        // domain-switch charges everything.
         let (mut b, log) = backend(
             Source::Soft { tsc_khz: 1_000_000 },
             AccountingMode::DomainSwitch,
         );
         b.program(CounterId::gp(0), &e, None).unwrap();
-        b.enter_guest();
+        assert_eq!(log.lock().unwrap().opened.len(), 1, "no clock event needed");
+        for _ in 0..100 {
+            exit_cycle(&mut b, &log, 101, 1000, 300);
+        }
+        assert_eq!(b.read(CounterId::gp(0)), 130_000);
+    }
+
+    #[test]
+    fn a_host_thread_switch_outside_kvm_run_subtracts_the_typical_exit_not_the_wait() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::CpuSwitch,
+        );
         b.leave_guest();
-        let l = log.lock().unwrap();
-        assert!(!l.opened[0].disabled);
-        assert!(l.enabled.is_empty() && l.disabled.is_empty());
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        for _ in 0..10 {
+            exit_cycle(&mut b, &log, 102, 1000, 300);
+        }
+        // Next exit: 300 ns of VMM work, but the thread also waited 5 ms for a CPU (not counted
+        // by the host event, and the control page's sequence moved).
+        b.enter_guest();
+        advance(1000);
+        b.leave_guest();
+        advance(5_000_300);
+        {
+            let mut l = log.lock().unwrap();
+            *l.counts.entry(102).or_default() += 1300;
+            l.seq.fetch_add(2, Ordering::Relaxed);
+        }
+        b.enter_guest();
+        advance(1000);
+        b.leave_guest();
+        *log.lock().unwrap().counts.entry(102).or_default() += 1000;
+        assert_eq!(b.read(CounterId::gp(0)), 12_000);
+        assert_eq!(b.switched_intervals(), 1);
+    }
+
+    #[test]
+    fn soft_cpu_switch_rearms_an_early_overflow_signal_for_the_rest_of_the_period() {
+        crate::vcpu::kick::install_handler().unwrap();
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::CpuSwitch,
+        );
+        b.leave_guest();
+        b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
+        assert_eq!(log.lock().unwrap().opened[1].sample_period, Some(1_000_000));
+        // perf's period ran out on host time: 800 us in the guest, 200 us outside.
+        for _ in 0..800 {
+            exit_cycle(&mut b, &log, 102, 1000, 250);
+        }
+        // (the fake count: 800 x 1250 = 1 ms of host time)
+        // SAFETY: raising the kick signal on this thread, whose handler is installed.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        assert_eq!(b.take_overflows(), 0, "not yet in guest time");
+        assert_eq!(log.lock().unwrap().periods, vec![(102, 200_000)]);
+        for _ in 0..200 {
+            exit_cycle(&mut b, &log, 102, 1000, 250);
+        }
+        // SAFETY: as above.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        assert_eq!(b.take_overflows(), 1);
+        assert_eq!(log.lock().unwrap().periods.len(), 1);
+    }
+
+    #[test]
+    fn switching_to_cpu_switch_starts_subtracting_from_there() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        exit_cycle(&mut b, &log, 101, 1000, 300);
+        b.set_mode(AccountingMode::CpuSwitch);
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        let fd = 103; // 101 closed, 102 the clock event
+        for _ in 0..10 {
+            exit_cycle(&mut b, &log, fd, 1000, 300);
+        }
+        assert_eq!(b.read(CounterId::gp(0)), 10_000);
     }
 
     #[test]

@@ -53,6 +53,43 @@ pub trait PerfSys: Send {
     fn disable(&mut self, fd: RawFd);
     fn read(&mut self, fd: RawFd) -> u64;
     fn close(&mut self, fd: RawFd);
+    /// Sets a sampling event's period; the next notification comes `period` counts from now
+    /// (PERF_EVENT_IOC_PERIOD restarts the event's period).
+    fn set_period(&mut self, fd: RawFd, period: u64);
+    /// A sequence number that moves whenever the host scheduler switches the event's thread
+    /// back in (the `lock` word of the event's mmap'd control page, which the kernel rewrites
+    /// on each schedule-in of a task event). Read with a plain load: no system call.
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>>;
+}
+
+/// See [`PerfSys::switch_seq`]; it stays valid while the event's fd is open.
+pub trait SwitchSeq: Send {
+    fn get(&self) -> u32;
+}
+
+/// The first page of an event's perf mmap (`perf_event_mmap_page`), unmapped on drop.
+struct ControlPage {
+    page: *mut sys::bindings::perf_event_mmap_page,
+    len: usize,
+}
+
+// SAFETY: the mapping belongs to this value alone; it is only read (volatile loads of a u32
+// the kernel updates), which is safe from any thread.
+unsafe impl Send for ControlPage {}
+
+impl SwitchSeq for ControlPage {
+    fn get(&self) -> u32 {
+        // SAFETY: `page` is a live read-only mapping of at least one page, and `lock` is an
+        // aligned u32 inside it that the kernel updates concurrently (hence volatile).
+        unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.page).lock)) }
+    }
+}
+
+impl Drop for ControlPage {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping this value made, once.
+        unsafe { libc::munmap(self.page.cast(), self.len) };
+    }
 }
 
 /// The real syscalls.
@@ -144,5 +181,41 @@ impl PerfSys for HostPerf {
     fn close(&mut self, fd: RawFd) {
         // SAFETY: closing a perf fd we own, once.
         unsafe { libc::close(fd) };
+    }
+
+    fn set_period(&mut self, fd: RawFd, period: u64) {
+        // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer, which is valid for
+        // the call. (perf_event_open_sys's wrapper takes the u64 by value, not its address.)
+        unsafe {
+            libc::ioctl(
+                fd,
+                sys::bindings::PERIOD as libc::c_ulong,
+                &period as *const u64,
+            )
+        };
+    }
+
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>> {
+        // SAFETY: sysconf has no preconditions.
+        let len = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        // SAFETY: a fresh read-only shared mapping of the perf fd's control page (no data
+        // pages: read-only, one page); checked for MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Box::new(ControlPage {
+            page: p.cast(),
+            len,
+        }))
     }
 }
