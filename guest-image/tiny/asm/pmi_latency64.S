@@ -1,7 +1,9 @@
 // load: 0x100000
 // Benchmark guest: AMD counter 0 counts cycles with INT set and a period; the NMI handler reads
-// the TSC first thing, keeps up to 256 of those, acks (PerfMonV2 STATUS_CLR) and re-arms. Sends
-// the count and the TSCs over COM2; the VMM records the TSC at each overflow signal.
+// the TSC first thing, keeps up to 256 of those, acks (PerfMonV2 STATUS_CLR) and re-arms, and
+// keeps the TSC cycles its two PMU MSR writes took (with the few instructions between the TSC
+// reads). Sends the count, the entry TSCs, then the MSR-write cycles over COM2; the VMM records
+// the TSC at each overflow signal and at each NMI injection.
 #define PERIOD 5000000
 #define CTR_MAX 0x1000000000000
 #define MAXS 256
@@ -37,7 +39,19 @@ start:
     add $8, %rsi
     dec %r9
     jmp 3b
-4:  mov $((5 << 2) | (1 << 5)), %al
+4:  mov count(%rip), %r9
+    cmp $MAXS, %r9
+    jbe 6f
+    mov $MAXS, %r9
+6:  lea msrcyc(%rip), %rsi
+7:  test %r9, %r9
+    jz 8f
+    mov (%rsi), %rax
+    call emit
+    add $8, %rsi
+    dec %r9
+    jmp 7b
+8:  mov $((5 << 2) | (1 << 5)), %al
     mov $0x600, %dx
     out %al, %dx
 5:  hlt
@@ -64,12 +78,26 @@ nmi:
     jae 1f
     lea tscs(%rip), %rcx
     mov %rax, (%rcx,%rbx,8)
-1:  incq count(%rip)
+1:  push %rsi
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, %rsi
     mov $0xc0000302, %ecx           // PerfCntrGlobalStatusClr: counter 0
     mov $1, %eax
     xor %edx, %edx
     wrmsr
     call arm
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    sub %rsi, %rax
+    cmp $MAXS, %rbx
+    jae 2f
+    lea msrcyc(%rip), %rcx
+    mov %rax, (%rcx,%rbx,8)
+2:  pop %rsi
+    incq count(%rip)
     pop %rbx
     pop %rdx
     pop %rcx
@@ -93,3 +121,4 @@ NMI_IDT_DATA
     .balign 8
 count:  .quad 0
 tscs:   .fill MAXS, 8, 0
+msrcyc: .fill MAXS, 8, 0

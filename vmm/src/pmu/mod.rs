@@ -73,6 +73,9 @@ pub struct PmuStats {
     /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
     /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
     pub pmi_signal_tsc: Vec<u64>,
+    /// TSC right after each of those NMIs was injected (KVM_NMI returned): with
+    /// `pmi_signal_tsc`, the VMM's cost per delivered sample (benches/).
+    pub pmi_inject_tsc: Vec<u64>,
 }
 
 pub const MAX_PMI_TSCS: usize = 1024;
@@ -101,6 +104,7 @@ impl PmuStats {
         self.pmis_masked += o.pmis_masked;
         self.pmis_throttled += o.pmis_throttled;
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
+        self.pmi_inject_tsc.extend_from_slice(&o.pmi_inject_tsc);
     }
 }
 
