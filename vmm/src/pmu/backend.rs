@@ -51,27 +51,43 @@ struct Open {
     outside_at_program: u64,
     /// The last value `read` returned (reads never go backwards).
     last: u64,
+    /// Soft source: the host count, TSC and switch sequence of the last `read(2)` of the event.
+    /// While the thread has not been switched out since, the count has advanced exactly with
+    /// the TSC (thread CPU time = wall time on the CPU), so reads need no system call.
+    anchor: Option<Anchor>,
 }
+
+#[derive(Clone, Copy)]
+struct Anchor {
+    count: u64,
+    tsc: u64,
+    seq: u64,
+}
+
+/// Longest a soft counter is extrapolated from one `read(2)` (TSC cycles at 1 GHz: 10 ms; more
+/// at faster TSCs, still short enough that TSC-vs-sched_clock drift is nothing).
+const MAX_ANCHOR_AGE_TSC: u64 = 10_000_000;
 
 /// Soft cpu-switch gating by subtraction: the TSC time the vCPU thread spends outside KVM_RUN,
 /// taken with an RDTSC on each side of it. Wall time outside KVM_RUN equals the thread's CPU
 /// time there unless the host switched the thread out meanwhile; a [`SwitchSeq`] (a load from
-/// perf's control page of an extra counting task-clock event) tells, and for such an interval
-/// the typical outside time of recent clean intervals is subtracted instead of the wall time,
-/// which would also remove the time the thread waited for a CPU.
+/// the ring buffer of an extra perf event that records the thread's context switches) tells,
+/// and for such an interval the typical outside time of recent clean intervals is subtracted
+/// instead of the wall time, which would also remove the time the thread waited for a CPU.
 pub struct Gate {
     /// TSC cycles outside KVM_RUN, closed intervals only.
     outside: u64,
     /// TSC when KVM_RUN last returned.
     left_at: u64,
     /// The switch sequence when KVM_RUN last returned.
-    seq_at_leave: u32,
+    seq_at_leave: u64,
     /// Moving average (1/8) of clean outside intervals, TSC cycles.
     typical: u64,
-    /// The extra task-clock event and its switch sequence (None until the first soft
-    /// cpu-switch counter, or if it could not be opened: then every interval counts as clean).
-    clock: Option<(RawFd, Box<dyn SwitchSeq>)>,
-    clock_failed: bool,
+    /// The switch-recording event and its switch sequence (None until the first soft counter,
+    /// or if it could not be opened: then every interval counts as clean, and reads always
+    /// make the system call).
+    switches: Option<(RawFd, Box<dyn SwitchSeq>)>,
+    switches_failed: bool,
     /// Outside intervals during which the thread was switched out.
     pub switched_intervals: u64,
     now: fn() -> u64,
@@ -84,15 +100,15 @@ impl Gate {
             left_at: now(),
             seq_at_leave: 0,
             typical: 0,
-            clock: None,
-            clock_failed: false,
+            switches: None,
+            switches_failed: false,
             switched_intervals: 0,
             now,
         }
     }
 
-    fn seq(&self) -> u32 {
-        self.clock.as_ref().map_or(0, |(_, s)| s.get())
+    fn seq(&self) -> u64 {
+        self.switches.as_ref().map_or(0, |(_, s)| s.get())
     }
 
     /// The outside time to charge for the interval that started at `left_at`, up to `now`,
@@ -162,13 +178,13 @@ impl PerfBackend {
     }
 
     /// Opens the gate's switch-detecting event, once (on the vCPU thread: perf events belong
-    /// to the calling thread).
-    fn open_clock(&mut self) {
-        if self.gate.clock.is_some() || self.gate.clock_failed {
+    /// to the calling thread). Soft source only.
+    fn watch_switches(&mut self) {
+        if self.gate.switches.is_some() || self.gate.switches_failed {
             return;
         }
         let req = PerfRequest {
-            event: PerfEvent::TaskClock,
+            event: PerfEvent::SwitchRecords,
             sample_period: None,
             exclude_user: false,
             exclude_kernel: false,
@@ -185,11 +201,11 @@ impl PerfBackend {
         });
         match res {
             Ok(c) => {
-                self.gate.clock = Some(c);
+                self.gate.switches = Some(c);
                 self.gate.seq_at_leave = self.gate.seq();
             }
             Err(e) => {
-                self.gate.clock_failed = true;
+                self.gate.switches_failed = true;
                 log::warn!(
                     "vpmu: cannot watch for host thread switches ({e}); cpu-switch subtracts \
                      all wall time outside KVM_RUN"
@@ -283,9 +299,31 @@ impl PerfBackend {
         let Some(c) = self.counters.get(&bit) else {
             return 0;
         };
-        let raw: u64 = match c.fds.as_slice() {
-            [fd] => self.sys.read(*fd),
-            fds => {
+        let soft = matches!(self.source, Source::Soft { .. }) && self.gate.switches.is_some();
+        let (now, seq) = ((self.gate.now)(), self.gate.seq());
+        let fast = match c.anchor {
+            Some(a) if soft && a.seq == seq && now.wrapping_sub(a.tsc) < MAX_ANCHOR_AGE_TSC => {
+                Some(a.count + self.tsc_to_ns(now - a.tsc))
+            }
+            _ => None,
+        };
+        let raw: u64 = match (fast, c.fds.as_slice()) {
+            (Some(v), _) => v,
+            (None, [fd]) => {
+                let v = self.sys.read(*fd);
+                if soft {
+                    let anchor = Anchor {
+                        count: v,
+                        tsc: now,
+                        seq,
+                    };
+                    if let Some(c) = self.counters.get_mut(&bit) {
+                        c.anchor = Some(anchor);
+                    }
+                }
+                v
+            }
+            (None, fds) => {
                 let fds = fds.to_vec();
                 fds.into_iter().map(|fd| self.sys.read(fd)).sum()
             }
@@ -359,8 +397,8 @@ impl CounterBackend for PerfBackend {
             return Err(BackendError::Unsupported(*e));
         }
         self.close(ctr.bit());
-        if self.subtracts() {
-            self.open_clock();
+        if matches!(self.source, Source::Soft { .. }) {
+            self.watch_switches();
         }
         let mut fds = Vec::new();
         for req in self.requests(e, overflow_after) {
@@ -385,6 +423,7 @@ impl CounterBackend for PerfBackend {
                 armed: overflow_after,
                 outside_at_program,
                 last: 0,
+                anchor: None,
             },
         );
         Ok(())
@@ -453,7 +492,7 @@ impl Drop for PerfBackend {
         for b in bits {
             self.close(b);
         }
-        if let Some((fd, seq)) = self.gate.clock.take() {
+        if let Some((fd, seq)) = self.gate.switches.take() {
             drop(seq);
             self.sys.close(fd);
         }
@@ -464,7 +503,7 @@ impl Drop for PerfBackend {
 mod tests {
     use super::*;
     use std::cell::Cell;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
     thread_local! {
@@ -488,11 +527,11 @@ mod tests {
         periods: Vec<(RawFd, u64)>,
         counts: BTreeMap<RawFd, u64>,
         /// The switch sequence every mapped control page shows.
-        seq: Arc<AtomicU32>,
+        seq: Arc<AtomicU64>,
     }
-    struct FakeSeq(Arc<AtomicU32>);
+    struct FakeSeq(Arc<AtomicU64>);
     impl SwitchSeq for FakeSeq {
-        fn get(&self) -> u32 {
+        fn get(&self) -> u64 {
             self.0.load(Ordering::Relaxed)
         }
     }
@@ -582,12 +621,13 @@ mod tests {
         );
         b.leave_guest();
         b.program(CounterId::gp(0), &e, None).unwrap();
-        // The switch-watching clock event first, then the counter; both run from the start.
+        // The switch-recording event first, then the counter; both run from the start.
         let fd = {
             let l = log.lock().unwrap();
             assert_eq!(l.opened.len(), 2);
             assert!(l.opened.iter().all(|r| !r.disabled));
-            assert_eq!(l.opened[0].sample_period, None);
+            assert_eq!(l.opened[0].event, PerfEvent::SwitchRecords);
+            assert_eq!(l.opened[1].event, PerfEvent::TaskClock);
             102
         };
         for _ in 0..100 {
@@ -606,11 +646,66 @@ mod tests {
             AccountingMode::DomainSwitch,
         );
         b.program(CounterId::gp(0), &e, None).unwrap();
-        assert_eq!(log.lock().unwrap().opened.len(), 1, "no clock event needed");
         for _ in 0..100 {
-            exit_cycle(&mut b, &log, 101, 1000, 300);
+            exit_cycle(&mut b, &log, 102, 1000, 300);
         }
         assert_eq!(b.read(CounterId::gp(0)), 130_000);
+    }
+
+    /// Counts the read(2) calls the backend makes.
+    struct CountingReads(FakePerf, Arc<Mutex<u32>>);
+    impl PerfSys for CountingReads {
+        fn open(&mut self, req: &PerfRequest) -> std::io::Result<RawFd> {
+            self.0.open(req)
+        }
+        fn enable(&mut self, fd: RawFd) {
+            self.0.enable(fd)
+        }
+        fn disable(&mut self, fd: RawFd) {
+            self.0.disable(fd)
+        }
+        fn read(&mut self, fd: RawFd) -> u64 {
+            *self.1.lock().unwrap() += 1;
+            self.0.read(fd)
+        }
+        fn close(&mut self, fd: RawFd) {
+            self.0.close(fd)
+        }
+        fn set_period(&mut self, fd: RawFd, period: u64) {
+            self.0.set_period(fd, period)
+        }
+        fn switch_seq(&mut self, fd: RawFd) -> std::io::Result<Box<dyn SwitchSeq>> {
+            self.0.switch_seq(fd)
+        }
+    }
+
+    #[test]
+    fn soft_reads_extrapolate_with_the_tsc_until_the_thread_is_switched_out() {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let reads = Arc::new(Mutex::new(0));
+        let mut b = PerfBackend::new(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+            Box::new(CountingReads(FakePerf(log.clone()), reads.clone())),
+        );
+        b.gate = Gate::new(fake_now);
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        for i in 1..=10 {
+            exit_cycle(&mut b, &log, 102, 1000, 300);
+            assert_eq!(b.read(CounterId::gp(0)), i * 1300);
+        }
+        assert_eq!(*reads.lock().unwrap(), 1, "one read(2), then the TSC");
+        // Switched out for 5 ms (not counted by the host event): read(2) again.
+        advance(5_000_000);
+        log.lock().unwrap().seq.fetch_add(2, Ordering::Relaxed);
+        assert_eq!(b.read(CounterId::gp(0)), 13_000);
+        assert_eq!(*reads.lock().unwrap(), 2);
+        // And after MAX_ANCHOR_AGE_TSC, even without a switch.
+        advance(MAX_ANCHOR_AGE_TSC);
+        *log.lock().unwrap().counts.entry(102).or_default() += MAX_ANCHOR_AGE_TSC;
+        assert_eq!(b.read(CounterId::gp(0)), 13_000 + MAX_ANCHOR_AGE_TSC);
+        assert_eq!(*reads.lock().unwrap(), 3);
     }
 
     #[test]
@@ -681,10 +776,10 @@ mod tests {
             AccountingMode::DomainSwitch,
         );
         b.program(CounterId::gp(0), &e, None).unwrap();
-        exit_cycle(&mut b, &log, 101, 1000, 300);
+        exit_cycle(&mut b, &log, 102, 1000, 300);
         b.set_mode(AccountingMode::CpuSwitch);
         b.program(CounterId::gp(0), &e, None).unwrap();
-        let fd = 103; // 101 closed, 102 the clock event
+        let fd = 103; // 101 the switch-recording event, 102 closed
         for _ in 0..10 {
             exit_cycle(&mut b, &log, fd, 1000, 300);
         }
@@ -704,7 +799,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            log.lock().unwrap().opened[0].sample_period,
+            log.lock().unwrap().opened.last().unwrap().sample_period,
             Some(MIN_SOFT_PERIOD_NS)
         );
         let (mut b, log) = backend(Source::Hw, AccountingMode::CpuSwitch);
