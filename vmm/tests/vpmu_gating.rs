@@ -36,7 +36,12 @@ fn one_boot(model: ModelChoice, io_delay_us: u32) -> Vec<(u64, u64)> {
         cfg.pmu_backend = BackendChoice::Soft;
         cfg.io_delay_us = io_delay_us;
     });
-    assert_eq!(r.report.end, VmEnd::PowerOff, "{model:?}: console {}", r.console);
+    assert_eq!(
+        r.report.end,
+        VmEnd::PowerOff,
+        "{model:?}: console {}",
+        r.console
+    );
     let w: Vec<u64> = r
         .serial2
         .chunks(8)
@@ -103,7 +108,11 @@ fn cpu_switch_never_charges_more(model: ModelChoice) {
         c <= d,
         "cpu-switch charged more than domain-switch for the same work: {c} > {d}"
     );
-    assert!(diff >= 0, "median round: cpu-switch more by {} cycles", -diff);
+    assert!(
+        diff >= 0,
+        "median round: cpu-switch more by {} cycles",
+        -diff
+    );
     for (c, d) in sums {
         assert!(c <= d, "one boot: cpu-switch {c} > domain-switch {d}");
     }

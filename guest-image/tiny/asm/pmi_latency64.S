@@ -1,13 +1,30 @@
 // load: 0x100000
 // Benchmark guest: AMD counter 0 counts cycles with INT set and a period; the NMI handler reads
 // the TSC first thing, keeps up to 256 of those, acks (PerfMonV2 STATUS_CLR) and re-arms, and
-// keeps the TSC cycles its two PMU MSR writes took (with the few instructions between the TSC
-// reads). Sends the count, the entry TSCs, then the MSR-write cycles over COM2; the VMM records
+// keeps the TSC cycles its two PMU MSR writes took (each timed alone, net of the instructions
+// around it). Sends the count, the entry TSCs, then the MSR-write cycles over COM2; the VMM records
 // the TSC at each overflow signal and at each NMI injection.
 #define PERIOD 5000000
 #define CTR_MAX 0x1000000000000
 #define MAXS 256
 #include "msr.inc"
+
+// \reg <- TSC
+.macro TSC_TO reg
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, \reg
+.endm
+
+// \out <- TSC - \start
+.macro TSC_SINCE start, out
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    sub \start, %rax
+    mov %rax, \out
+.endm
     .code64
     .globl start
 start:
@@ -79,24 +96,43 @@ nmi:
     lea tscs(%rip), %rcx
     mov %rax, (%rcx,%rbx,8)
 1:  push %rsi
-    rdtsc
-    shl $32, %rdx
-    or %rdx, %rax
-    mov %rax, %rsi
+    push %rdi
+    push %r8
+    push %r9
+    // Each PMU MSR write timed alone (TSC, then ecx/eax/edx, wrmsr, TSC), minus the same
+    // window with no wrmsr in it: the exits' cost without the emulated instructions around.
+    TSC_TO %rsi
     mov $0xc0000302, %ecx           // PerfCntrGlobalStatusClr: counter 0
     mov $1, %eax
     xor %edx, %edx
     wrmsr
-    call arm
-    rdtsc
-    shl $32, %rdx
-    or %rdx, %rax
-    sub %rsi, %rax
+    TSC_SINCE %rsi, %rdi
+    movabs $(CTR_MAX - PERIOD), %r8
+    mov %r8, %r9
+    shr $32, %r9
+    TSC_TO %rsi
+    mov $0xc0010201, %ecx           // re-arm counter 0
+    mov %r8d, %eax
+    mov %r9d, %edx
+    wrmsr
+    TSC_SINCE %rsi, %rax
+    add %rax, %rdi
+    TSC_TO %rsi                     // the empty window, twice
+    mov $0xc0010201, %ecx
+    mov %r8d, %eax
+    mov %r9d, %edx
+    TSC_SINCE %rsi, %rax
+    sub %rax, %rdi
+    sub %rax, %rdi
+    mov %rdi, %rax
     cmp $MAXS, %rbx
     jae 2f
     lea msrcyc(%rip), %rcx
     mov %rax, (%rcx,%rbx,8)
-2:  pop %rsi
+2:  pop %r9
+    pop %r8
+    pop %rdi
+    pop %rsi
     incq count(%rip)
     pop %rbx
     pop %rdx

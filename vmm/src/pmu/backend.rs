@@ -51,6 +51,9 @@ struct Open {
     outside_at_program: u64,
     /// The last value `read` returned (reads never go backwards).
     last: u64,
+    /// The host count when the counter was last programmed (soft events are reused: see
+    /// `program`).
+    base: u64,
     /// Soft source: the host count, TSC and switch sequence of the last `read(2)` of the event.
     /// While the thread has not been switched out since, the count has advanced exactly with
     /// the TSC (thread CPU time = wall time on the CPU), so reads need no system call.
@@ -192,13 +195,16 @@ impl PerfBackend {
             exclude_guest: false,
             disabled: false,
         };
-        let res = self.sys.open(&req).and_then(|fd| match self.sys.switch_seq(fd) {
-            Ok(s) => Ok((fd, s)),
-            Err(e) => {
-                self.sys.close(fd);
-                Err(e)
-            }
-        });
+        let res = self
+            .sys
+            .open(&req)
+            .and_then(|fd| match self.sys.switch_seq(fd) {
+                Ok(s) => Ok((fd, s)),
+                Err(e) => {
+                    self.sys.close(fd);
+                    Err(e)
+                }
+            });
         match res {
             Ok(c) => {
                 self.gate.switches = Some(c);
@@ -295,7 +301,38 @@ impl PerfBackend {
         }
     }
 
-    fn count(&mut self, bit: u8) -> u64 {
+    /// Soft source: re-programs an open counter in place when the host event can stay (every
+    /// soft counter is the same task-clock event): it counts from a new base, and a sampling
+    /// event gets its new period (PERF_EVENT_IOC_PERIOD, which restarts it). Closing and
+    /// opening the event instead costs a perf_event_open, three fcntls and a close (~15-30 us
+    /// here) on every re-arm after an overflow and every counter write. Returns false if the
+    /// event must be (re)opened: none yet, or counting-only vs sampling changes.
+    fn reprogram_soft(&mut self, bit: u8, overflow_after: Option<u64>) -> bool {
+        if !matches!(self.source, Source::Soft { .. }) {
+            return false;
+        }
+        let fd = match self.counters.get(&bit) {
+            Some(c) if c.fds.len() == 1 && c.armed.is_some() == overflow_after.is_some() => {
+                c.fds[0]
+            }
+            _ => return false,
+        };
+        let base = self.raw(bit);
+        if let Some(p) = overflow_after {
+            self.sys.set_period(fd, p.max(MIN_SOFT_PERIOD_NS));
+        }
+        let outside_at_program = self.gate.outside_now(self.in_guest);
+        if let Some(c) = self.counters.get_mut(&bit) {
+            c.base = base;
+            c.armed = overflow_after;
+            c.outside_at_program = outside_at_program;
+            c.last = 0;
+        }
+        true
+    }
+
+    /// What the host events of counter `bit` have counted since they were opened.
+    fn raw(&mut self, bit: u8) -> u64 {
         let Some(c) = self.counters.get(&bit) else {
             return 0;
         };
@@ -328,8 +365,19 @@ impl PerfBackend {
                 fds.into_iter().map(|fd| self.sys.read(fd)).sum()
             }
         };
+        raw
+    }
+
+    fn count(&mut self, bit: u8) -> u64 {
+        if !self.counters.contains_key(&bit) {
+            return 0;
+        }
+        let raw = self.raw(bit);
         let c = &self.counters[&bit];
-        let v = raw.saturating_sub(self.subtracted(c)).max(c.last);
+        let v = raw
+            .saturating_sub(c.base)
+            .saturating_sub(self.subtracted(c))
+            .max(c.last);
         if let Some(c) = self.counters.get_mut(&bit) {
             c.last = v;
         }
@@ -396,6 +444,9 @@ impl CounterBackend for PerfBackend {
         if !self.supports(e) {
             return Err(BackendError::Unsupported(*e));
         }
+        if self.reprogram_soft(ctr.bit(), overflow_after) {
+            return Ok(());
+        }
         self.close(ctr.bit());
         if matches!(self.source, Source::Soft { .. }) {
             self.watch_switches();
@@ -423,6 +474,7 @@ impl CounterBackend for PerfBackend {
                 armed: overflow_after,
                 outside_at_program,
                 last: 0,
+                base: 0,
                 anchor: None,
             },
         );
@@ -604,7 +656,13 @@ mod tests {
 
     /// One exit: `inside` ns of guest time in KVM_RUN, then `outside` ns of VMM work (the fake
     /// TSC runs at 1 GHz: 1 cycle = 1 ns), all counted by the host event `fd`.
-    fn exit_cycle(b: &mut PerfBackend, log: &Arc<Mutex<Log>>, fd: RawFd, inside: u64, outside: u64) {
+    fn exit_cycle(
+        b: &mut PerfBackend,
+        log: &Arc<Mutex<Log>>,
+        fd: RawFd,
+        inside: u64,
+        outside: u64,
+    ) {
         b.enter_guest();
         advance(inside);
         b.leave_guest();
@@ -637,7 +695,10 @@ mod tests {
         assert_eq!(b.read(CounterId::gp(0)), 100_000);
         {
             let l = log.lock().unwrap();
-            assert!(l.enabled.is_empty() && l.disabled.is_empty(), "no ioctls per exit");
+            assert!(
+                l.enabled.is_empty() && l.disabled.is_empty(),
+                "no ioctls per exit"
+            );
         }
 
         // domain-switch charges everything.
@@ -784,6 +845,33 @@ mod tests {
             exit_cycle(&mut b, &log, fd, 1000, 300);
         }
         assert_eq!(b.read(CounterId::gp(0)), 10_000);
+    }
+
+    #[test]
+    fn soft_reprogramming_keeps_the_host_event() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
+        exit_cycle(&mut b, &log, 102, 1000, 300);
+        assert_eq!(b.read(CounterId::gp(0)), 1300);
+        // Re-armed after an overflow: same fd, new period, counts from 0 again.
+        b.program(CounterId::gp(0), &e, Some(7)).unwrap();
+        assert_eq!(b.read(CounterId::gp(0)), 0);
+        exit_cycle(&mut b, &log, 102, 1000, 300);
+        assert_eq!(b.read(CounterId::gp(0)), 1300);
+        {
+            let l = log.lock().unwrap();
+            assert_eq!(l.opened.len(), 2, "switch records + one task-clock");
+            assert!(l.closed.is_empty());
+            assert_eq!(l.periods, vec![(102, MIN_SOFT_PERIOD_NS)]);
+        }
+        // Counting-only cannot become sampling in place (perf refuses a period): reopened.
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        let l = log.lock().unwrap();
+        assert_eq!((l.opened.len(), l.closed.clone()), (3, vec![102]));
     }
 
     #[test]
