@@ -19,6 +19,11 @@
 //!   that thread included): the host kernel's per-task perf context switch is the save/restore.
 //!   soft: always enabled; hw: a guest-mode event with the guest's filters plus a host-mode event
 //!   (exclude_guest) for the work done on the guest's behalf, summed.
+//!
+//! Keeping the soft path off system calls (costs in docs/vpmu.md, "Costs"): a soft counter read
+//! makes one `read(2)` and then extrapolates with the TSC while the thread has not been switched
+//! out ([`Anchor`]), and re-programming a soft counter keeps its host event (a new base, and a
+//! PERF_EVENT_IOC_PERIOD for a sampling one) instead of closing and reopening it.
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
