@@ -79,6 +79,9 @@ pub struct PmuStats {
     /// `filter_blocked` of each [`PmuStats`] [`add`](PmuStats::add)ed, in order (the VM's
     /// total lists its vCPUs' counts by vCPU id).
     pub filter_blocked_by_vcpu: Vec<u64>,
+    /// TSC right after each of those NMIs was injected (KVM_NMI returned): with
+    /// `pmi_signal_tsc`, the VMM's cost per delivered sample (benches/).
+    pub pmi_inject_tsc: Vec<u64>,
 }
 
 pub const MAX_PMI_TSCS: usize = 1024;
@@ -109,6 +112,7 @@ impl PmuStats {
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
         self.filter_blocked += o.filter_blocked;
         self.filter_blocked_by_vcpu.push(o.filter_blocked);
+        self.pmi_inject_tsc.extend_from_slice(&o.pmi_inject_tsc);
     }
 }
 

@@ -26,6 +26,9 @@ pub enum PerfEvent {
     Hardware(u64),
     /// PERF_TYPE_RAW with a model-specific event encoding.
     Raw(u64),
+    /// Counts nothing; writes a PERF_RECORD_SWITCH each time the host scheduler switches the
+    /// thread out or in (PERF_COUNT_SW_DUMMY with `context_switch`), for [`PerfSys::switch_seq`].
+    SwitchRecords,
 }
 
 /// One `perf_event_open` request, always for the calling thread on any CPU.
@@ -53,6 +56,45 @@ pub trait PerfSys: Send {
     fn disable(&mut self, fd: RawFd);
     fn read(&mut self, fd: RawFd) -> u64;
     fn close(&mut self, fd: RawFd);
+    /// Sets a sampling event's period; the next notification comes `period` counts from now
+    /// (PERF_EVENT_IOC_PERIOD restarts the event's period).
+    fn set_period(&mut self, fd: RawFd, period: u64);
+    /// For a [`PerfEvent::SwitchRecords`] event: a number that moves whenever the host
+    /// scheduler switches the thread out or in (the ring buffer's `data_head`, advanced by each
+    /// switch record; the buffer is mapped read-only, so the kernel overwrites old records).
+    /// Read with a plain load: no system call. (The control page's `lock` word is no use here:
+    /// measured, it moves when the thread sleeps but not when it is preempted.)
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>>;
+}
+
+/// See [`PerfSys::switch_seq`]; it stays valid while the event's fd is open.
+pub trait SwitchSeq: Send {
+    fn get(&self) -> u64;
+}
+
+/// The first page of an event's perf mmap (`perf_event_mmap_page`), unmapped on drop.
+struct ControlPage {
+    page: *mut sys::bindings::perf_event_mmap_page,
+    len: usize,
+}
+
+// SAFETY: the mapping belongs to this value alone; it is only read (volatile loads of a u32
+// the kernel updates), which is safe from any thread.
+unsafe impl Send for ControlPage {}
+
+impl SwitchSeq for ControlPage {
+    fn get(&self) -> u64 {
+        // SAFETY: `page` is a live read-only mapping of at least one page, and `data_head` is
+        // an aligned u64 inside it that the kernel updates concurrently (hence volatile).
+        unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.page).data_head)) }
+    }
+}
+
+impl Drop for ControlPage {
+    fn drop(&mut self) {
+        // SAFETY: unmapping the mapping this value made, once.
+        unsafe { libc::munmap(self.page.cast(), self.len) };
+    }
 }
 
 /// The real syscalls.
@@ -74,6 +116,13 @@ impl PerfSys for HostPerf {
             ),
             PerfEvent::Hardware(id) => (sys::bindings::PERF_TYPE_HARDWARE, id),
             PerfEvent::Raw(c) => (sys::bindings::PERF_TYPE_RAW, c),
+            PerfEvent::SwitchRecords => {
+                attr.set_context_switch(1);
+                (
+                    sys::bindings::PERF_TYPE_SOFTWARE,
+                    u64::from(sys::bindings::PERF_COUNT_SW_DUMMY),
+                )
+            }
         };
         attr.type_ = type_;
         attr.config = config;
@@ -144,5 +193,43 @@ impl PerfSys for HostPerf {
     fn close(&mut self, fd: RawFd) {
         // SAFETY: closing a perf fd we own, once.
         unsafe { libc::close(fd) };
+    }
+
+    fn set_period(&mut self, fd: RawFd, period: u64) {
+        // SAFETY: PERF_EVENT_IOC_PERIOD reads one u64 through the pointer, which is valid for
+        // the call. (perf_event_open_sys's wrapper takes the u64 by value, not its address.)
+        unsafe {
+            libc::ioctl(
+                fd,
+                sys::bindings::PERIOD as libc::c_ulong,
+                &period as *const u64,
+            )
+        };
+    }
+
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>> {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        // The control page and one data page (the ring buffer must be 2^n pages).
+        let len = 2 * page;
+        // SAFETY: a fresh read-only shared mapping of the perf fd's control page and ring
+        // buffer; checked for MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Box::new(ControlPage {
+            page: p.cast(),
+            len,
+        }))
     }
 }

@@ -233,6 +233,7 @@ impl VcpuRunner {
                 p.stats.pmis_nmi += 1;
                 if p.stats.pmi_signal_tsc.len() < crate::pmu::MAX_PMI_TSCS {
                     p.stats.pmi_signal_tsc.push(kick::last_signal_tsc());
+                    p.stats.pmi_inject_tsc.push(crate::tsc::now());
                 }
             }),
             pmi::Route::Vector(v) => {
