@@ -12,9 +12,11 @@
 //! Short mode (the default): a few hundred inputs per reader. Long mode: `VPMU_FUZZ_CASES=N`
 //! (scripts/fuzz-long.sh); the cases run per reader are printed.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+mod fuzz_common;
+
 use std::io::{Read, Write};
+
+use fuzz_common::{cases, largest_allocation};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -22,58 +24,6 @@ use vmm::boot::bzimage;
 use vmm::guest_results;
 use vmm::profile::{kallsyms, symbols::SymbolTable};
 use vmm::trace::format::{self, Header, Record, SampleClock, Trace};
-
-/// Records the largest allocation each thread makes while `TRACK` is on.
-struct Counting;
-
-thread_local! {
-    static TRACK: Cell<bool> = const { Cell::new(false) };
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-fn note(size: usize) {
-    let _ = TRACK.try_with(|t| {
-        if t.get() {
-            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
-        }
-    });
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; only records sizes in
-// thread-locals that need no allocation (const-initialised `Cell`s).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-/// Runs `f` and returns the largest single allocation it made.
-fn largest_allocation(f: impl FnOnce()) -> usize {
-    LARGEST.with(|l| l.set(0));
-    TRACK.with(|t| t.set(true));
-    f();
-    TRACK.with(|t| t.set(false));
-    LARGEST.with(|l| l.get())
-}
 
 /// What a reader may allocate at once for an input of `len` bytes: a fixed allowance plus a
 /// multiple of the input.
@@ -85,13 +35,6 @@ fn alloc_cap(len: usize, factor: usize) -> usize {
 /// `MAX_EXPANSION` times the input), doubled for a growing buffer's last step.
 fn bzimage_alloc_cap(len: usize) -> usize {
     2 * (bzimage::MIN_OUTPUT_CAP + bzimage::MAX_EXPANSION * len) + (1 << 20)
-}
-
-fn cases() -> u32 {
-    std::env::var("VPMU_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
 }
 
 /// One way to damage an input.
@@ -343,12 +286,16 @@ fn system_map() -> Vec<Vec<u8>> {
     let mut s = String::new();
     for i in 0..50u64 {
         let kind = ["T", "t", "D", "W", "r"][i as usize % 5];
-        s.push_str(&format!("{:016x} {kind} sym_{i}\n", 0xffff_ffff_8100_0000 + 0x40 * i));
+        s.push_str(&format!(
+            "{:016x} {kind} sym_{i}\n",
+            0xffff_ffff_8100_0000 + 0x40 * i
+        ));
     }
     vec![s.into_bytes()]
 }
 
-const FAKE_ELF: &[u8] = b"\x7fELF\x02\x01\x01 a pretend kernel, repeated repeated repeated repeated";
+const FAKE_ELF: &[u8] =
+    b"\x7fELF\x02\x01\x01 a pretend kernel, repeated repeated repeated repeated";
 
 fn bzimage_with(payload: &[u8]) -> Vec<u8> {
     let mut img = vec![0u8; 1024];
@@ -393,40 +340,60 @@ fn bzimages() -> Vec<Vec<u8>> {
 
 #[test]
 fn guest_results_decoder_survives_damaged_streams() {
-    fuzz("guest-results", results_stream(), |n| alloc_cap(n, 4), |b| {
-        let d = guest_results::decode(b);
-        // Every frame it accepts is whole and checked.
-        for f in &d.frames {
-            assert!(guest_results::safe_name(&f.name));
-        }
-    });
+    fuzz(
+        "guest-results",
+        results_stream(),
+        |n| alloc_cap(n, 4),
+        |b| {
+            let d = guest_results::decode(b);
+            // Every frame it accepts is whole and checked.
+            for f in &d.frames {
+                assert!(guest_results::safe_name(&f.name));
+            }
+        },
+    );
 }
 
 #[test]
 fn trace_reader_survives_damaged_files() {
-    fuzz("trace", trace_file(), |n| alloc_cap(n, 4), |b| {
-        let _ = Trace::parse(b).map_err(|e| e.to_string());
-    });
+    fuzz(
+        "trace",
+        trace_file(),
+        |n| alloc_cap(n, 4),
+        |b| {
+            let _ = Trace::parse(b).map_err(|e| e.to_string());
+        },
+    );
 }
 
 #[test]
 fn kallsyms_reader_survives_damaged_images() {
-    fuzz("kallsyms", kallsyms_image(), |n| alloc_cap(n, 8), |b| {
-        let _ = kallsyms::from_image(b).map_err(|e| e.to_string());
-        let _ = kallsyms::from_vmlinux(b).map_err(|e| e.to_string());
-    });
+    fuzz(
+        "kallsyms",
+        kallsyms_image(),
+        |n| alloc_cap(n, 8),
+        |b| {
+            let _ = kallsyms::from_image(b).map_err(|e| e.to_string());
+            let _ = kallsyms::from_vmlinux(b).map_err(|e| e.to_string());
+        },
+    );
 }
 
 #[test]
 fn system_map_reader_survives_damaged_text() {
-    fuzz("system-map", system_map(), |n| alloc_cap(n, 4), |b| {
-        let text = String::from_utf8_lossy(b);
-        if let Ok(t) = SymbolTable::parse_system_map(&text, "fuzz") {
-            for addr in [0, u64::MAX, 0xffff_ffff_8100_0040] {
-                let _ = t.resolve(addr);
+    fuzz(
+        "system-map",
+        system_map(),
+        |n| alloc_cap(n, 4),
+        |b| {
+            let text = String::from_utf8_lossy(b);
+            if let Ok(t) = SymbolTable::parse_system_map(&text, "fuzz") {
+                for addr in [0, u64::MAX, 0xffff_ffff_8100_0040] {
+                    let _ = t.resolve(addr);
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 #[test]
@@ -451,7 +418,10 @@ fn bzimage_decompression_bomb_is_refused() {
         let e = bzimage::extract(&img).unwrap_err();
         assert!(e.to_string().contains("expands past"), "{e}");
     });
-    assert!(biggest <= bzimage_alloc_cap(img.len()), "{biggest} bytes at once");
+    assert!(
+        biggest <= bzimage_alloc_cap(img.len()),
+        "{biggest} bytes at once"
+    );
 }
 
 /// Regression: ELF header fields near the top of the address space made the kallsyms reader's
