@@ -459,3 +459,14 @@ fn kallsyms_tables_near_the_start_of_the_image_are_found() {
     let b = kallsyms_image().swap_remove(0);
     assert_eq!(kallsyms::from_vmlinux(&b).unwrap()[3].name, "f3");
 }
+
+/// Regression: a bzImage cut off right after its "HdrS" magic (0x207 bytes) panicked reading
+/// the protocol version.
+#[test]
+fn bzimage_cut_inside_the_setup_header_is_an_error() {
+    let img = bzimages().swap_remove(0);
+    for len in [0x207, 0x208, 0x24f] {
+        let e = bzimage::extract(&img[..len]).unwrap_err();
+        assert!(e.to_string().contains("cut short"), "{len:#x}: {e}");
+    }
+}

@@ -82,15 +82,15 @@ fn amd_config() -> impl Strategy<Value = PmuConfig> {
 /// MSRs worth hitting: every block either vendor owns (one past each end too), and random ones.
 fn msr() -> impl Strategy<Value = u32> {
     prop_oneof![
-        8 => (0xc0u32..=0xc9),
-        8 => (0x185u32..=0x18e),
-        6 => (0x308u32..=0x30d),
-        2 => (0x344u32..=0x346),
-        8 => (0x38cu32..=0x391),
-        6 => (0x4c0u32..=0x4c9),
-        8 => (0xc000_ffffu32..=0xc001_0008),
-        8 => (0xc001_01ffu32..=0xc001_020c),
-        6 => (0xc000_02ffu32..=0xc000_0304),
+        8 => 0xc0u32..=0xc9,
+        8 => 0x185u32..=0x18e,
+        6 => 0x308u32..=0x30d,
+        2 => 0x344u32..=0x346,
+        8 => 0x38cu32..=0x391,
+        6 => 0x4c0u32..=0x4c9,
+        8 => 0xc000_ffffu32..=0xc001_0008,
+        8 => 0xc001_01ffu32..=0xc001_020c,
+        6 => 0xc000_02ffu32..=0xc000_0304,
         1 => any::<u32>(),
     ]
 }
@@ -157,7 +157,7 @@ fn op() -> impl Strategy<Value = Op> {
         16 => (msr(), value()).prop_map(|(m, v)| Op::Wrmsr(m, v)),
         3 => prop_oneof![
             3 => 0u32..10,
-            2 => (0x4000_0000u32..0x4000_0005),
+            2 => 0x4000_0000u32..0x4000_0005,
             1 => any::<u32>(),
             1 => prop::sample::select(vec![0x8000_0000u32, 0x1_0000, 0x4000_ffff, 0xc000_0000])
         ]
@@ -260,7 +260,7 @@ impl Shadow {
     }
 
     fn counter_bits(&self) -> u64 {
-        (1u64 << self.gp) - 1 | ((1u64 << self.fixed) - 1) << 32
+        ((1u64 << self.gp) - 1) | (((1u64 << self.fixed) - 1) << 32)
     }
 
     /// Whether the guest's registers say the counter counts and the backend can count it.
@@ -424,7 +424,7 @@ impl Shadow {
             0xc001_0004..=0xc001_0007 => (false, msr - 0xc001_0004),
             0xc001_0200..=0xc001_020b if c.perfctr_core() => {
                 let off = msr - 0xc001_0200;
-                (off % 2 == 0, off / 2)
+                (off & 1 == 0, off / 2)
             }
             0xc000_0300..=0xc000_0303 if c.perfmon_v2() => {
                 let bits = self.counter_bits();
@@ -478,7 +478,9 @@ fn check(r: Result<u64, Fault>, want: Expect, what: &str) -> Result<(), TestCase
             prop_assert_eq!(v, w, "{} read back", what);
             Ok(())
         }
-        (r, w) => Err(TestCaseError::fail(format!("{what}: got {r:x?}, KVM's rules say {w:x?}"))),
+        (r, w) => Err(TestCaseError::fail(format!(
+            "{what}: got {r:x?}, KVM's rules say {w:x?}"
+        ))),
     }
 }
 
@@ -548,7 +550,13 @@ fn run(cfg: PmuConfig, ops: &[Op]) -> Result<(), TestCaseError> {
         if !s.backend_failed {
             for bit in (0..8).chain(32..35) {
                 let running = fake.is_running(CounterId::from_bit(bit));
-                prop_assert_eq!(running, s.counts(bit), "{}: counter bit {} running", at, bit);
+                prop_assert_eq!(
+                    running,
+                    s.counts(bit),
+                    "{}: counter bit {} running",
+                    at,
+                    bit
+                );
             }
         }
         // The status register holds exactly the wraps not yet cleared. (Not after every step:

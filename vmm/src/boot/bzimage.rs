@@ -15,6 +15,8 @@ const HDRS_MAGIC: &[u8; 4] = b"HdrS";
 pub enum BzImageError {
     #[error("not a bzImage: no 'HdrS' setup header")]
     NoSetupHeader,
+    #[error("bzImage of {0} bytes is cut short inside its setup header (0x250 bytes)")]
+    TruncatedHeader(usize),
     #[error("bzImage boot protocol {0:#x} is too old (2.08 or later has payload_offset)")]
     OldProtocol(u16),
     #[error("bzImage payload (offset {offset:#x}, length {length:#x}) lies outside the {file_len}-byte file")]
@@ -57,10 +59,13 @@ pub fn extract(image: &[u8]) -> Result<Extracted, BzImageError> {
     if !is_bzimage(image) {
         return Err(BzImageError::NoSetupHeader);
     }
+    if image.len() < 0x250 {
+        return Err(BzImageError::TruncatedHeader(image.len()));
+    }
     let u16_at = |o: usize| u16::from_le_bytes([image[o], image[o + 1]]);
     let u32_at = |o: usize| u32::from_le_bytes(image[o..o + 4].try_into().unwrap());
     let version = u16_at(0x206);
-    if version < 0x208 || image.len() < 0x250 {
+    if version < 0x208 {
         return Err(BzImageError::OldProtocol(version));
     }
     let setup_sects = match image[0x1f1] {
