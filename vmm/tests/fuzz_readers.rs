@@ -117,8 +117,18 @@ fn inputs(seeds: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn fuzz(name: &str, seeds: Vec<Vec<u8>>, cap: impl Fn(usize) -> usize, read: impl Fn(&[u8])) {
+    fuzz_n(name, cases(), seeds, cap, read)
+}
+
+fn fuzz_n(
+    name: &str,
+    cases: u32,
+    seeds: Vec<Vec<u8>>,
+    cap: impl Fn(usize) -> usize,
+    read: impl Fn(&[u8]),
+) {
     let mut runner = TestRunner::new(Config {
-        cases: cases(),
+        cases,
         failure_persistence: None,
         ..Config::default()
     });
@@ -138,7 +148,7 @@ fn fuzz(name: &str, seeds: Vec<Vec<u8>>, cap: impl Fn(usize) -> usize, read: imp
     if let Err(e) = r {
         panic!("{name}: {e}");
     }
-    println!("fuzz surface=reader-{name} cases={}", cases());
+    println!("fuzz surface=reader-{name} cases={cases}");
 }
 
 // ---- seeds ----
@@ -469,4 +479,95 @@ fn bzimage_cut_inside_the_setup_header_is_an_error() {
         let e = bzimage::extract(&img[..len]).unwrap_err();
         assert!(e.to_string().contains("cut short"), "{len:#x}: {e}");
     }
+}
+
+/// The frames a guest transmits reach the pinger (`Pinger::from_guest`, `packet::parse`): echo
+/// replies and ARP requests, damaged, and random bytes. It must count every frame and answer
+/// at most an ARP reply, never panic.
+#[test]
+fn guest_frames_reach_the_pinger_safely() {
+    use vmm::net::packet;
+    use vmm::net::pinger::{Pinger, ECHO_ID, GUEST_IP, GUEST_MAC, HOST_IP, HOST_MAC};
+    let mut seeds = Vec::new();
+    for seq in 0..4u16 {
+        let payload: Vec<u8> = (0..56).map(|i| (seq as u8).wrapping_add(i)).collect();
+        seeds.push(packet::echo(
+            true, GUEST_MAC, HOST_MAC, GUEST_IP, HOST_IP, ECHO_ID, seq, &payload,
+        ));
+    }
+    seeds.push(packet::arp(false, GUEST_MAC, GUEST_IP, [0; 6], HOST_IP));
+    let pinger = std::cell::RefCell::new(Pinger::new(1));
+    let now = std::time::Instant::now();
+    pinger.borrow_mut().start(now);
+    fuzz(
+        "guest-frames",
+        seeds,
+        |n| alloc_cap(n, 4),
+        |b| {
+            let mut p = pinger.borrow_mut();
+            let before = p.stats().tx_frames;
+            let _ = packet::parse(b).map_err(|e| e.to_string());
+            if let Some(answer) = p.from_guest(b, now) {
+                assert!(matches!(
+                    packet::parse(&answer),
+                    Ok(packet::Frame::Arp { reply: true, .. })
+                ));
+            }
+            assert_eq!(p.stats().tx_frames, before + 1);
+        },
+    );
+}
+
+/// A minimal x86-64 ELF vmlinux: one PT_LOAD segment of `code` at 1 MiB, entry at its start.
+fn tiny_vmlinux(code: &[u8]) -> Vec<u8> {
+    let mut e = vec![0u8; 64 + 56];
+    e[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
+    e[0x10..0x12].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e[0x12..0x14].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    e[0x14..0x18].copy_from_slice(&1u32.to_le_bytes());
+    e[0x18..0x20].copy_from_slice(&0x10_0000u64.to_le_bytes()); // entry
+    e[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // phoff
+    e[0x34..0x36].copy_from_slice(&64u16.to_le_bytes()); // ehsize
+    e[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // phentsize
+    e[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes()); // phnum
+    let ph = 64;
+    e[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    e[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R X
+    e[ph + 8..ph + 16].copy_from_slice(&120u64.to_le_bytes()); // offset
+    for field in [16, 24] {
+        e[ph + field..ph + field + 8].copy_from_slice(&0x10_0000u64.to_le_bytes());
+        // vaddr, paddr
+    }
+    for field in [32, 40] {
+        e[ph + field..ph + field + 8].copy_from_slice(&(code.len() as u64).to_le_bytes());
+    }
+    e[ph + 48..ph + 56].copy_from_slice(&0x1000u64.to_le_bytes());
+    e.extend_from_slice(code);
+    e
+}
+
+/// The kernel loader (`boot::kernel::load`: bzImage extraction, then linux-loader's ELF loader
+/// into guest memory, then the zero page) on damaged ELF and bzImage kernels.
+#[test]
+fn kernel_loader_survives_damaged_kernels() {
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    let elf = tiny_vmlinux(&[0xf4; 256]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&elf).unwrap();
+    let bz = bzimage_with(&gz.finish().unwrap());
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kernel");
+    for seed in [&elf, &bz] {
+        std::fs::write(&path, seed).unwrap();
+        vmm::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
+            .expect("the seed kernel loads");
+    }
+    // A tenth of the cases: each one writes a file and loads it into guest memory.
+    let n = (cases() / 10).max(30);
+    fuzz_n("kernel-loader", n, vec![elf, bz], bzimage_alloc_cap, |b| {
+        std::fs::write(&path, b).unwrap();
+        let _ = vmm::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
+            .map_err(|e| e.to_string());
+    });
 }
