@@ -6,14 +6,16 @@
 #   MODEL_CASES   sequences per vPMU vendor (default 20000: ~7x10^6 MSR/RDPMC/counter operations each)
 #   VIRTIO_CASES  virtio-net driver sequences (default 100000)
 #   READER_CASES  damaged or random files per reader (default 200000)
+#   EXIT_CASES    sequences of port I/O, MMIO and MSR exits (default 30000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL_CASES=${MODEL_CASES:-20000}
 VIRTIO_CASES=${VIRTIO_CASES:-100000}
 READER_CASES=${READER_CASES:-200000}
+EXIT_CASES=${EXIT_CASES:-30000}
 
 cargo test --release -p vpmu --test fuzz_model --no-run
-cargo test --release -p vmm --test fuzz_virtio --test fuzz_readers --no-run
+cargo test --release -p vmm --test fuzz_virtio --test fuzz_readers --test fuzz_exits --no-run
 
 failed=0
 suite() { # name cases cargo-args...
@@ -37,5 +39,6 @@ t0=$SECONDS
 suite "vpmu model" "$MODEL_CASES" -p vpmu --test fuzz_model
 suite "virtio-net" "$VIRTIO_CASES" -p vmm --test fuzz_virtio
 suite "file readers" "$READER_CASES" -p vmm --test fuzz_readers
+suite "exits" "$EXIT_CASES" -p vmm --test fuzz_exits
 echo "[fuzz-long] total: $((SECONDS - t0)) s"
 exit "$failed"
