@@ -571,3 +571,46 @@ fn kernel_loader_survives_damaged_kernels() {
             .map_err(|e| e.to_string());
     });
 }
+
+/// The RDPMC site finder (`pmu::rdpmc::find_sites`, `find_sites_flat`) on damaged kernels: it
+/// decodes the guest kernel's code, which the user supplies.
+#[test]
+fn rdpmc_site_finder_survives_damaged_kernels() {
+    use vmm::pmu::rdpmc;
+    // mov ecx, 0x40000000; rdpmc; ret, between halts.
+    let code = [
+        &[0xf4u8; 16][..],
+        &[0xb9, 0x00, 0x00, 0x00, 0x40, 0x0f, 0x33, 0xc3],
+        &[0xf4; 16],
+    ]
+    .concat();
+    let elf = tiny_vmlinux(&code);
+    let sites = rdpmc::find_sites(&elf).expect("the seed kernel decodes");
+    assert_eq!(sites.len(), 1, "{sites:?}");
+    fuzz(
+        "rdpmc-sites",
+        vec![elf, code],
+        |n| alloc_cap(n, 64),
+        |b| {
+            let _ = rdpmc::find_sites(b).map_err(|e| e.to_string());
+            let _ = rdpmc::find_sites_flat(b, 0x10_0000).map_err(|e| e.to_string());
+            let _ = rdpmc::find_sites_flat(b, u64::MAX - 8).map_err(|e| e.to_string());
+        },
+    );
+}
+
+/// Regression: code whose addresses wrap past 2^64 (a flat image at the top of the address
+/// space, or an ELF section or segment placed there) made the RDPMC site finder's offset
+/// arithmetic overflow (a panic in debug builds).
+#[test]
+fn rdpmc_code_that_wraps_the_address_space_is_refused() {
+    use vmm::pmu::rdpmc;
+    let code = [0xb9, 0x00, 0x00, 0x00, 0x40, 0x0f, 0x33, 0xc3];
+    let e = rdpmc::find_sites_flat(&code, u64::MAX - 4).unwrap_err();
+    assert!(e.to_string().contains("wraps"), "{e}");
+    let mut elf = tiny_vmlinux(&code);
+    // The segment's vaddr near the top: no section headers, so the segment is the code.
+    elf[64 + 16..64 + 24].copy_from_slice(&(u64::MAX - 4).to_le_bytes());
+    let e = rdpmc::find_sites(&elf).unwrap_err();
+    assert!(e.to_string().contains("wraps"), "{e}");
+}
