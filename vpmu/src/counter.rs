@@ -278,7 +278,12 @@ impl CounterCore {
 
     /// Write-1-to-clear of global status bits (IA32_PERF_GLOBAL_OVF_CTRL, AMD
     /// PerfCntrGlobalStatusClr). A PMI not yet reported for a cleared bit is dropped.
+    ///
+    /// Counters that have wrapped but were not folded yet are folded first: on hardware their
+    /// status bit was set at the wrap, so this write clears it (otherwise a later fold would set
+    /// it again, with a PMI, after the guest cleared it).
     pub fn clear_status(&mut self, bits: u64) {
+        self.poll();
         self.global_status &= !bits;
         self.pending_pmi &= !bits;
     }

@@ -15,6 +15,8 @@ const HDRS_MAGIC: &[u8; 4] = b"HdrS";
 pub enum BzImageError {
     #[error("not a bzImage: no 'HdrS' setup header")]
     NoSetupHeader,
+    #[error("bzImage of {0} bytes is cut short inside its setup header (0x250 bytes)")]
+    TruncatedHeader(usize),
     #[error("bzImage boot protocol {0:#x} is too old (2.08 or later has payload_offset)")]
     OldProtocol(u16),
     #[error("bzImage payload (offset {offset:#x}, length {length:#x}) lies outside the {file_len}-byte file")]
@@ -57,10 +59,13 @@ pub fn extract(image: &[u8]) -> Result<Extracted, BzImageError> {
     if !is_bzimage(image) {
         return Err(BzImageError::NoSetupHeader);
     }
+    if image.len() < 0x250 {
+        return Err(BzImageError::TruncatedHeader(image.len()));
+    }
     let u16_at = |o: usize| u16::from_le_bytes([image[o], image[o + 1]]);
     let u32_at = |o: usize| u32::from_le_bytes(image[o..o + 4].try_into().unwrap());
     let version = u16_at(0x206);
-    if version < 0x208 || image.len() < 0x250 {
+    if version < 0x208 {
         return Err(BzImageError::OldProtocol(version));
     }
     let setup_sects = match image[0x1f1] {
@@ -94,38 +99,63 @@ pub fn extract(image: &[u8]) -> Result<Extracted, BzImageError> {
     })
 }
 
+/// A payload may decompress to at most this many times its size (plus [`MIN_OUTPUT_CAP`]):
+/// kernels compress 3-6x; a payload that expands further is corrupt or a decompression bomb,
+/// and is refused before it is inflated into memory.
+pub const MAX_EXPANSION: usize = 32;
+/// The output allowance every payload gets, however small.
+pub const MIN_OUTPUT_CAP: usize = 16 << 20;
+
+/// The most bytes `payload` may decompress to.
+fn output_cap(payload: &[u8]) -> usize {
+    payload
+        .len()
+        .saturating_mul(MAX_EXPANSION)
+        .saturating_add(MIN_OUTPUT_CAP)
+}
+
+/// Reads a decoder to its end, refusing to go past [`output_cap`].
+fn read_capped(
+    dec: impl Read,
+    format: &'static str,
+    cap: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), BzImageError> {
+    let corrupt = |detail: String| BzImageError::Corrupt { format, detail };
+    dec.take(cap as u64 + 1)
+        .read_to_end(out)
+        .map_err(|e| corrupt(e.to_string()))?;
+    if out.len() > cap {
+        return Err(corrupt(format!(
+            "expands past {cap} bytes ({MAX_EXPANSION}x the payload): not a kernel"
+        )));
+    }
+    Ok(())
+}
+
 /// Decompresses a kernel payload by its magic; returns the format name and the bytes.
 pub fn decompress(payload: &[u8]) -> Result<(&'static str, Vec<u8>), BzImageError> {
     let starts = |magic: &[u8]| payload.starts_with(magic);
-    let corrupt = |format: &'static str| {
-        move |e: std::io::Error| BzImageError::Corrupt {
-            format,
-            detail: e.to_string(),
-        }
-    };
+    let cap = output_cap(payload);
     let mut out = Vec::with_capacity(payload.len() * 4);
     if starts(b"\x7fELF") {
         return Ok(("none", payload.to_vec()));
     } else if starts(&[0x1f, 0x8b]) {
-        flate2::read::GzDecoder::new(payload)
-            .read_to_end(&mut out)
-            .map_err(corrupt("gzip"))?;
+        read_capped(flate2::read::GzDecoder::new(payload), "gzip", cap, &mut out)?;
         return Ok(("gzip", out));
     } else if starts(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
-        xz2::read::XzDecoder::new(payload)
-            .read_to_end(&mut out)
-            .map_err(corrupt("xz"))?;
+        read_capped(xz2::read::XzDecoder::new(payload), "xz", cap, &mut out)?;
         return Ok(("xz", out));
     } else if starts(&[0x02, 0x21, 0x4c, 0x18]) {
-        return lz4_legacy(payload).map(|v| ("lz4", v));
+        return lz4_legacy(payload, cap).map(|v| ("lz4", v));
     } else if starts(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        let mut dec = ruzstd::decoding::StreamingDecoder::new(payload).map_err(|e| {
+        let dec = ruzstd::decoding::StreamingDecoder::new(payload).map_err(|e| {
             BzImageError::Corrupt {
                 format: "zstd",
                 detail: e.to_string(),
             }
         })?;
-        dec.read_to_end(&mut out).map_err(corrupt("zstd"))?;
+        read_capped(dec, "zstd", cap, &mut out)?;
         return Ok(("zstd", out));
     }
     let name = if starts(b"BZh") {
@@ -145,7 +175,7 @@ pub fn decompress(payload: &[u8]) -> Result<(&'static str, Vec<u8>), BzImageErro
 /// The LZ4 "legacy" frame format that the kernel's `lz4 -l` produces: a magic, then blocks each
 /// preceded by its little-endian compressed size, each decompressing to at most 8 MiB. The
 /// kernel appends the 4-byte uncompressed size after the last block.
-fn lz4_legacy(payload: &[u8]) -> Result<Vec<u8>, BzImageError> {
+fn lz4_legacy(payload: &[u8], cap: usize) -> Result<Vec<u8>, BzImageError> {
     const MAGIC: u32 = 0x184c_2102;
     const CHUNK: usize = 8 << 20;
     let corrupt = |detail: String| BzImageError::Corrupt {
@@ -172,7 +202,13 @@ fn lz4_legacy(payload: &[u8]) -> Result<Vec<u8>, BzImageError> {
         }
         let block = &payload[pos + 4..pos + 4 + size];
         let start = out.len();
-        out.resize(start + CHUNK, 0);
+        if start > cap {
+            return Err(corrupt(format!(
+                "expands past {cap} bytes ({MAX_EXPANSION}x the payload): not a kernel"
+            )));
+        }
+        // An LZ4 block expands at most ~255x: room for that, not a whole chunk, per block.
+        out.resize(start + CHUNK.min(size.saturating_mul(255).max(64)), 0);
         let n = lz4_flex::block::decompress_into(block, &mut out[start..])
             .map_err(|e| corrupt(format!("block at {pos:#x}: {e}")))?;
         out.truncate(start + n);

@@ -65,6 +65,8 @@ pub enum RdpmcError {
     Unsafe { site: Site, why: String },
     #[error("{0} RDPMC instructions found (more than {MAX_SITES}): this does not look like a kernel's text; run with --rdpmc off")]
     TooMany(usize),
+    #[error("code at {vaddr:#x} ({len:#x} bytes) wraps past the top of the address space")]
+    WrapsAddressSpace { vaddr: u64, len: usize },
     #[error("RDPMC at {site}: its address is in no loadable segment")]
     NoSegment { site: Site },
     #[error(
@@ -82,6 +84,19 @@ pub enum RdpmcError {
 struct CodeRegion<'a> {
     vaddr: u64,
     bytes: &'a [u8],
+}
+
+impl CodeRegion<'_> {
+    /// Its addresses must not wrap past 2^64 (the decoder's would, and the offsets with them).
+    fn fits(&self) -> Result<(), RdpmcError> {
+        match self.vaddr.checked_add(self.bytes.len() as u64) {
+            Some(_) => Ok(()),
+            None => Err(RdpmcError::WrapsAddressSpace {
+                vaddr: self.vaddr,
+                len: self.bytes.len(),
+            }),
+        }
+    }
 }
 
 /// A function symbol.
@@ -119,7 +134,7 @@ pub fn find_sites(elf_bytes: &[u8]) -> Result<Vec<Site>, RdpmcError> {
             if p.p_type(endian) == elf::PT_LOAD && p.p_flags(endian) & elf::PF_X != 0 {
                 let off = p.p_offset(endian) as usize;
                 let len = p.p_filesz(endian) as usize;
-                if let Some(bytes) = elf_bytes.get(off..off + len) {
+                if let Some(bytes) = off.checked_add(len).and_then(|end| elf_bytes.get(off..end)) {
                     code.push(CodeRegion {
                         vaddr: p.p_vaddr(endian),
                         bytes,
@@ -134,7 +149,7 @@ pub fn find_sites(elf_bytes: &[u8]) -> Result<Vec<Site>, RdpmcError> {
         .filter_map(|s| {
             Some(Function {
                 start: s.address(),
-                end: s.address() + s.size(),
+                end: s.address().checked_add(s.size())?,
                 name: s.name().ok()?.to_string(),
             })
         })
@@ -143,6 +158,7 @@ pub fn find_sites(elf_bytes: &[u8]) -> Result<Vec<Site>, RdpmcError> {
 
     let mut sites = Vec::new();
     for region in &code {
+        region.fits()?;
         for vaddr in scan(region.bytes, region.vaddr) {
             let function = containing(&functions, vaddr);
             let mut site = Site {
@@ -156,8 +172,8 @@ pub fn find_sites(elf_bytes: &[u8]) -> Result<Vec<Site>, RdpmcError> {
             })?;
             site.paddr = segments
                 .iter()
-                .find(|(v, len, _)| (*v..v + len).contains(&vaddr))
-                .map(|(v, _, p)| p + (vaddr - v))
+                .find(|(v, len, _)| vaddr >= *v && vaddr - v < *len)
+                .and_then(|(v, _, p)| p.checked_add(vaddr - v))
                 .ok_or_else(|| RdpmcError::NoSegment { site: site.clone() })?;
             sites.push(site);
         }
@@ -172,6 +188,7 @@ pub fn find_sites(elf_bytes: &[u8]) -> Result<Vec<Site>, RdpmcError> {
 /// each site is checked by re-decoding from the bytes before it.
 pub fn find_sites_flat(bytes: &[u8], base: u64) -> Result<Vec<Site>, RdpmcError> {
     let region = CodeRegion { vaddr: base, bytes };
+    region.fits()?;
     let mut sites = Vec::new();
     for vaddr in scan(bytes, base) {
         let site = Site {

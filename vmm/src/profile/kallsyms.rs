@@ -81,13 +81,19 @@ struct Layout {
 }
 
 fn u16_at(b: &[u8], o: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(o..o.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u32_at(b: &[u8], o: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(o..o.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(o..o.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 fn align8(x: usize) -> usize {
     (x + 7) & !7
@@ -101,33 +107,36 @@ pub fn from_vmlinux(elf: &[u8]) -> Result<Vec<KSym>, KallsymsError> {
     decode(elf, &layout)
 }
 
-/// The tables through the ELF symbol table (an unstripped vmlinux).
+/// The tables through the ELF symbol table (an unstripped vmlinux). Every offset comes from
+/// the file, so all arithmetic on them is checked: a damaged header gives `None`.
 fn elf_layout(b: &[u8]) -> Option<Layout> {
     if b.get(4) != Some(&2) || b.get(5) != Some(&1) {
         return None; // not ELF64 little-endian
     }
-    let shoff = u64_at(b, 0x28)? as usize;
+    let usize_at = |o: usize| u64_at(b, o).and_then(|v| usize::try_from(v).ok());
+    let shoff = usize_at(0x28)?;
     let shentsize = usize::from(u16_at(b, 0x3a)?);
     let shnum = usize::from(u16_at(b, 0x3c)?);
-    let phoff = u64_at(b, 0x20)? as usize;
+    let phoff = usize_at(0x20)?;
     let phentsize = usize::from(u16_at(b, 0x36)?);
     let phnum = usize::from(u16_at(b, 0x38)?);
-    let sh = |i: usize| shoff + i * shentsize;
-    let symtab = (0..shnum).find(|&i| u32_at(b, sh(i) + 4) == Some(2))?;
-    let strtab = u32_at(b, sh(symtab) + 0x28)? as usize;
-    let (sym_off, sym_size) = (
-        u64_at(b, sh(symtab) + 0x18)? as usize,
-        u64_at(b, sh(symtab) + 0x20)? as usize,
-    );
-    let str_off = u64_at(b, sh(strtab) + 0x18)? as usize;
+    let sh = |i: usize, field: usize| shoff.checked_add(i * shentsize)?.checked_add(field);
+    let symtab = (0..shnum).find(|&i| sh(i, 4).and_then(|o| u32_at(b, o)) == Some(2))?;
+    let strtab = u32_at(b, sh(symtab, 0x28)?)? as usize;
+    let (sym_off, sym_size) = (usize_at(sh(symtab, 0x18)?)?, usize_at(sh(symtab, 0x20)?)?);
+    let str_off = usize_at(sh(strtab, 0x18)?)?;
     let vaddr_to_off = |va: u64| -> Option<usize> {
         (0..phnum).find_map(|i| {
-            let p = phoff + i * phentsize;
+            let p = phoff.checked_add(i * phentsize)?;
             if u32_at(b, p)? != 1 {
                 return None;
             }
             let (off, vaddr, filesz) = (u64_at(b, p + 8)?, u64_at(b, p + 16)?, u64_at(b, p + 32)?);
-            (va >= vaddr && va < vaddr + filesz).then(|| (off + va - vaddr) as usize)
+            let inside = va >= vaddr && va - vaddr < filesz;
+            inside
+                .then(|| off.checked_add(va - vaddr))
+                .flatten()
+                .and_then(|o| usize::try_from(o).ok())
         })
     };
     let mut want: [(&str, Option<usize>); 7] = [
@@ -139,8 +148,8 @@ fn elf_layout(b: &[u8]) -> Option<Layout> {
         ("kallsyms_offsets", None),
         ("kallsyms_relative_base", None),
     ];
-    for s in (sym_off..sym_off + sym_size).step_by(24) {
-        let name_off = str_off + u32_at(b, s)? as usize;
+    for s in (sym_off..sym_off.checked_add(sym_size)?).step_by(24) {
+        let name_off = str_off.checked_add(u32_at(b, s)? as usize)?;
         let name = b.get(name_off..)?;
         let name = &name[..name.iter().position(|&c| c == 0)?];
         if let Some(w) = want.iter_mut().find(|(n, _)| n.as_bytes() == name) {
@@ -148,6 +157,9 @@ fn elf_layout(b: &[u8]) -> Option<Layout> {
         }
     }
     let v: Vec<usize> = want.iter().map(|(_, o)| *o).collect::<Option<_>>()?;
+    if v.iter().any(|&o| o >= b.len()) {
+        return None;
+    }
     Some(Layout {
         num_syms: v[0],
         names: v[1],
@@ -240,22 +252,26 @@ fn find_names(b: &[u8], token_table: usize, token_index: usize) -> Option<Layout
                 continue;
             }
             // Offsets: before relative_base before num_syms (<= 6.3), or after the token index.
-            let before = Layout {
+            // (Tables near the start of the image have no room for the first layout: only
+            // that candidate is dropped.)
+            let after_offsets = align8(token_index + 512);
+            let after = Layout {
                 num_syms: p,
                 names,
                 markers,
                 token_table,
                 token_index,
-                relative_base: p.checked_sub(8)?,
-                offsets: p.checked_sub(8)?.checked_sub(4 * n)? & !7,
-            };
-            let after_offsets = align8(token_index + 512);
-            let after = Layout {
                 offsets: after_offsets,
                 relative_base: align8(after_offsets + 4 * n),
-                ..before
             };
-            for l in [before, after] {
+            let before = p.checked_sub(8).and_then(|relative_base| {
+                Some(Layout {
+                    relative_base,
+                    offsets: relative_base.checked_sub(4 * n)? & !7,
+                    ..after
+                })
+            });
+            for l in before.into_iter().chain([after]) {
                 if plausible_base(b, l.relative_base) {
                     return Some(l);
                 }

@@ -567,6 +567,14 @@ impl Trace {
     pub fn parse(b: &[u8]) -> Result<Trace, FormatError> {
         let (header, mut off) = Header::decode(b)?;
         let n = usize::from(header.vcpus);
+        // Every vCPU ends with an end block: a file too short for them is cut short (and the
+        // per-vCPU state below is then never larger than the file).
+        need(
+            b,
+            off,
+            n * (BLOCK_HEADER + RECORD_SIZE),
+            "end blocks of every vCPU",
+        )?;
         let mut vcpus = vec![VcpuTrace::default(); n];
         let mut ended = vec![false; n];
         while off < b.len() {

@@ -7,8 +7,8 @@
 use std::time::Instant;
 
 use virtio_bindings::virtio_config::{
-    VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FAILED,
-    VIRTIO_CONFIG_S_FEATURES_OK,
+    VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
+    VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
 };
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::QueueT;
@@ -79,7 +79,26 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     fn live(&self) -> bool {
-        self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0 && self.status & VIRTIO_CONFIG_S_FAILED == 0
+        self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
+            && self.status & (VIRTIO_CONFIG_S_FAILED | VIRTIO_CONFIG_S_NEEDS_RESET) == 0
+    }
+
+    /// After device work: if the device broke (the driver corrupted a queue), set
+    /// DEVICE_NEEDS_RESET and, the driver being live, send a configuration change notification
+    /// (virtio 1.x, "Device Status Field": both MUSTs). Queues stay unused until a reset.
+    fn check_needs_reset(&mut self) {
+        if !self.device.needs_reset() || self.status & VIRTIO_CONFIG_S_NEEDS_RESET != 0 {
+            return;
+        }
+        let was_live = self.live();
+        self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
+        if was_live {
+            self.interrupt_status |= VIRTIO_MMIO_INT_CONFIG;
+            self.interrupts += 1;
+            if let Err(e) = self.irq.write(1) {
+                log::warn!("virtio-mmio: cannot signal the interrupt: {e}");
+            }
+        }
     }
 
     /// Latches "used buffer" in InterruptStatus and pulses the guest's IRQ line.
@@ -118,7 +137,17 @@ impl<D: VirtioDevice> MmioTransport<D> {
             self.reset();
             return;
         }
-        let mut v = v;
+        // The driver sets only its own bits; DEVICE_NEEDS_RESET (and anything above the
+        // 8-bit field) is not the driver's to set.
+        let driver_bits = VIRTIO_CONFIG_S_ACKNOWLEDGE
+            | VIRTIO_CONFIG_S_DRIVER
+            | VIRTIO_CONFIG_S_DRIVER_OK
+            | VIRTIO_CONFIG_S_FEATURES_OK
+            | VIRTIO_CONFIG_S_FAILED;
+        if v & !driver_bits != 0 {
+            self.bad(format!("status {v:#x} sets bits that are not the driver's"));
+        }
+        let mut v = v & driver_bits;
         if v & VIRTIO_CONFIG_S_FEATURES_OK != 0 && self.status & VIRTIO_CONFIG_S_FEATURES_OK == 0 {
             // Accept the features only if they are a subset of the offer and modern: otherwise
             // FEATURES_OK does not stick and the driver gives up, as the spec says.
@@ -134,7 +163,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
             }
         }
         let was_live = self.live();
-        self.status = v;
+        // DEVICE_NEEDS_RESET is the device's to set; only a reset (0) clears it.
+        self.status = v | (self.status & VIRTIO_CONFIG_S_NEEDS_RESET);
         if !was_live && self.live() {
             self.device.activate(self.driver_features, now);
         }
@@ -238,6 +268,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
                 if self.device.queue_notify(v as u16, &self.mem, now) {
                     self.raise();
                 }
+                self.check_needs_reset();
             }
             VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt_status &= !v,
             VIRTIO_MMIO_STATUS => self.set_status(v, now),
@@ -287,6 +318,7 @@ impl<D: VirtioDevice> Tick for MmioTransport<D> {
         if self.live() && self.device.tick(&self.mem, now) {
             self.raise();
         }
+        self.check_needs_reset();
     }
 }
 

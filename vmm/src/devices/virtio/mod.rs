@@ -31,6 +31,11 @@ pub trait VirtioDevice: Send {
     /// The driver notified queue `index`. Returns whether the guest should be interrupted
     /// (buffers were used and the driver did not suppress interrupts).
     fn queue_notify(&mut self, index: u16, mem: &GuestMemoryMmap, now: Instant) -> bool;
+    /// Whether the driver broke the device's queues so that only a reset recovers it (the
+    /// transport then sets DEVICE_NEEDS_RESET and raises a configuration-change interrupt).
+    fn needs_reset(&self) -> bool {
+        false
+    }
     /// Periodic work on the vCPU thread (traffic generation). Returns whether to interrupt.
     fn tick(&mut self, _mem: &GuestMemoryMmap, _now: Instant) -> bool {
         false

@@ -10,8 +10,11 @@ use std::time::Instant;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{virtio_net_hdr_v1, VIRTIO_NET_F_MAC};
-use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
-use virtio_queue::{Queue, QueueT};
+use virtio_bindings::virtio_ring::{
+    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT,
+};
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{DescriptorChain, Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
@@ -49,6 +52,134 @@ pub enum QueueError {
     NoSuchQueue(u16),
 }
 
+/// A driver error the device cannot recover from by itself: the virtqueue's invariants are
+/// broken (virtio 1.x, "Split Virtqueues"). The device stops using its queues and asks for a
+/// reset (DEVICE_NEEDS_RESET) until the driver resets it.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueFault {
+    #[error(
+        "{queue}: available index moved {ahead} entries ahead of the device (queue size {size})"
+    )]
+    AvailIndexJump {
+        queue: &'static str,
+        ahead: u16,
+        size: u16,
+    },
+    #[error("{queue}: available ring at {addr:#x} is outside guest memory")]
+    AvailRing { queue: &'static str, addr: u64 },
+    #[error("{queue}: descriptor index {index} (queue size {size})")]
+    DescriptorIndex {
+        queue: &'static str,
+        index: u16,
+        size: u16,
+    },
+    #[error("{queue}: descriptor table entry {index} is outside guest memory")]
+    DescriptorTable { queue: &'static str, index: u16 },
+    #[error("{queue}: descriptor chain from {head} is longer than the queue (a loop)")]
+    ChainLoop { queue: &'static str, head: u16 },
+    #[error("{queue}: indirect descriptor {index}, but VIRTIO_F_INDIRECT_DESC was not offered")]
+    Indirect { queue: &'static str, index: u16 },
+    #[error("{queue}: buffer {addr:#x}+{len:#x} of descriptor {index} is outside guest memory")]
+    Buffer {
+        queue: &'static str,
+        index: u16,
+        addr: u64,
+        len: u32,
+    },
+    #[error("{queue}: used ring: {source}")]
+    UsedRing {
+        queue: &'static str,
+        source: virtio_queue::Error,
+    },
+}
+
+fn queue_name(index: u16) -> &'static str {
+    if index == RX_QUEUE {
+        "receive queue"
+    } else {
+        "transmit queue"
+    }
+}
+
+/// Takes the next available chain of queue `index`, after checking what virtio-queue does not:
+/// that the driver did not move the available index more than a queue's worth ahead, and that
+/// the chain is well formed (indices in range, no loop, no indirect table, buffers in guest
+/// memory). `Ok(None)`: nothing available.
+fn pop_checked<'m>(
+    q: &mut Queue,
+    index: u16,
+    mem: &'m GuestMemoryMmap,
+) -> Result<Option<DescriptorChain<&'m GuestMemoryMmap>>, QueueFault> {
+    use vm_memory::{Address, GuestMemoryBackend};
+    let queue = queue_name(index);
+    let size = q.size();
+    if !q.ready() || size == 0 {
+        return Ok(None);
+    }
+    let avail = q
+        .avail_idx(mem, Ordering::Acquire)
+        .map_err(|_| QueueFault::AvailRing {
+            queue,
+            addr: q.avail_ring(),
+        })?;
+    let ahead = avail.0.wrapping_sub(q.next_avail());
+    if ahead == 0 {
+        return Ok(None);
+    }
+    if ahead > size {
+        return Err(QueueFault::AvailIndexJump { queue, ahead, size });
+    }
+    let ring_entry = q
+        .avail_ring()
+        .checked_add(4 + 2 * u64::from(q.next_avail() % size))
+        .ok_or(QueueFault::AvailRing {
+            queue,
+            addr: q.avail_ring(),
+        })?;
+    let head: u16 = mem
+        .read_obj::<u16>(GuestAddress(ring_entry))
+        .map(u16::from_le)
+        .map_err(|_| QueueFault::AvailRing {
+            queue,
+            addr: ring_entry,
+        })?;
+    let mut at = head;
+    for _ in 0..size {
+        if at >= size {
+            return Err(QueueFault::DescriptorIndex {
+                queue,
+                index: at,
+                size,
+            });
+        }
+        let d: Descriptor = GuestAddress(q.desc_table())
+            .checked_add(16 * u64::from(at))
+            .and_then(|a| mem.read_obj(a).ok())
+            .ok_or(QueueFault::DescriptorTable { queue, index: at })?;
+        let flags = u32::from(d.flags());
+        if flags & VRING_DESC_F_INDIRECT != 0 {
+            return Err(QueueFault::Indirect { queue, index: at });
+        }
+        let in_memory = d.len() == 0
+            || d.addr()
+                .checked_add(u64::from(d.len()) - 1)
+                .is_some_and(|_| GuestMemoryBackend::check_range(mem, d.addr(), d.len() as usize));
+        if !in_memory {
+            return Err(QueueFault::Buffer {
+                queue,
+                index: at,
+                addr: d.addr().0,
+                len: d.len(),
+            });
+        }
+        if flags & VRING_DESC_F_NEXT == 0 {
+            return Ok(q.pop_descriptor_chain(mem));
+        }
+        at = d.next();
+    }
+    Err(QueueFault::ChainLoop { queue, head })
+}
+
 /// What the device itself counted (the pinger counts the traffic).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct NetDeviceCounts {
@@ -71,6 +202,8 @@ pub struct VirtioNet {
     pinger: Option<Pinger>,
     pending: VecDeque<Vec<u8>>,
     pub counts: NetDeviceCounts,
+    /// The driver broke a queue: nothing is used until it resets the device.
+    fault: Option<QueueFault>,
 }
 
 impl VirtioNet {
@@ -83,6 +216,7 @@ impl VirtioNet {
             pinger,
             pending: VecDeque::new(),
             counts: NetDeviceCounts::default(),
+            fault: None,
         }
     }
 
@@ -97,6 +231,45 @@ impl VirtioNet {
         self.counts.queue_errors += 1;
     }
 
+    /// The queue fault that stopped the device, if any (cleared by a reset).
+    pub fn fault(&self) -> Option<&QueueFault> {
+        self.fault.as_ref()
+    }
+
+    fn set_fault(&mut self, f: QueueFault) {
+        log::warn!("virtio-net: {f}: the device needs a reset");
+        self.fault = Some(f);
+    }
+
+    /// The next available chain of queue `index`; None when there is none or the queue is
+    /// broken (then the device is marked as needing a reset).
+    fn pop<'m>(
+        &mut self,
+        index: u16,
+        mem: &'m GuestMemoryMmap,
+    ) -> Option<DescriptorChain<&'m GuestMemoryMmap>> {
+        if self.fault.is_some() {
+            return None;
+        }
+        match pop_checked(&mut self.queues[index as usize], index, mem) {
+            Ok(c) => c,
+            Err(f) => {
+                self.set_fault(f);
+                None
+            }
+        }
+    }
+
+    /// Returns a chain to the driver; a used ring it cannot write breaks the queue.
+    fn add_used(&mut self, index: u16, mem: &GuestMemoryMmap, head: u16, len: u32) {
+        if let Err(source) = self.queues[index as usize].add_used(mem, head, len) {
+            self.set_fault(QueueFault::UsedRing {
+                queue: queue_name(index),
+                source,
+            });
+        }
+    }
+
     fn chain_error(queue: &'static str) -> impl FnOnce(virtio_queue::Error) -> QueueError {
         move |source| QueueError::Chain { queue, source }
     }
@@ -104,7 +277,7 @@ impl VirtioNet {
     /// Puts one frame into the next receive buffer, made by `make` only once a buffer is there.
     /// Returns false when the guest has no receive buffer available.
     fn receive(&mut self, mem: &GuestMemoryMmap, make: impl FnOnce(&mut Self) -> Vec<u8>) -> bool {
-        let Some(chain) = self.queues[RX_QUEUE as usize].pop_descriptor_chain(mem) else {
+        let Some(chain) = self.pop(RX_QUEUE, mem) else {
             return false;
         };
         let head = chain.head_index();
@@ -137,9 +310,7 @@ impl VirtioNet {
                 0
             }
         };
-        if let Err(e) = self.queues[RX_QUEUE as usize].add_used(mem, head, len) {
-            self.queue_error(Self::chain_error("receive")(e));
-        }
+        self.add_used(RX_QUEUE, mem, head, len);
         true
     }
 
@@ -169,7 +340,7 @@ impl VirtioNet {
     /// Takes every frame the guest queued for transmission.
     fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant) -> bool {
         let mut used = false;
-        while let Some(chain) = self.queues[TX_QUEUE as usize].pop_descriptor_chain(mem) {
+        while let Some(chain) = self.pop(TX_QUEUE, mem) {
             used = true;
             let head = chain.head_index();
             let mut buf = Vec::new();
@@ -196,9 +367,7 @@ impl VirtioNet {
                 }
                 Err(e) => self.queue_error(e),
             }
-            if let Err(e) = self.queues[TX_QUEUE as usize].add_used(mem, head, 0) {
-                self.queue_error(Self::chain_error("transmit")(e));
-            }
+            self.add_used(TX_QUEUE, mem, head, 0);
         }
         used
     }
@@ -257,6 +426,11 @@ impl VirtioDevice for VirtioNet {
             q.reset();
         }
         self.pending.clear();
+        self.fault = None;
+    }
+
+    fn needs_reset(&self) -> bool {
+        self.fault.is_some()
     }
 
     fn queue_notify(&mut self, index: u16, mem: &GuestMemoryMmap, now: Instant) -> bool {

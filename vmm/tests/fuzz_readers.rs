@@ -1,0 +1,616 @@
+//! Property-based fuzzing of the host-side readers a user feeds files to: COM2 result frames
+//! (`guest_results::decode`), trace files (`trace::format::Trace::parse`), kallsyms tables in a
+//! kernel image (`profile::kallsyms::from_image`), System.map (`SymbolTable::parse_system_map`)
+//! and bzImage extraction (`boot::bzimage::extract`, every payload compression).
+//!
+//! Inputs: valid files built here, then damaged (bit flips, byte overwrites, truncation,
+//! insertions, length fields set to huge or boundary values), and plain random bytes. Each
+//! reader must return (an error, or a result) without panicking, and must not make an
+//! allocation out of proportion to its input: a counting global allocator records the largest
+//! single allocation made on the reading thread, which must stay under [`alloc_cap`].
+//!
+//! Short mode (the default): a few hundred inputs per reader. Long mode: `VPMU_FUZZ_CASES=N`
+//! (scripts/fuzz-long.sh); the cases run per reader are printed.
+
+mod fuzz_common;
+
+use std::io::{Read, Write};
+
+use fuzz_common::{cases, largest_allocation};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use vmm::boot::bzimage;
+use vmm::guest_results;
+use vmm::profile::{kallsyms, symbols::SymbolTable};
+use vmm::trace::format::{self, Header, Record, SampleClock, Trace};
+
+/// What a reader may allocate at once for an input of `len` bytes: a fixed allowance plus a
+/// multiple of the input.
+fn alloc_cap(len: usize, factor: usize) -> usize {
+    (1 << 20) + factor * len
+}
+
+/// What the bzImage extractor may allocate at once: its output cap (`MIN_OUTPUT_CAP` plus
+/// `MAX_EXPANSION` times the input), doubled for a growing buffer's last step.
+fn bzimage_alloc_cap(len: usize) -> usize {
+    2 * (bzimage::MIN_OUTPUT_CAP + bzimage::MAX_EXPANSION * len) + (1 << 20)
+}
+
+/// One way to damage an input.
+#[derive(Debug, Clone)]
+enum Damage {
+    FlipBit(usize, u8),
+    SetByte(usize, u8),
+    /// Overwrite 2, 4 or 8 bytes at a position with a boundary value (huge lengths, counts).
+    SetWord(usize, u8, u64),
+    Truncate(usize),
+    Insert(usize, Vec<u8>),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    let word = prop::sample::select(vec![
+        0u64,
+        1,
+        0x7f,
+        0xff,
+        0x7fff,
+        0xffff,
+        0x7fff_ffff,
+        0xffff_ffff,
+        1 << 32,
+        u64::MAX,
+        u64::MAX / 2,
+        0xffff_8000_0000_0000,
+    ]);
+    prop_oneof![
+        4 => (any::<usize>(), 0u8..8).prop_map(|(p, b)| Damage::FlipBit(p, b)),
+        3 => (any::<usize>(), any::<u8>()).prop_map(|(p, b)| Damage::SetByte(p, b)),
+        3 => (any::<usize>(), prop::sample::select(vec![2u8, 4, 8]), word)
+            .prop_map(|(p, w, v)| Damage::SetWord(p, w, v)),
+        1 => any::<usize>().prop_map(Damage::Truncate),
+        1 => (any::<usize>(), prop::collection::vec(any::<u8>(), 1..64))
+            .prop_map(|(p, v)| Damage::Insert(p, v)),
+    ]
+}
+
+fn apply(mut b: Vec<u8>, damages: &[Damage]) -> Vec<u8> {
+    for d in damages {
+        if b.is_empty() {
+            break;
+        }
+        let at = |p: usize| p % b.len();
+        match d {
+            Damage::FlipBit(p, bit) => {
+                let i = at(*p);
+                b[i] ^= 1 << bit;
+            }
+            Damage::SetByte(p, v) => {
+                let i = at(*p);
+                b[i] = *v;
+            }
+            Damage::SetWord(p, w, v) => {
+                let i = at(*p);
+                let n = usize::from(*w).min(b.len() - i);
+                b[i..i + n].copy_from_slice(&v.to_le_bytes()[..n]);
+            }
+            Damage::Truncate(p) => {
+                let n = at(*p);
+                b.truncate(n);
+            }
+            Damage::Insert(p, v) => {
+                let i = at(*p);
+                b.splice(i..i, v.iter().copied());
+            }
+        }
+    }
+    b
+}
+
+/// Seeds damaged a little, or random bytes.
+fn inputs(seeds: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        6 => (prop::sample::select(seeds), prop::collection::vec(damage(), 0..6))
+            .prop_map(|(s, d)| apply(s, &d)),
+        1 => prop::collection::vec(any::<u8>(), 0..2048),
+    ]
+}
+
+fn fuzz(name: &str, seeds: Vec<Vec<u8>>, cap: impl Fn(usize) -> usize, read: impl Fn(&[u8])) {
+    fuzz_n(name, cases(), seeds, cap, read)
+}
+
+fn fuzz_n(
+    name: &str,
+    cases: u32,
+    seeds: Vec<Vec<u8>>,
+    cap: impl Fn(usize) -> usize,
+    read: impl Fn(&[u8]),
+) {
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let r = runner.run(&inputs(seeds), |input| {
+        let biggest = largest_allocation(|| read(&input));
+        let cap = cap(input.len());
+        prop_assert!(
+            biggest <= cap,
+            "{}: a {}-byte input made a {}-byte allocation (cap {})",
+            name,
+            input.len(),
+            biggest,
+            cap
+        );
+        Ok(())
+    });
+    if let Err(e) = r {
+        panic!("{name}: {e}");
+    }
+    println!("fuzz surface=reader-{name} cases={cases}");
+}
+
+// ---- seeds ----
+
+fn results_stream() -> Vec<Vec<u8>> {
+    let frame = |seq: u64, name: &str, payload: &[u8]| {
+        let mut f = format!(
+            "VPMU-FRAME v1 seq={seq} name={name} mode=cpu len={} crc32={:08x}\n",
+            payload.len(),
+            crc32fast::hash(payload)
+        )
+        .into_bytes();
+        f.extend_from_slice(payload);
+        f.extend_from_slice(format!("\nVPMU-FRAME-END seq={seq}\n").as_bytes());
+        f
+    };
+    let mut s = b"kernel noise\nVPMU-RESULTS-BEGIN v1 experiments=a,b modes=cpu\n".to_vec();
+    s.extend(frame(0, "a/perf.txt", b"# perf report\n 10.0% x  [k] f\n"));
+    s.extend(b"[   1.0] a kernel line\r\n");
+    s.extend(frame(1, "b.bin", &[0, 1, 2, 0xff, b'\n', b'\r']));
+    s.extend(b"VPMU-RESULTS-END frames=2\n");
+    let mut crlf = Vec::new();
+    for &c in &s {
+        if c == b'\n' {
+            crlf.push(b'\r');
+        }
+        crlf.push(c);
+    }
+    vec![s, crlf]
+}
+
+fn trace_file() -> Vec<Vec<u8>> {
+    let header = Header {
+        vcpus: 2,
+        contents: format::CONTENTS_EXITS | format::CONTENTS_SAMPLES,
+        tsc_khz: 2_000_000,
+        start_tsc: 1000,
+        sample_clock: SampleClock::CpuSwitch,
+        sample_period_ns: 1_000_000,
+        kernel: "/boot/vmlinuz".into(),
+    };
+    let mut f = header.encode();
+    let records = [
+        Record::Clock {
+            tsc: 1100,
+            thread_cpu_ns: 5,
+        },
+        Record::Sample {
+            rip: 0xffff_ffff_8100_0000,
+            cpl: 0,
+            tsc: 1200,
+            during: None,
+            mode: Some(vpmu::AccountingMode::CpuSwitch),
+        },
+    ];
+    for vcpu in 0..2u16 {
+        let mut body = Vec::new();
+        for r in &records {
+            let mut b = [0u8; format::RECORD_SIZE];
+            r.encode(&mut b);
+            body.extend_from_slice(&b);
+        }
+        f.extend(format::block_header(vcpu, false, 2, 0, &body));
+        f.extend(&body);
+        let end = format::end_record(2000, 0, 77);
+        f.extend(format::block_header(vcpu, true, 1, 0, &end));
+        f.extend(end);
+    }
+    Trace::parse(&f).expect("the seed trace is valid");
+    vec![f]
+}
+
+/// A kernel image holding kallsyms tables (the layout of Linux 6.4+: offsets after the token
+/// index), found by the reader's scan.
+fn kallsyms_image() -> Vec<Vec<u8>> {
+    let align8 = |b: &mut Vec<u8>| b.resize(b.len().next_multiple_of(8), 0);
+    let n = 40usize;
+    let base = 0xffff_ffff_8100_0000u64;
+    let mut b = vec![0xeeu8; 64];
+    b.extend_from_slice(&(n as u32).to_le_bytes());
+    b.extend_from_slice(&[0; 4]);
+    let mut names = Vec::new();
+    let mut markers = Vec::new();
+    for i in 0..n {
+        if i % 256 == 0 {
+            markers.push(names.len() as u32);
+        }
+        let codes = format!("Tf{i}").into_bytes();
+        names.push(codes.len() as u8);
+        names.extend_from_slice(&codes);
+    }
+    b.extend_from_slice(&names);
+    align8(&mut b);
+    for m in markers {
+        b.extend_from_slice(&m.to_le_bytes());
+    }
+    align8(&mut b);
+    let table_at = b.len();
+    let mut index = Vec::new();
+    for i in 0..256u32 {
+        index.push((b.len() - table_at) as u16);
+        match i {
+            0x20..=0x7e => b.push(i as u8),
+            _ => b.extend_from_slice(&[b'x', (i % 26) as u8 + b'a']),
+        }
+        b.push(0);
+    }
+    align8(&mut b);
+    for i in index {
+        b.extend_from_slice(&i.to_le_bytes());
+    }
+    align8(&mut b);
+    for i in 0..n {
+        b.extend_from_slice(&(0x10 * i as u32).to_le_bytes());
+    }
+    align8(&mut b);
+    b.extend_from_slice(&base.to_le_bytes());
+    b.extend_from_slice(&[0xee; 64]);
+    let syms = kallsyms::from_vmlinux(&b).expect("the seed tables are found");
+    assert_eq!(syms.len(), n);
+    // The same bytes behind an ELF64 header whose section and program header fields point
+    // into the file (the reader tries the ELF symbol table first).
+    let mut elf = vec![0u8; 64];
+    elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+    elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // phoff
+    elf[0x28..0x30].copy_from_slice(&64u64.to_le_bytes()); // shoff
+    elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+    elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+    elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+    elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+    let mut sh = vec![0u8; 128];
+    sh[4] = 2; // SHT_SYMTAB
+    sh[0x28..0x2c].copy_from_slice(&1u32.to_le_bytes()); // sh_link: the string table
+    sh[0x18..0x20].copy_from_slice(&256u64.to_le_bytes());
+    sh[0x20..0x28].copy_from_slice(&48u64.to_le_bytes());
+    sh[64 + 0x18..64 + 0x20].copy_from_slice(&320u64.to_le_bytes());
+    elf.extend(sh);
+    elf.resize(256, 0);
+    elf.extend(std::iter::repeat_n(0x41, 64));
+    elf.extend_from_slice(&b);
+    vec![b, elf]
+}
+
+fn system_map() -> Vec<Vec<u8>> {
+    let mut s = String::new();
+    for i in 0..50u64 {
+        let kind = ["T", "t", "D", "W", "r"][i as usize % 5];
+        s.push_str(&format!(
+            "{:016x} {kind} sym_{i}\n",
+            0xffff_ffff_8100_0000 + 0x40 * i
+        ));
+    }
+    vec![s.into_bytes()]
+}
+
+const FAKE_ELF: &[u8] =
+    b"\x7fELF\x02\x01\x01 a pretend kernel, repeated repeated repeated repeated";
+
+fn bzimage_with(payload: &[u8]) -> Vec<u8> {
+    let mut img = vec![0u8; 1024];
+    img[0x1f1] = 1;
+    img[0x201] = 0x6a;
+    img[0x202..0x206].copy_from_slice(b"HdrS");
+    img[0x206..0x208].copy_from_slice(&0x20fu16.to_le_bytes());
+    img[0x248..0x24c].copy_from_slice(&16u32.to_le_bytes());
+    img[0x24c..0x250].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    img.extend_from_slice(&[0u8; 16]);
+    img.extend_from_slice(payload);
+    img.extend_from_slice(&[0xaa; 64]);
+    img
+}
+
+fn bzimages() -> Vec<Vec<u8>> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(FAKE_ELF).unwrap();
+    let gz = gz.finish().unwrap();
+    let mut xz = Vec::new();
+    xz2::read::XzEncoder::new(FAKE_ELF, 6)
+        .read_to_end(&mut xz)
+        .unwrap();
+    let zstd =
+        ruzstd::encoding::compress_to_vec(FAKE_ELF, ruzstd::encoding::CompressionLevel::Fastest);
+    let mut lz4 = 0x184c_2102u32.to_le_bytes().to_vec();
+    let block = lz4_flex::block::compress(FAKE_ELF);
+    lz4.extend_from_slice(&(block.len() as u32).to_le_bytes());
+    lz4.extend_from_slice(&block);
+    lz4.extend_from_slice(&(FAKE_ELF.len() as u32).to_le_bytes());
+    let seeds: Vec<Vec<u8>> = [FAKE_ELF.to_vec(), gz, xz, zstd, lz4]
+        .iter()
+        .map(|p| bzimage_with(p))
+        .collect();
+    for s in &seeds {
+        bzimage::extract(s).expect("the seed bzImage is valid");
+    }
+    seeds
+}
+
+// ---- the fuzz tests ----
+
+#[test]
+fn guest_results_decoder_survives_damaged_streams() {
+    fuzz(
+        "guest-results",
+        results_stream(),
+        |n| alloc_cap(n, 4),
+        |b| {
+            let d = guest_results::decode(b);
+            // Every frame it accepts is whole and checked.
+            for f in &d.frames {
+                assert!(guest_results::safe_name(&f.name));
+            }
+        },
+    );
+}
+
+#[test]
+fn trace_reader_survives_damaged_files() {
+    fuzz(
+        "trace",
+        trace_file(),
+        |n| alloc_cap(n, 4),
+        |b| {
+            let _ = Trace::parse(b).map_err(|e| e.to_string());
+        },
+    );
+}
+
+#[test]
+fn kallsyms_reader_survives_damaged_images() {
+    fuzz(
+        "kallsyms",
+        kallsyms_image(),
+        |n| alloc_cap(n, 8),
+        |b| {
+            let _ = kallsyms::from_image(b).map_err(|e| e.to_string());
+            let _ = kallsyms::from_vmlinux(b).map_err(|e| e.to_string());
+        },
+    );
+}
+
+#[test]
+fn system_map_reader_survives_damaged_text() {
+    fuzz(
+        "system-map",
+        system_map(),
+        |n| alloc_cap(n, 4),
+        |b| {
+            let text = String::from_utf8_lossy(b);
+            if let Ok(t) = SymbolTable::parse_system_map(&text, "fuzz") {
+                for addr in [0, u64::MAX, 0xffff_ffff_8100_0040] {
+                    let _ = t.resolve(addr);
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn bzimage_extractor_survives_damaged_images() {
+    fuzz("bzimage", bzimages(), bzimage_alloc_cap, |b| {
+        let _ = bzimage::extract(b).map_err(|e| e.to_string());
+    });
+}
+
+/// Regression: a gzip payload that inflates far beyond any kernel (a decompression bomb) is
+/// refused with one error instead of being inflated into memory.
+#[test]
+fn bzimage_decompression_bomb_is_refused() {
+    let zeros = vec![0u8; 64 << 20];
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(b"\x7fELF").unwrap();
+    gz.write_all(&zeros).unwrap();
+    let gz = gz.finish().unwrap();
+    assert!(gz.len() < 1 << 20, "{} bytes", gz.len());
+    let img = bzimage_with(&gz);
+    let biggest = largest_allocation(|| {
+        let e = bzimage::extract(&img).unwrap_err();
+        assert!(e.to_string().contains("expands past"), "{e}");
+    });
+    assert!(
+        biggest <= bzimage_alloc_cap(img.len()),
+        "{biggest} bytes at once"
+    );
+}
+
+/// Regression: ELF header fields near the top of the address space made the kallsyms reader's
+/// offset arithmetic overflow (a panic in debug builds).
+#[test]
+fn kallsyms_elf_fields_at_the_top_of_the_address_space_are_refused() {
+    let mut elf = kallsyms_image().pop().unwrap();
+    for (at, len) in [(0x20, 8), (0x28, 8)] {
+        let mut b = elf.clone();
+        b[at..at + len].copy_from_slice(&u64::MAX.to_le_bytes()[..len]);
+        let _ = kallsyms::from_vmlinux(&b);
+    }
+    // Symbol table offset and size at the top.
+    elf[64 + 0x18..64 + 0x20].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+    let _ = kallsyms::from_vmlinux(&elf);
+}
+
+/// Regression: a header claiming 65535 vCPUs made the reader allocate state for all of them
+/// before it looked at the (tiny) rest of the file.
+#[test]
+fn trace_with_more_vcpus_than_the_file_can_hold_is_truncated() {
+    let mut f = trace_file().pop().unwrap();
+    f[12..14].copy_from_slice(&u16::MAX.to_le_bytes());
+    let biggest = largest_allocation(|| {
+        let e = Trace::parse(&f).unwrap_err();
+        assert!(e.to_string().contains("end blocks"), "{e}");
+    });
+    assert!(biggest < 64 << 10, "{biggest} bytes at once");
+}
+
+/// Regression: kallsyms tables close to the start of the image (no room for the pre-6.4
+/// offsets table before them) were not found at all.
+#[test]
+fn kallsyms_tables_near_the_start_of_the_image_are_found() {
+    let b = kallsyms_image().swap_remove(0);
+    assert_eq!(kallsyms::from_vmlinux(&b).unwrap()[3].name, "f3");
+}
+
+/// Regression: a bzImage cut off right after its "HdrS" magic (0x207 bytes) panicked reading
+/// the protocol version.
+#[test]
+fn bzimage_cut_inside_the_setup_header_is_an_error() {
+    let img = bzimages().swap_remove(0);
+    for len in [0x207, 0x208, 0x24f] {
+        let e = bzimage::extract(&img[..len]).unwrap_err();
+        assert!(e.to_string().contains("cut short"), "{len:#x}: {e}");
+    }
+}
+
+/// The frames a guest transmits reach the pinger (`Pinger::from_guest`, `packet::parse`): echo
+/// replies and ARP requests, damaged, and random bytes. It must count every frame and answer
+/// at most an ARP reply, never panic.
+#[test]
+fn guest_frames_reach_the_pinger_safely() {
+    use vmm::net::packet;
+    use vmm::net::pinger::{Pinger, ECHO_ID, GUEST_IP, GUEST_MAC, HOST_IP, HOST_MAC};
+    let mut seeds = Vec::new();
+    for seq in 0..4u16 {
+        let payload: Vec<u8> = (0..56).map(|i| (seq as u8).wrapping_add(i)).collect();
+        seeds.push(packet::echo(
+            true, GUEST_MAC, HOST_MAC, GUEST_IP, HOST_IP, ECHO_ID, seq, &payload,
+        ));
+    }
+    seeds.push(packet::arp(false, GUEST_MAC, GUEST_IP, [0; 6], HOST_IP));
+    let pinger = std::cell::RefCell::new(Pinger::new(1));
+    let now = std::time::Instant::now();
+    pinger.borrow_mut().start(now);
+    fuzz(
+        "guest-frames",
+        seeds,
+        |n| alloc_cap(n, 4),
+        |b| {
+            let mut p = pinger.borrow_mut();
+            let before = p.stats().tx_frames;
+            let _ = packet::parse(b).map_err(|e| e.to_string());
+            if let Some(answer) = p.from_guest(b, now) {
+                assert!(matches!(
+                    packet::parse(&answer),
+                    Ok(packet::Frame::Arp { reply: true, .. })
+                ));
+            }
+            assert_eq!(p.stats().tx_frames, before + 1);
+        },
+    );
+}
+
+/// A minimal x86-64 ELF vmlinux: one PT_LOAD segment of `code` at 1 MiB, entry at its start.
+fn tiny_vmlinux(code: &[u8]) -> Vec<u8> {
+    let mut e = vec![0u8; 64 + 56];
+    e[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
+    e[0x10..0x12].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    e[0x12..0x14].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
+    e[0x14..0x18].copy_from_slice(&1u32.to_le_bytes());
+    e[0x18..0x20].copy_from_slice(&0x10_0000u64.to_le_bytes()); // entry
+    e[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // phoff
+    e[0x34..0x36].copy_from_slice(&64u16.to_le_bytes()); // ehsize
+    e[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // phentsize
+    e[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes()); // phnum
+    let ph = 64;
+    e[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    e[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R X
+    e[ph + 8..ph + 16].copy_from_slice(&120u64.to_le_bytes()); // offset
+    for field in [16, 24] {
+        e[ph + field..ph + field + 8].copy_from_slice(&0x10_0000u64.to_le_bytes());
+        // vaddr, paddr
+    }
+    for field in [32, 40] {
+        e[ph + field..ph + field + 8].copy_from_slice(&(code.len() as u64).to_le_bytes());
+    }
+    e[ph + 48..ph + 56].copy_from_slice(&0x1000u64.to_le_bytes());
+    e.extend_from_slice(code);
+    e
+}
+
+/// The kernel loader (`boot::kernel::load`: bzImage extraction, then linux-loader's ELF loader
+/// into guest memory, then the zero page) on damaged ELF and bzImage kernels.
+#[test]
+fn kernel_loader_survives_damaged_kernels() {
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    let elf = tiny_vmlinux(&[0xf4; 256]);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&elf).unwrap();
+    let bz = bzimage_with(&gz.finish().unwrap());
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kernel");
+    for seed in [&elf, &bz] {
+        std::fs::write(&path, seed).unwrap();
+        vmm::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
+            .expect("the seed kernel loads");
+    }
+    // A tenth of the cases: each one writes a file and loads it into guest memory.
+    let n = (cases() / 10).max(30);
+    fuzz_n("kernel-loader", n, vec![elf, bz], bzimage_alloc_cap, |b| {
+        std::fs::write(&path, b).unwrap();
+        let _ = vmm::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
+            .map_err(|e| e.to_string());
+    });
+}
+
+/// The RDPMC site finder (`pmu::rdpmc::find_sites`, `find_sites_flat`) on damaged kernels: it
+/// decodes the guest kernel's code, which the user supplies.
+#[test]
+fn rdpmc_site_finder_survives_damaged_kernels() {
+    use vmm::pmu::rdpmc;
+    // mov ecx, 0x40000000; rdpmc; ret, between halts.
+    let code = [
+        &[0xf4u8; 16][..],
+        &[0xb9, 0x00, 0x00, 0x00, 0x40, 0x0f, 0x33, 0xc3],
+        &[0xf4; 16],
+    ]
+    .concat();
+    let elf = tiny_vmlinux(&code);
+    let sites = rdpmc::find_sites(&elf).expect("the seed kernel decodes");
+    assert_eq!(sites.len(), 1, "{sites:?}");
+    fuzz(
+        "rdpmc-sites",
+        vec![elf, code],
+        |n| alloc_cap(n, 64),
+        |b| {
+            let _ = rdpmc::find_sites(b).map_err(|e| e.to_string());
+            let _ = rdpmc::find_sites_flat(b, 0x10_0000).map_err(|e| e.to_string());
+            let _ = rdpmc::find_sites_flat(b, u64::MAX - 8).map_err(|e| e.to_string());
+        },
+    );
+}
+
+/// Regression: code whose addresses wrap past 2^64 (a flat image at the top of the address
+/// space, or an ELF section or segment placed there) made the RDPMC site finder's offset
+/// arithmetic overflow (a panic in debug builds).
+#[test]
+fn rdpmc_code_that_wraps_the_address_space_is_refused() {
+    use vmm::pmu::rdpmc;
+    let code = [0xb9, 0x00, 0x00, 0x00, 0x40, 0x0f, 0x33, 0xc3];
+    let e = rdpmc::find_sites_flat(&code, u64::MAX - 4).unwrap_err();
+    assert!(e.to_string().contains("wraps"), "{e}");
+    let mut elf = tiny_vmlinux(&code);
+    // The segment's vaddr near the top: no section headers, so the segment is the code.
+    elf[64 + 16..64 + 24].copy_from_slice(&(u64::MAX - 4).to_le_bytes());
+    let e = rdpmc::find_sites(&elf).unwrap_err();
+    assert!(e.to_string().contains("wraps"), "{e}");
+}
