@@ -28,6 +28,8 @@ pub const INTEL_FAMILY: u32 = 6;
 /// Model number of the Intel identity: listed nowhere in Linux (6.1's intel-family.h lists
 /// 0x09..0xCF with gaps; 0x6B is one of the gaps), so no model-specific code runs.
 pub const INTEL_MODEL: u32 = 0x6b;
+// >= 0xE: init_intel takes the constant-TSC, fast-string and PAT paths of a modern CPU.
+const _: () = assert!(INTEL_MODEL >= 0x0e && INTEL_MODEL <= 0xff);
 /// Stepping of the Intel identity.
 pub const INTEL_STEPPING: u32 = 1;
 /// Brand string (CPUID 0x80000002-4), NUL-padded to 48 bytes.
@@ -332,8 +334,6 @@ mod tests {
             0xb6, 0xb7, 0xba, 0xbd, 0xbe, 0xbf, 0xc5, 0xc6, 0xcc, 0xcf, 0xdd,
         ];
         assert!(!listed.contains(&INTEL_MODEL));
-        // >= 0xE: constant TSC, fast-string and PAT paths of a modern CPU in init_intel.
-        assert!(INTEL_MODEL >= 0x0e);
     }
 
     #[test]
