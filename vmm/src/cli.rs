@@ -212,7 +212,10 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// Virtual PMU and how the guest is charged.
     #[arg(long, value_enum, default_value_t = VpmuSetting::Off)]
     pub vpmu: VpmuSetting,
-    /// PMU the guest sees (auto: the host CPU's vendor).
+    /// PMU the guest sees (auto: the host CPU's vendor). intel on a host that is not Intel makes
+    /// the whole guest CPU Intel, not only its PMU MSRs: vendor GenuineIntel, family 6 model
+    /// 0x6b (a model no Linux lists, so the guest takes its generic Intel paths and its Intel PMU
+    /// driver), Intel-only features hidden, Intel cache/topology leaves. amd keeps the host's CPU.
     #[arg(long, value_enum, default_value_t = ModelChoice::Auto)]
     pub pmu_model: ModelChoice,
     /// Where virtual counts come from: soft = perf software task-clock (runs anywhere; only cycle

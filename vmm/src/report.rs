@@ -72,6 +72,12 @@ pub fn print(r: &RunReport) {
                 );
             }
         }
+        if p.rdpmc_fixed > 0 {
+            eprintln!(
+                "[vpmu-vmm]   {} of the RDPMCs read a fixed counter",
+                p.rdpmc_fixed
+            );
+        }
         if let Some(f) = &r.pmu_event_filter {
             let per: Vec<String> = p
                 .filter_blocked_by_vcpu

@@ -33,7 +33,7 @@ use crate::pmu::{
     self, backend::PerfBackend, perf::HostPerf, BackendChoice, ModelChoice, PmuStats, VcpuPmu,
 };
 use crate::seccomp::{self, ThreadKind};
-use crate::vcpu::{cpuid, kick, regs, ticker::Ticker, VcpuRunner};
+use crate::vcpu::{cpuid, identity, kick, regs, ticker::Ticker, VcpuRunner};
 
 pub const MIN_MEMORY_MIB: u64 = 32;
 pub const MAX_MEMORY_MIB: u64 = layout::MMIO_HOLE_START >> 20;
@@ -660,6 +660,19 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     let supported = hv
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+    // `--pmu-model intel` on a host that is not Intel: the whole CPU identity is Intel.
+    let guest_cpuid = match cfg.pmu_model {
+        ModelChoice::Intel if !identity::is_intel(supported.as_slice()) => {
+            log::info!(
+                "guest CPU identity: GenuineIntel family {} model {:#x} (\"{}\"), for --pmu-model intel",
+                identity::INTEL_FAMILY,
+                identity::INTEL_MODEL,
+                identity::INTEL_BRAND
+            );
+            identity::intel(supported.as_slice())
+        }
+        _ => supported.as_slice().to_vec(),
+    };
     let policy = cpuid::CpuidPolicy {
         hide_cx16: quirks.is_some(),
         hide_hypercall_features: quirks.is_some(),
@@ -720,7 +733,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(kvm("KVM_CREATE_VCPU"))?;
-        let mut table = cpuid::for_vcpu(supported.as_slice(), id, cfg.vcpus, policy);
+        let mut table = cpuid::for_vcpu(&guest_cpuid, id, cfg.vcpus, policy);
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let vcpu_pmu = match &vpmu_plan {
             None => None,

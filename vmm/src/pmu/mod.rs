@@ -26,12 +26,15 @@ pub enum BackendChoice {
     Hw,
 }
 
-/// Which PMU the guest sees.
+/// Which PMU (and, for Intel on a non-Intel host, which CPU) the guest sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ModelChoice {
     /// Follow the guest's CPUID vendor (the host's).
     Auto,
+    /// Intel arch perfmon v2; on a host that is not Intel the whole guest CPU becomes a generic
+    /// Intel one (GenuineIntel, family 6, a model no kernel lists: `vcpu::identity`).
     Intel,
+    /// AMD counters (the CPU identity stays the host's).
     Amd,
 }
 
@@ -58,6 +61,9 @@ pub struct PmuStats {
     pub gp_faults: u64,
     /// Rewritten guest RDPMCs answered from the vPMU.
     pub rdpmc_reads: u64,
+    /// Of `rdpmc_reads`, those of Intel fixed counters (ECX bit 30): the guest's driver put an
+    /// event (e.g. its NMI watchdog's cycles) on a fixed counter.
+    pub rdpmc_fixed: u64,
     /// RDMSRs of an RDPMC index number from elsewhere (answered by KVM).
     pub rdpmc_genuine_msr: u64,
     /// PMIs delivered and RDPMCs served, per accounting mode ([`mode::index`]).
@@ -86,6 +92,9 @@ pub struct PmuStats {
 
 pub const MAX_PMI_TSCS: usize = 1024;
 
+/// RDPMC ECX bit 30: an Intel fixed counter.
+const RDPMC_FIXED: u32 = 1 << 30;
+
 /// Counts taken in one accounting mode.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ModeCounts {
@@ -99,6 +108,7 @@ impl PmuStats {
         self.msr_writes += o.msr_writes;
         self.gp_faults += o.gp_faults;
         self.rdpmc_reads += o.rdpmc_reads;
+        self.rdpmc_fixed += o.rdpmc_fixed;
         self.rdpmc_genuine_msr += o.rdpmc_genuine_msr;
         for (a, b) in self.by_mode.iter_mut().zip(&o.by_mode) {
             a.pmis += b.pmis;
@@ -160,6 +170,9 @@ impl MsrHandler for VcpuPmu {
             if cpu.rip().is_some_and(|rip| self.rdpmc.is_site(rip)) {
                 self.stats.rdpmc_reads += 1;
                 self.in_mode().rdpmc_reads += 1;
+                if index & RDPMC_FIXED != 0 {
+                    self.stats.rdpmc_fixed += 1;
+                }
                 return self.pmu.rdpmc(index).map_err(|f| {
                     self.stats.gp_faults += 1;
                     log::debug!("rdpmc {index:#x}: #GP ({f:?})");

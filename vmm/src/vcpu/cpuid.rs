@@ -1,5 +1,6 @@
 //! Guest CPUID: KVM's supported table, normalised per vCPU (APIC ids, topology, hypervisor bit),
-//! with the host-quirk adjustments applied. (The PMU leaves are the vPMU's: `pmu::setup`.)
+//! with the host-quirk adjustments applied. (The PMU leaves are the vPMU's: `pmu::setup`; the
+//! vendor identity, when it differs from the host's, is [`super::identity`], applied before.)
 //! A pure function over the entries so it is unit-tested without /dev/kvm.
 
 use kvm_bindings::kvm_cpuid_entry2;
@@ -36,6 +37,7 @@ pub fn for_vcpu(
     n: u32,
     policy: CpuidPolicy,
 ) -> Vec<kvm_cpuid_entry2> {
+    let intel = super::identity::is_intel(supported);
     let mut out = Vec::with_capacity(supported.len());
     for e in supported {
         let mut e = *e;
@@ -51,9 +53,18 @@ pub fn for_vcpu(
                     e.ecx &= !LEAF1_ECX_CX16;
                 }
             }
-            (4, _) => {
-                // Intel deterministic cache parameters: cores per package in EAX[31:26].
-                e.eax = (e.eax & 0x03ff_ffff) | ((n.next_power_of_two() - 1) << 26);
+            (4, _) if e.eax & 0x1f != 0 => {
+                // Intel deterministic cache parameters: cores per package in EAX[31:26]; the
+                // threads sharing the cache in EAX[25:14]: one per core for L1/L2, the whole
+                // package for L3 and beyond (a null entry, which ends the list, is left alone).
+                let level = (e.eax >> 5) & 0x7;
+                let sharing = if level >= 3 {
+                    n.next_power_of_two() - 1
+                } else {
+                    0
+                };
+                e.eax =
+                    (e.eax & 0x0000_3fff) | (sharing << 14) | ((n.next_power_of_two() - 1) << 26);
             }
             (0xb, sub) | (0x1f, sub) => {
                 // Extended topology: one thread per core, n cores.
@@ -86,7 +97,8 @@ pub fn for_vcpu(
                 // No TOPOEXT: Linux then takes the core count from 0x80000008.
                 e.ecx &= !EXT1_ECX_TOPOEXT;
             }
-            (0x8000_0008, _) => {
+            // AMD's core count (Intel leaves ECX reserved).
+            (0x8000_0008, _) if !intel => {
                 e.ecx = (e.ecx & !0xf0ff) | (id_bits(n) << 12) | (n - 1);
             }
             (0x8000_001e, _) => continue,
@@ -187,5 +199,60 @@ mod tests {
         );
         // PMU leaves are left alone here (the vPMU edits them).
         assert_eq!(find(&t, 0xa, 0).unwrap().eax, 0x0730_0402);
+    }
+
+    /// What Linux 6.1's Intel topology code (detect_extended_topology, intel_num_cpu_cores,
+    /// init_intel_cacheinfo) makes of vCPU `id`'s table: (package, core, cores per package,
+    /// threads sharing the LLC).
+    fn linux_intel_view(t: &[kvm_cpuid_entry2]) -> (u32, u32, u32, u32) {
+        let l0 = find(t, 0xb, 0).unwrap();
+        assert_eq!((l0.ecx >> 8) & 0xff, 1, "subleaf 0 must be the SMT level");
+        assert_ne!(l0.ebx, 0, "leaf 0xB must be valid");
+        let apicid = l0.edx;
+        let (mut core_shift, mut cores) = (l0.eax & 0x1f, l0.ebx & 0xffff);
+        let mut sub = 1;
+        loop {
+            let e = find(t, 0xb, sub).unwrap_or_else(|| panic!("0xB subleaf {sub} missing"));
+            match (e.ecx >> 8) & 0xff {
+                0 => break,
+                2 => (core_shift, cores) = (e.eax & 0x1f, e.ebx & 0xffff),
+                _ => {}
+            }
+            assert_eq!(e.edx, apicid, "x2APIC id differs between subleaves");
+            sub += 1;
+            assert!(sub < 8, "leaf 0xB does not end");
+        }
+        let smt_shift = l0.eax & 0x1f;
+        let package = apicid >> core_shift;
+        let core = (apicid & ((1 << core_shift) - 1)) >> smt_shift;
+        let llc = (0..)
+            .map_while(|i| find(t, 4, i).filter(|e| e.eax & 0x1f != 0))
+            .last()
+            .map_or(0, |e| ((e.eax >> 14) & 0xfff) + 1);
+        (package, core, cores, llc)
+    }
+
+    #[test]
+    fn an_intel_identity_has_one_package_of_n_cores() {
+        let amd = crate::vcpu::identity::tests_support::amd_host();
+        let intel = crate::vcpu::identity::intel(&amd);
+        for n in [1u32, 2, 3, 4] {
+            for id in 0..n {
+                let t = for_vcpu(&intel, id, n, CpuidPolicy::default());
+                let (package, core, cores, llc) = linux_intel_view(&t);
+                assert_eq!((package, core, cores), (0, id, n), "n={n} id={id}");
+                assert!(llc >= n, "the L3 is shared by all {n} vCPUs: {llc}");
+                let l1 = find(&t, 1, 0).unwrap();
+                assert_eq!(l1.ebx >> 24, id, "initial APIC id");
+                assert_eq!(l1.edx & LEAF1_EDX_HTT != 0, n > 1);
+                // Intel's legacy core count (leaf 4 EAX[31:26] + 1) covers n.
+                let l4 = find(&t, 4, 0).unwrap();
+                assert!((l4.eax >> 26) + 1 >= n);
+                // L1 is per core.
+                assert_eq!((l4.eax >> 14) & 0xfff, 0);
+                // Intel leaves 0x80000008 ECX reserved.
+                assert_eq!(find(&t, 0x8000_0008, 0).unwrap().ecx, 0);
+            }
+        }
     }
 }

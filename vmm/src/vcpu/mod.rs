@@ -3,6 +3,7 @@
 
 pub mod cpuid;
 pub mod guest_cpu;
+pub mod identity;
 pub mod kick;
 pub mod lapic;
 pub mod last_exits;
