@@ -15,11 +15,14 @@
 //!    with R11 (which only SYSCALL sets that way). A user jump to LSTAR, any other user #PF and
 //!    every kernel #PF are real faults: the relay steps over the displaced instruction and the
 //!    guest's handler runs as usual.
-//! 3. **Complete** the system call: CS = STAR[47:32] (DPL0, 64-bit), SS = CS + 8, RIP = LSTAR,
-//!    RSP = the user RSP, RFLAGS = the masked user RFLAGS (RF clear); RCX and R11 keep what SYSCALL
-//!    put there; the #PF frame is dropped. One KVM register round trip (regs + sregs), the frame
-//!    read through a software page walk, and LSTAR/STAR/SFMASK cached per vCPU (re-read only when
-//!    a fault looks like a system call but does not match them).
+//! 3. **Complete** the system call: RIP = LSTAR, RSP = the user RSP, RFLAGS = the masked user
+//!    RFLAGS (RF clear); RCX and R11 keep what SYSCALL put there; the #PF frame is dropped. The
+//!    #PF delivery already put the vCPU at CPL0 with CS = the gate's selector, which for Linux is
+//!    STAR[47:32]: then only the general registers are written (see [`complete_syscall`]);
+//!    otherwise CS and SS are set as SYSCALL sets them. Per system call: KVM_GET_REGS,
+//!    KVM_GET_SREGS, KVM_SET_REGS, the frame read through a software page walk (no ioctl), and
+//!    LSTAR/STAR/SFMASK cached per vCPU (re-read only when a fault looks like a system call but
+//!    does not match them).
 //! 4. **Keep it installed.** After every exit the vCPU loop checks the patched byte (one memory
 //!    read); if the guest rewrote its handler entry (alternatives patching), the relay decodes the
 //!    new instruction and patches it again.
@@ -43,6 +46,8 @@ pub const MSR_SFMASK: u32 = 0xc000_0084;
 const VECTOR_PF: u64 = 14;
 /// #PF error code of an instruction fetch from a present supervisor page at CPL3: P | U/S | I/D.
 pub const PF_ERR_SYSCALL: u64 = 0x15;
+/// The I/D bit: the CPU reports it only with EFER.NXE or CR4.SMEP set.
+const PF_ERR_FETCH: u64 = 0x10;
 const RFLAGS_RESERVED_1: u64 = 1 << 1;
 const RFLAGS_AC: u64 = 1 << 18;
 const RFLAGS_RF: u64 = 1 << 16;
@@ -122,13 +127,31 @@ impl PfKind {
     }
 }
 
-/// Tells the cases apart from the frame, CR2, R11 (which SYSCALL sets to the user RFLAGS) and the
-/// vCPU's SYSCALL MSRs.
-pub fn classify(frame: &PfFrame, cr2: u64, r11: u64, msrs: &SyscallMsrs) -> PfKind {
+/// The error code the CPU gives the #PF of a CPL3 fetch from a present supervisor page: the I/D
+/// bit is there only when the guest has EFER.NXE or CR4.SMEP set (Linux has NXE).
+pub fn syscall_error_code(sregs: &kvm_sregs) -> u64 {
+    const EFER_NXE: u64 = 1 << 11;
+    const CR4_SMEP: u64 = 1 << 20;
+    if sregs.efer & EFER_NXE != 0 || sregs.cr4 & CR4_SMEP != 0 {
+        PF_ERR_SYSCALL
+    } else {
+        PF_ERR_SYSCALL & !PF_ERR_FETCH
+    }
+}
+
+/// Tells the cases apart from the frame, CR2, R11 (which SYSCALL sets to the user RFLAGS), the
+/// vCPU's SYSCALL MSRs and the error code a fetch fault has on it ([`syscall_error_code`]).
+pub fn classify(
+    frame: &PfFrame,
+    cr2: u64,
+    r11: u64,
+    msrs: &SyscallMsrs,
+    fetch_error: u64,
+) -> PfKind {
     if !frame.user() {
         return PfKind::KernelFault;
     }
-    if frame.error != PF_ERR_SYSCALL || frame.rip != msrs.lstar || cr2 != msrs.lstar {
+    if frame.error != fetch_error || frame.rip != msrs.lstar || cr2 != msrs.lstar {
         return PfKind::UserFault;
     }
     // SYSCALL cleared every SFMASK bit (user code always runs with IF set, so a jump shows IF) and
@@ -145,8 +168,8 @@ pub fn classify(frame: &PfFrame, cr2: u64, r11: u64, msrs: &SyscallMsrs) -> PfKi
 
 /// Whether a fault that did not match the cached MSRs looks enough like a system call that the
 /// MSRs may have changed (a user fetch fault at CR2 = RIP, with IF clear).
-fn syscall_shaped(frame: &PfFrame, cr2: u64) -> bool {
-    frame.user() && frame.error == PF_ERR_SYSCALL && frame.rip == cr2 && frame.rflags & 0x200 == 0
+fn syscall_shaped(frame: &PfFrame, cr2: u64, fetch_error: u64) -> bool {
+    frame.user() && frame.error == fetch_error && frame.rip == cr2 && frame.rflags & 0x200 == 0
 }
 
 /// CS and SS as SYSCALL loads them from STAR[47:32].
@@ -178,18 +201,34 @@ pub fn kernel_segments(star: u64) -> (kvm_segment, kvm_segment) {
 }
 
 /// Applies the end state of SYSCALL to registers that hold the #PF handler's entry state.
+/// Returns whether the segment registers had to change too (then they must be written back).
+///
+/// The #PF delivery has already switched to CPL0: CS is the IDT gate's selector (Linux's
+/// `__KERNEL_CS`, the same as STAR[47:32]) and SS the null selector that 64-bit exception delivery
+/// loads. When CS already is STAR's kernel CS, only RIP, RSP and RFLAGS change and the segments
+/// are left as delivered: SS stays null instead of STAR[47:32] + 8, which a 64-bit kernel never
+/// reads (SYSRET and IRET reload it). That saves a KVM_SET_SREGS per system call, and its side
+/// effects (it rewrites every segment, control register and the APIC base).
 pub fn complete_syscall(
     frame: &PfFrame,
     msrs: &SyscallMsrs,
     regs: &mut kvm_regs,
     sregs: &mut kvm_sregs,
-) {
+) -> bool {
     regs.rip = msrs.lstar;
     regs.rsp = frame.rsp;
     regs.rflags = (frame.rflags & !RFLAGS_RF) | RFLAGS_RESERVED_1;
     let (cs, ss) = kernel_segments(msrs.star);
+    let cs_ok = sregs.cs.selector == cs.selector
+        && sregs.cs.dpl == 0
+        && sregs.cs.l == 1
+        && sregs.cs.present == 1;
+    if cs_ok {
+        return false;
+    }
     sregs.cs = cs;
     sregs.ss = ss;
+    true
 }
 
 /// The instruction the int3 displaces, and what stepping over it must do.
@@ -509,21 +548,23 @@ impl VcpuRelay {
             Some(m) => m,
             None => *self.msrs.insert(cpu.syscall_msrs()?),
         };
-        let mut kind = classify(&frame, sregs.cr2, regs.r11, &msrs);
-        if kind != PfKind::SystemCall && syscall_shaped(&frame, sregs.cr2) {
+        let fetch_error = syscall_error_code(&sregs);
+        let mut kind = classify(&frame, sregs.cr2, regs.r11, &msrs, fetch_error);
+        if kind != PfKind::SystemCall && syscall_shaped(&frame, sregs.cr2, fetch_error) {
             // Looks like a system call against MSRs we may hold stale: read them again.
             let fresh = cpu.syscall_msrs()?;
             if fresh != msrs {
                 self.msrs = Some(fresh);
                 self.shared.fixups.record(kinds::MSR_REFRESH);
-                kind = classify(&frame, sregs.cr2, regs.r11, &fresh);
+                kind = classify(&frame, sregs.cr2, regs.r11, &fresh, fetch_error);
             }
         }
         match kind {
             PfKind::SystemCall => {
                 let msrs = self.msrs.unwrap_or(msrs);
-                complete_syscall(&frame, &msrs, &mut regs, &mut sregs);
-                cpu.set_sregs(&sregs)?;
+                if complete_syscall(&frame, &msrs, &mut regs, &mut sregs) {
+                    cpu.set_sregs(&sregs)?;
+                }
                 cpu.set_regs(&regs)?;
             }
             _ => {
@@ -577,14 +618,31 @@ mod tests {
     #[test]
     fn a_syscall_fault_is_a_system_call() {
         assert_eq!(
-            classify(&syscall_frame(), LSTAR, 0x646, &MSRS),
+            classify(&syscall_frame(), LSTAR, 0x646, &MSRS, 0x15),
             PfKind::SystemCall
         );
         // RF in R11 (set by a debug trap before the SYSCALL) does not change that.
         assert_eq!(
-            classify(&syscall_frame(), LSTAR, 0x10646, &MSRS),
+            classify(&syscall_frame(), LSTAR, 0x10646, &MSRS, 0x15),
             PfKind::SystemCall
         );
+    }
+
+    #[test]
+    fn without_nx_or_smep_the_fetch_fault_has_no_id_bit() {
+        let mut sregs = kvm_sregs::default();
+        assert_eq!(syscall_error_code(&sregs), 0x5);
+        sregs.efer = 1 << 11;
+        assert_eq!(syscall_error_code(&sregs), 0x15);
+        sregs.efer = 0;
+        sregs.cr4 = 1 << 20;
+        assert_eq!(syscall_error_code(&sregs), 0x15);
+        let f = PfFrame {
+            error: 0x5,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&f, LSTAR, 0x646, &MSRS, 0x5), PfKind::SystemCall);
+        assert_eq!(classify(&f, LSTAR, 0x646, &MSRS, 0x15), PfKind::UserFault);
     }
 
     #[test]
@@ -594,21 +652,21 @@ mod tests {
             rflags: 0x10246,
             ..syscall_frame()
         };
-        assert_eq!(classify(&f, LSTAR, 0x246, &MSRS), PfKind::UserJumpToLstar);
+        assert_eq!(classify(&f, LSTAR, 0x246, &MSRS, 0x15), PfKind::UserJumpToLstar);
         // With IF clear (an IOPL-3 process that did `cli`) its IOPL bits still show.
         let f = PfFrame {
             rflags: 0x13046,
             ..syscall_frame()
         };
-        assert_eq!(classify(&f, LSTAR, 0x3046, &MSRS), PfKind::UserJumpToLstar);
+        assert_eq!(classify(&f, LSTAR, 0x3046, &MSRS, 0x15), PfKind::UserJumpToLstar);
         // A guest whose SFMASK masks nothing: R11 must still agree with the frame's flags.
         let open = SyscallMsrs { sfmask: 0, ..MSRS };
         let f = PfFrame {
             rflags: 0x10246,
             ..syscall_frame()
         };
-        assert_eq!(classify(&f, LSTAR, 0x1234, &open), PfKind::UserJumpToLstar);
-        assert_eq!(classify(&f, LSTAR, 0x246, &open), PfKind::SystemCall);
+        assert_eq!(classify(&f, LSTAR, 0x1234, &open, 0x15), PfKind::UserJumpToLstar);
+        assert_eq!(classify(&f, LSTAR, 0x246, &open, 0x15), PfKind::SystemCall);
     }
 
     #[test]
@@ -620,7 +678,7 @@ mod tests {
             ..syscall_frame()
         };
         assert_eq!(
-            classify(&user_read, 0x1234_5000, 0x646, &MSRS),
+            classify(&user_read, 0x1234_5000, 0x646, &MSRS, 0x15),
             PfKind::UserFault
         );
         // A user fetch fault elsewhere (e.g. jumping to a kernel address other than LSTAR).
@@ -628,10 +686,10 @@ mod tests {
             rip: LSTAR + 0x10,
             ..syscall_frame()
         };
-        assert_eq!(classify(&fetch, LSTAR + 0x10, 0x646, &MSRS), PfKind::UserFault);
+        assert_eq!(classify(&fetch, LSTAR + 0x10, 0x646, &MSRS, 0x15), PfKind::UserFault);
         // Same frame but CR2 elsewhere: not what a SYSCALL leaves.
         assert_eq!(
-            classify(&syscall_frame(), LSTAR + 1, 0x646, &MSRS),
+            classify(&syscall_frame(), LSTAR + 1, 0x646, &MSRS, 0x15),
             PfKind::UserFault
         );
         // Write fault at LSTAR from user mode.
@@ -639,13 +697,13 @@ mod tests {
             error: 0x7,
             ..syscall_frame()
         };
-        assert_eq!(classify(&write, LSTAR, 0x646, &MSRS), PfKind::UserFault);
+        assert_eq!(classify(&write, LSTAR, 0x646, &MSRS, 0x15), PfKind::UserFault);
         // A kernel fault, even one that looks like the system call's.
         let kernel = PfFrame {
             cs: 0x10,
             ..syscall_frame()
         };
-        assert_eq!(classify(&kernel, LSTAR, 0x646, &MSRS), PfKind::KernelFault);
+        assert_eq!(classify(&kernel, LSTAR, 0x646, &MSRS, 0x15), PfKind::KernelFault);
     }
 
     #[test]
@@ -674,7 +732,8 @@ mod tests {
             ..Default::default()
         };
         let mut sregs = kvm_sregs::default();
-        complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut sregs);
+        // A gate whose CS is not STAR's: both segments are set as SYSCALL sets them.
+        assert!(complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut sregs));
         assert_eq!(regs.rip, LSTAR);
         assert_eq!(regs.rsp, 0x7ffd_0000_1000);
         assert_eq!(regs.rflags, 0x46);
@@ -683,6 +742,12 @@ mod tests {
         assert_eq!((sregs.cs.type_, sregs.cs.db, sregs.cs.present), (11, 0, 1));
         assert_eq!((sregs.ss.selector, sregs.ss.dpl, sregs.ss.db), (0x18, 0, 1));
         assert_eq!((sregs.ss.type_, sregs.ss.l), (3, 0));
+        // Linux's gate CS is STAR's kernel CS already: segments are left as the #PF loaded them.
+        let mut delivered = kvm_sregs::default();
+        delivered.cs = kernel_segments(STAR).0;
+        let before = delivered;
+        assert!(!complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut delivered));
+        assert_eq!(delivered.ss.selector, before.ss.selector);
     }
 
     #[test]
@@ -834,7 +899,7 @@ mod tests {
             cr0: CR0_PG | 1,
             cr3: CR3,
             cr4: 0x20,
-            efer: EFER_LMA | (1 << 8),
+            efer: EFER_LMA | (1 << 8) | (1 << 11),
             cr2,
             ..Default::default()
         };
@@ -883,6 +948,7 @@ mod tests {
         assert_eq!((r.rip, r.rsp, r.rflags), (LSTAR, 0x7ffd_0000_1000, 0x46));
         assert_eq!((r.rcx, r.r11), (0x40_102e, 0x646));
         assert_eq!((s.cs.selector, s.cs.dpl, s.ss.selector), (0x10, 0, 0x18));
+        // The fake's gate CS (selector 0x10 but not a full 64-bit code segment) needed sregs.
         // Second system call: the MSRs are not read again; one sregs + one regs write each.
         *cpu.regs.borrow_mut() = kvm_regs {
             rip: HANDLER,
@@ -897,7 +963,7 @@ mod tests {
             Ok(Handled::Done(PfKind::SystemCall))
         );
         assert_eq!(*cpu.msr_reads.borrow(), reads);
-        assert_eq!(*cpu.sets.borrow(), 2);
+        assert_eq!(*cpu.sets.borrow(), 1, "CS is already the kernel's: one KVM_SET_REGS only");
         assert_eq!(
             fixups.snapshot(),
             vec![(kinds::SYSCALL, 2)],
