@@ -37,6 +37,14 @@ start:
     movq $(SUPERVISOR | 0x83), pd+24(%rip)
     lea pml4(%rip), %rax
     mov %rax, %cr3
+    // --- SSE for user code (CR4.OSFXSR | OSXMMEXCPT; CR0.MP, EM clear)
+    mov %cr4, %rax
+    or $0x600, %rax
+    mov %rax, %cr4
+    mov %cr0, %rax
+    and $~4, %rax
+    or $2, %rax
+    mov %rax, %cr0
     // --- GDT (Linux layout) with a 64-bit TSS at 0x40
     lea tss(%rip), %rax
     lea gdt+64(%rip), %rdi
@@ -215,7 +223,9 @@ user_start:
     or %rdx, %rax
     mov %rax, %r14                  // TSC at start
     mov $N, %r13
-1:  mov %r13, %rax
+1:  movq %r13, %xmm0                // SSE state must survive the relay's exit to the VMM
+    movq %r13, %xmm7
+    mov %r13, %rax
     mov $7, %rdi
     syscall
     lea 7(%r13), %rcx               // expected return (RCX is free after SYSCALL)
@@ -234,16 +244,30 @@ user_start:
     test $0x200, %rax
     jnz 5f
     inc %r12
-5:  dec %r13
+5:  movq %xmm0, %rax
+    cmp %r13, %rax
+    je 11f
+    inc %r12
+11: movq %xmm7, %rax
+    cmp %r13, %rax
+    je 12f
+    inc %r12
+12: dec %r13
     jnz 1b
     rdtsc
     shl $32, %rdx
     or %rdx, %rax
     sub %r14, %rax
     push %rax                       // cycles for N system calls
-    // user #PF: not present
-    lea 6f(%rip), %r15
+    // user #PF: not present (with a pattern in xmm0 that must survive it)
+    mov $0x5a5a1234, %eax
+    movq %rax, %xmm0
+    lea 13f(%rip), %r15
     mov NOT_PRESENT, %rax
+13: movq %xmm0, %rax
+    cmp $0x5a5a1234, %rax
+    je 6f
+    inc %r12
 6:  // user read of a supervisor page
     lea 7f(%rip), %r15
     mov SUPERVISOR, %rax
