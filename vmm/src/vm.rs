@@ -728,6 +728,8 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         source: e,
     })?;
     let fixups = Arc::new(FixupCounts::default());
+    // Guest user space where the host leaves SYSCALL half done (host quirks only).
+    let relay = quirks.map(|_| host_quirks::syscall_relay::SyscallRelay::new(fixups.clone()));
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
         let fd = vm
@@ -795,6 +797,9 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             const_msrs: !cfg.const_msrs.is_empty(),
             recorder: None,
             last_exits: Default::default(),
+            relay: relay
+                .clone()
+                .map(host_quirks::syscall_relay::VcpuRelay::new),
         });
     }
     let mut recording = match runners.first().filter(|_| cfg.record.is_on()) {

@@ -8,9 +8,12 @@
 //!   host's emulator lacks (see [`KERNEL_OPTIONS`]);
 //! * at run time, only on `KVM_EXIT_INTERNAL_ERROR` / emulation failure: [`emulate`] decodes the
 //!   guest instruction and does what the CPU would have done, where that is simple and safe.
-//!   Each kind of fix-up is logged once and counted; the counts are printed when the VM ends.
+//!   Each kind of fix-up is logged once and counted; the counts are printed when the VM ends;
+//! * guest user space: [`syscall_relay`] completes the guest's SYSCALLs, which these hosts leave
+//!   half done (an int3 over the guest's #PF handler brings each #PF to the VMM).
 
 pub mod emulate;
+pub mod syscall_relay;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -191,3 +191,46 @@ impl GuestCpu for KvmGuestCpu<'_> {
         Ok(())
     }
 }
+
+/// The SYSCALL relay's view of a KVM vCPU (host quirks only).
+pub struct RelayKvm<'a>(pub &'a VcpuFd);
+
+impl crate::host_quirks::syscall_relay::RelayVcpu for RelayKvm<'_> {
+    fn get_regs(&self) -> Result<kvm_regs, String> {
+        self.0.get_regs().map_err(|e| format!("KVM_GET_REGS: {e}"))
+    }
+    fn set_regs(&self, regs: &kvm_regs) -> Result<(), String> {
+        self.0.set_regs(regs).map_err(|e| format!("KVM_SET_REGS: {e}"))
+    }
+    fn get_sregs(&self) -> Result<kvm_sregs, String> {
+        self.0.get_sregs().map_err(|e| format!("KVM_GET_SREGS: {e}"))
+    }
+    fn set_sregs(&self, sregs: &kvm_sregs) -> Result<(), String> {
+        self.0
+            .set_sregs(sregs)
+            .map_err(|e| format!("KVM_SET_SREGS: {e}"))
+    }
+    fn syscall_msrs(&self) -> Result<crate::host_quirks::syscall_relay::SyscallMsrs, String> {
+        use crate::host_quirks::syscall_relay::{MSR_LSTAR, MSR_SFMASK, MSR_STAR};
+        let entry = |index| kvm_bindings::kvm_msr_entry {
+            index,
+            ..Default::default()
+        };
+        let mut msrs =
+            kvm_bindings::Msrs::from_entries(&[entry(MSR_STAR), entry(MSR_LSTAR), entry(MSR_SFMASK)])
+                .map_err(|e| e.to_string())?;
+        let n = self
+            .0
+            .get_msrs(&mut msrs)
+            .map_err(|e| format!("KVM_GET_MSRS: {e}"))?;
+        if n != 3 {
+            return Err(format!("KVM_GET_MSRS read {n} of the 3 SYSCALL MSRs"));
+        }
+        let v = msrs.as_slice();
+        Ok(crate::host_quirks::syscall_relay::SyscallMsrs {
+            star: v[0].data,
+            lstar: v[1].data,
+            sfmask: v[2].data,
+        })
+    }
+}

@@ -50,6 +50,9 @@ pub struct VcpuRunner {
     pub recorder: Option<crate::trace::recorder::VcpuRecorder>,
     /// The last exits, for the diagnostic of a bad end, and the no-progress check.
     pub last_exits: last_exits::LastExits,
+    /// The SYSCALL relay (host quirks only: guest user space on hosts that emulate guest
+    /// kernel code).
+    pub relay: Option<host_quirks::syscall_relay::VcpuRelay>,
 }
 
 impl VcpuRunner {
@@ -122,6 +125,9 @@ impl VcpuRunner {
             }
             if let Some(r) = &mut self.recorder {
                 r.after_exit(&self.fd);
+            }
+            if let Some(r) = &self.relay {
+                r.after_exit(&guest_cpu::RelayKvm(&self.fd), &self.mem);
             }
             if let Some(t) = &mut self.ticker {
                 t.poll();
@@ -288,6 +294,14 @@ impl VcpuRunner {
                 internal.suberror,
                 &internal.data[..n]
             )));
+        }
+        if let Some(relay) = &mut self.relay {
+            use host_quirks::syscall_relay::Handled;
+            match relay.on_emulation_failure(&guest_cpu::RelayKvm(&self.fd), &self.mem) {
+                Ok(Handled::Done(_)) => return Ok(()),
+                Ok(Handled::NotOurs) => {}
+                Err(e) => return Err(VmEnd::KvmFailure(format!("vCPU {}: {e}", self.id))),
+            }
         }
         let mut cpu = guest_cpu::KvmGuestCpu::new(&self.fd, &self.mem)
             .map_err(|e| VmEnd::KvmFailure(format!("reading vCPU {} registers: {e}", self.id)))?;

@@ -1,0 +1,1074 @@
+//! Completing guest SYSCALLs on hosts whose KVM emulates guest kernel code (shared/HOST-FACTS.md,
+//! "Guest user space"): there, SYSCALL at guest CPL3 does everything but the privilege switch
+//! (RIP = LSTAR, RCX/R11 set, SFMASK applied, CS/SS left at CPL3), and the instruction fetch at
+//! LSTAR then raises a #PF (error 0x15) that would kill the guest's process. The relay makes that
+//! #PF reach the VMM and finishes the system call the way the CPU would have:
+//!
+//! 1. **Install.** Once the guest has an LSTAR and an IDT, the first byte of its #PF handler
+//!    (vector 14's gate) is overwritten with `int3`. An int3 at CPL0 is an emulation failure on
+//!    these hosts, so every #PF then exits to the VMM at the handler's first instruction. Only an
+//!    instruction the relay can step over is displaced (NOP forms, ENDBR64, CLAC); otherwise the
+//!    relay says once why guest user space will not run, and stays off.
+//! 2. **Classify** the exception frame on the guest's kernel stack, as the CPU would tell the cases
+//!    apart: a system call is a user-mode (CPL3) instruction-fetch fault on a present page
+//!    (error 0x15) at LSTAR with CR2 = LSTAR, whose RFLAGS have every SFMASK bit clear and agree
+//!    with R11 (which only SYSCALL sets that way). A user jump to LSTAR, any other user #PF and
+//!    every kernel #PF are real faults: the relay steps over the displaced instruction and the
+//!    guest's handler runs as usual.
+//! 3. **Complete** the system call: RIP = LSTAR, RSP = the user RSP, RFLAGS = the masked user
+//!    RFLAGS (RF clear); RCX and R11 keep what SYSCALL put there; the #PF frame is dropped. The
+//!    #PF delivery already put the vCPU at CPL0 with CS = the gate's selector, which for Linux is
+//!    STAR[47:32]: then only the general registers are written (see [`complete_syscall`]);
+//!    otherwise CS and SS are set as SYSCALL sets them. Per system call: KVM_GET_REGS,
+//!    KVM_GET_SREGS, KVM_SET_REGS, the frame read through a software page walk (no ioctl), and
+//!    LSTAR/STAR/SFMASK cached per vCPU (re-read only when a fault looks like a system call but
+//!    does not match them).
+//! 4. **Keep it installed.** After every exit the vCPU loop checks the patched byte (one memory
+//!    read); if the guest rewrote its handler entry (alternatives patching), the relay decodes the
+//!    new instruction and patches it again.
+//!
+//! The relay is on only with host quirks (never on a VT-x/SVM host, where an int3 in the #PF
+//! handler would reach the guest as #BP). Its counts go to the end-of-run fix-up report.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
+use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::FixupCounts;
+
+pub const MSR_STAR: u32 = 0xc000_0081;
+pub const MSR_LSTAR: u32 = 0xc000_0082;
+pub const MSR_SFMASK: u32 = 0xc000_0084;
+
+const VECTOR_PF: u64 = 14;
+/// #PF error code of an instruction fetch from a present supervisor page at CPL3: P | U/S | I/D.
+pub const PF_ERR_SYSCALL: u64 = 0x15;
+/// The I/D bit: the CPU reports it only with EFER.NXE or CR4.SMEP set.
+const PF_ERR_FETCH: u64 = 0x10;
+const RFLAGS_RESERVED_1: u64 = 1 << 1;
+const RFLAGS_AC: u64 = 1 << 18;
+const RFLAGS_RF: u64 = 1 << 16;
+const INT3: u8 = 0xcc;
+
+/// The fix-up report's names for what the relay did.
+pub mod kinds {
+    pub const SYSCALL: &str = "syscall relay: system calls completed";
+    pub const USER_PF: &str = "syscall relay: user #PF passed to the guest";
+    pub const KERNEL_PF: &str = "syscall relay: kernel #PF passed to the guest";
+    pub const USER_JUMP: &str = "syscall relay: user jump to LSTAR passed to the guest (#PF)";
+    pub const REINSTALLED: &str = "syscall relay: re-installed after the guest rewrote its #PF entry";
+    pub const MSR_REFRESH: &str = "syscall relay: LSTAR/STAR/SFMASK re-read";
+}
+
+/// The guest's SYSCALL MSRs, as one vCPU has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyscallMsrs {
+    pub star: u64,
+    pub lstar: u64,
+    pub sfmask: u64,
+}
+
+/// The 64-bit exception frame at the #PF handler's first instruction: error code, RIP, CS,
+/// RFLAGS, RSP, SS (each 8 bytes, from RSP up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PfFrame {
+    pub error: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub rflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+}
+
+impl PfFrame {
+    pub const LEN: usize = 48;
+
+    pub fn from_bytes(b: &[u8; Self::LEN]) -> Self {
+        let q = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        PfFrame {
+            error: q(0),
+            rip: q(1),
+            cs: q(2),
+            rflags: q(3),
+            rsp: q(4),
+            ss: q(5),
+        }
+    }
+
+    fn user(&self) -> bool {
+        self.cs & 3 == 3
+    }
+}
+
+/// What a #PF that reached the relay is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PfKind {
+    /// The fault SYSCALL at CPL3 leaves behind here: complete the system call.
+    SystemCall,
+    /// A real user-mode page fault: the guest's handler deals with it.
+    UserFault,
+    /// A user-mode jump (not a SYSCALL) to LSTAR: the real #PF the CPU raises for it.
+    UserJumpToLstar,
+    /// A page fault in the guest kernel.
+    KernelFault,
+}
+
+impl PfKind {
+    fn report_name(self) -> &'static str {
+        match self {
+            PfKind::SystemCall => kinds::SYSCALL,
+            PfKind::UserFault => kinds::USER_PF,
+            PfKind::UserJumpToLstar => kinds::USER_JUMP,
+            PfKind::KernelFault => kinds::KERNEL_PF,
+        }
+    }
+}
+
+/// The error code the CPU gives the #PF of a CPL3 fetch from a present supervisor page: the I/D
+/// bit is there only when the guest has EFER.NXE or CR4.SMEP set (Linux has NXE).
+pub fn syscall_error_code(sregs: &kvm_sregs) -> u64 {
+    const EFER_NXE: u64 = 1 << 11;
+    const CR4_SMEP: u64 = 1 << 20;
+    if sregs.efer & EFER_NXE != 0 || sregs.cr4 & CR4_SMEP != 0 {
+        PF_ERR_SYSCALL
+    } else {
+        PF_ERR_SYSCALL & !PF_ERR_FETCH
+    }
+}
+
+/// Tells the cases apart from the frame, CR2, R11 (which SYSCALL sets to the user RFLAGS), the
+/// vCPU's SYSCALL MSRs and the error code a fetch fault has on it ([`syscall_error_code`]).
+pub fn classify(
+    frame: &PfFrame,
+    cr2: u64,
+    r11: u64,
+    msrs: &SyscallMsrs,
+    fetch_error: u64,
+) -> PfKind {
+    if !frame.user() {
+        return PfKind::KernelFault;
+    }
+    if frame.error != fetch_error || frame.rip != msrs.lstar || cr2 != msrs.lstar {
+        return PfKind::UserFault;
+    }
+    // SYSCALL cleared every SFMASK bit (user code always runs with IF set, so a jump shows IF) and
+    // saved the unmasked flags in R11.
+    let flags = frame.rflags & !RFLAGS_RF;
+    let from_syscall =
+        flags & msrs.sfmask == 0 && flags == (r11 & !msrs.sfmask & !RFLAGS_RF) | RFLAGS_RESERVED_1;
+    if from_syscall {
+        PfKind::SystemCall
+    } else {
+        PfKind::UserJumpToLstar
+    }
+}
+
+/// Whether a fault that did not match the cached MSRs looks enough like a system call that the
+/// MSRs may have changed (a user fetch fault at CR2 = RIP, with IF clear).
+fn syscall_shaped(frame: &PfFrame, cr2: u64, fetch_error: u64) -> bool {
+    frame.user() && frame.error == fetch_error && frame.rip == cr2 && frame.rflags & 0x200 == 0
+}
+
+/// CS and SS as SYSCALL loads them from STAR[47:32].
+pub fn kernel_segments(star: u64) -> (kvm_segment, kvm_segment) {
+    let sel = ((star >> 32) & 0xfffc) as u16;
+    let cs = kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector: sel,
+        type_: 11,
+        present: 1,
+        dpl: 0,
+        db: 0,
+        s: 1,
+        l: 1,
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    };
+    let ss = kvm_segment {
+        selector: sel + 8,
+        type_: 3,
+        db: 1,
+        l: 0,
+        ..cs
+    };
+    (cs, ss)
+}
+
+/// Applies the end state of SYSCALL to registers that hold the #PF handler's entry state.
+/// Returns whether the segment registers had to change too (then they must be written back).
+///
+/// The #PF delivery has already switched to CPL0: CS is the IDT gate's selector (Linux's
+/// `__KERNEL_CS`, the same as STAR[47:32]) and SS the null selector that 64-bit exception delivery
+/// loads. When CS already is STAR's kernel CS, only RIP, RSP and RFLAGS change and the segments
+/// are left as delivered: SS stays null instead of STAR[47:32] + 8, which a 64-bit kernel never
+/// reads (SYSRET and IRET reload it). That saves a KVM_SET_SREGS per system call, and its side
+/// effects (it rewrites every segment, control register and the APIC base).
+pub fn complete_syscall(
+    frame: &PfFrame,
+    msrs: &SyscallMsrs,
+    regs: &mut kvm_regs,
+    sregs: &mut kvm_sregs,
+) -> bool {
+    regs.rip = msrs.lstar;
+    regs.rsp = frame.rsp;
+    regs.rflags = (frame.rflags & !RFLAGS_RF) | RFLAGS_RESERVED_1;
+    let (cs, ss) = kernel_segments(msrs.star);
+    let cs_ok = sregs.cs.selector == cs.selector
+        && sregs.cs.dpl == 0
+        && sregs.cs.l == 1
+        && sregs.cs.present == 1;
+    if cs_ok {
+        return false;
+    }
+    sregs.cs = cs;
+    sregs.ss = ss;
+    true
+}
+
+/// The instruction the int3 displaces, and what stepping over it must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Displaced {
+    /// NOP forms and ENDBR64: nothing.
+    Nop(u8),
+    /// CLAC: clear RFLAGS.AC.
+    Clac(u8),
+}
+
+impl Displaced {
+    pub fn len(self) -> u8 {
+        match self {
+            Displaced::Nop(n) | Displaced::Clac(n) => n,
+        }
+    }
+}
+
+/// Decodes the handler's first instruction; Ok if the relay can stand in for it, else the
+/// instruction's text (for the message that says why guest user space will not run).
+pub fn displaceable(bytes: &[u8], ip: u64) -> Result<Displaced, String> {
+    let mut dec = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
+    let instr = dec.decode();
+    let len = instr.len() as u8;
+    match instr.mnemonic() {
+        _ if instr.is_invalid() => Err(format!("invalid bytes {:02x?}", &bytes[..bytes.len().min(4)])),
+        Mnemonic::Nop | Mnemonic::Endbr64 => Ok(Displaced::Nop(len)),
+        Mnemonic::Clac => Ok(Displaced::Clac(len)),
+        _ => {
+            let mut text = String::new();
+            IntelFormatter::new().format(&instr, &mut text);
+            Err(format!("`{text}`"))
+        }
+    }
+}
+
+/// The handler address in a 16-byte 64-bit IDT gate, if the gate is a present interrupt or trap
+/// gate.
+pub fn idt_gate_target(gate: &[u8; 16]) -> Option<u64> {
+    let attr = gate[5];
+    let present = attr & 0x80 != 0;
+    let kind = attr & 0x1f;
+    if !present || !(kind == 0x0e || kind == 0x0f) {
+        return None;
+    }
+    let lo = u64::from(u16::from_le_bytes([gate[0], gate[1]]));
+    let mid = u64::from(u16::from_le_bytes([gate[6], gate[7]]));
+    let hi = u64::from(u32::from_le_bytes(gate[8..12].try_into().unwrap()));
+    Some(lo | (mid << 16) | (hi << 32))
+}
+
+/// Guest-virtual to guest-physical through the guest's own page tables (4- or 5-level, 4 KiB,
+/// 2 MiB and 1 GiB pages), reading them straight from guest memory: no ioctl. None if the
+/// address is not mapped (or a table is outside guest memory).
+pub fn translate(mem: &GuestMemoryMmap, cr3: u64, la57: bool, va: u64) -> Option<u64> {
+    const PRESENT: u64 = 1;
+    const HUGE: u64 = 1 << 7;
+    const ADDR: u64 = 0x000f_ffff_ffff_f000;
+    let levels: u32 = if la57 { 5 } else { 4 };
+    let mut table = cr3 & ADDR;
+    for level in (1..=levels).rev() {
+        let shift = 12 + 9 * (level - 1);
+        let index = (va >> shift) & 0x1ff;
+        let entry: u64 = mem.read_obj(GuestAddress(table + index * 8)).ok()?;
+        if entry & PRESENT == 0 {
+            return None;
+        }
+        if level == 1 || (entry & HUGE != 0 && level <= 3) {
+            let page_mask = (1u64 << shift) - 1;
+            return Some((entry & ADDR & !page_mask) | (va & page_mask));
+        }
+        table = entry & ADDR;
+    }
+    None
+}
+
+/// Reads guest-virtual memory through [`translate`], page by page.
+pub fn read_virt(mem: &GuestMemoryMmap, cr3: u64, la57: bool, va: u64, buf: &mut [u8]) -> bool {
+    let mut done = 0;
+    while done < buf.len() {
+        let a = va.wrapping_add(done as u64);
+        let n = ((0x1000 - (a & 0xfff)) as usize).min(buf.len() - done);
+        let Some(pa) = translate(mem, cr3, la57, a) else {
+            return false;
+        };
+        if mem.read_slice(&mut buf[done..done + n], GuestAddress(pa)).is_err() {
+            return false;
+        }
+        done += n;
+    }
+    true
+}
+
+const CR4_LA57: u64 = 1 << 12;
+const CR0_PG: u64 = 1 << 31;
+const EFER_LMA: u64 = 1 << 10;
+
+/// What the relay needs from a KVM vCPU (a fake in tests).
+pub trait RelayVcpu {
+    fn get_regs(&self) -> Result<kvm_regs, String>;
+    fn set_regs(&self, regs: &kvm_regs) -> Result<(), String>;
+    fn get_sregs(&self) -> Result<kvm_sregs, String>;
+    fn set_sregs(&self, sregs: &kvm_sregs) -> Result<(), String>;
+    fn syscall_msrs(&self) -> Result<SyscallMsrs, String>;
+}
+
+/// Where the int3 sits (shared by all vCPUs: the handler is in the guest's shared kernel text).
+#[derive(Default)]
+struct Patch {
+    /// Guest-virtual address of the handler (0: not installed).
+    gva: AtomicU64,
+    /// Its guest-physical address.
+    gpa: AtomicU64,
+    /// Length of the displaced instruction; bit 7 set: it is CLAC.
+    displaced: AtomicU8,
+}
+
+/// The relay of one VM.
+pub struct SyscallRelay {
+    patch: Patch,
+    /// Serialises (re)installation.
+    install: Mutex<()>,
+    /// Set when the relay cannot be installed (said once); no more attempts.
+    refused: AtomicBool,
+    fixups: Arc<FixupCounts>,
+}
+
+/// What the relay made of an emulation failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Not the patched handler: the ordinary fix-ups should look at it.
+    NotOurs,
+    /// Done: the vCPU can run on.
+    Done(PfKind),
+}
+
+impl SyscallRelay {
+    pub fn new(fixups: Arc<FixupCounts>) -> Arc<Self> {
+        Arc::new(SyscallRelay {
+            patch: Patch::default(),
+            install: Mutex::new(()),
+            refused: AtomicBool::new(false),
+            fixups,
+        })
+    }
+
+    pub fn installed_at(&self) -> Option<u64> {
+        match self.patch.gva.load(Ordering::Acquire) {
+            0 => None,
+            a => Some(a),
+        }
+    }
+
+    fn displaced(&self) -> Displaced {
+        let d = self.patch.displaced.load(Ordering::Acquire);
+        if d & 0x80 != 0 {
+            Displaced::Clac(d & 0x7f)
+        } else {
+            Displaced::Nop(d)
+        }
+    }
+
+    fn refuse(&self, why: String) {
+        if !self.refused.swap(true, Ordering::AcqRel) {
+            log::warn!("syscall relay: guest user space will NOT run on this host: {why}");
+        }
+    }
+
+    /// Patches the handler at `gva` (physical `gpa`) if its first instruction can be displaced.
+    fn patch_at(&self, mem: &GuestMemoryMmap, gva: u64, gpa: u64) -> Result<Displaced, String> {
+        let mut bytes = [0u8; 15];
+        let n = (0x1000 - (gpa & 0xfff) as usize).min(15);
+        mem.read_slice(&mut bytes[..n], GuestAddress(gpa))
+            .map_err(|e| format!("reading the #PF handler at {gva:#x}: {e}"))?;
+        let d = displaceable(&bytes[..n], gva)
+            .map_err(|i| format!("the #PF handler at {gva:#x} starts with {i}, which the relay cannot step over"))?;
+        mem.write_obj(INT3, GuestAddress(gpa))
+            .map_err(|e| format!("patching the #PF handler at {gva:#x}: {e}"))?;
+        let code = match d {
+            Displaced::Nop(n) => n,
+            Displaced::Clac(n) => n | 0x80,
+        };
+        self.patch.displaced.store(code, Ordering::Release);
+        self.patch.gpa.store(gpa, Ordering::Release);
+        self.patch.gva.store(gva, Ordering::Release);
+        Ok(d)
+    }
+
+    /// Installs the int3 once the guest has an LSTAR and a #PF gate (called after exits until it
+    /// is installed or refused). Returns whether it is installed now.
+    pub fn try_install(&self, cpu: &dyn RelayVcpu, mem: &GuestMemoryMmap) -> bool {
+        if self.installed_at().is_some() {
+            return true;
+        }
+        if self.refused.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(msrs) = cpu.syscall_msrs() else {
+            return false;
+        };
+        if msrs.lstar == 0 {
+            return false;
+        }
+        let Ok(sregs) = cpu.get_sregs() else {
+            return false;
+        };
+        if sregs.cr0 & CR0_PG == 0 || sregs.efer & EFER_LMA == 0 {
+            return false;
+        }
+        if u64::from(sregs.idt.limit) < VECTOR_PF * 16 + 15 {
+            return false;
+        }
+        let la57 = sregs.cr4 & CR4_LA57 != 0;
+        let mut gate = [0u8; 16];
+        if !read_virt(mem, sregs.cr3, la57, sregs.idt.base + VECTOR_PF * 16, &mut gate) {
+            return false;
+        }
+        let Some(handler) = idt_gate_target(&gate) else {
+            return false;
+        };
+        let Some(gpa) = translate(mem, sregs.cr3, la57, handler) else {
+            return false;
+        };
+        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
+        if self.installed_at().is_some() {
+            return true;
+        }
+        match self.patch_at(mem, handler, gpa) {
+            Ok(d) => {
+                log::info!(
+                    "syscall relay: int3 over the guest's #PF handler at {handler:#x} ({d:?}); \
+                     LSTAR {:#x}: guest system calls are completed by the VMM",
+                    msrs.lstar
+                );
+                true
+            }
+            Err(why) => {
+                self.refuse(why);
+                false
+            }
+        }
+    }
+
+    /// After every exit: installs the relay when the guest is ready, and puts the int3 back if
+    /// the guest rewrote the handler's first bytes. Costs one memory read once installed.
+    pub fn after_exit(&self, cpu: &dyn RelayVcpu, mem: &GuestMemoryMmap) {
+        let gva = self.patch.gva.load(Ordering::Acquire);
+        if gva == 0 {
+            if !self.refused.load(Ordering::Relaxed) {
+                self.try_install(cpu, mem);
+            }
+            return;
+        }
+        let gpa = self.patch.gpa.load(Ordering::Acquire);
+        if mem.read_obj::<u8>(GuestAddress(gpa)).ok() == Some(INT3) {
+            return;
+        }
+        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
+        if mem.read_obj::<u8>(GuestAddress(gpa)).ok() == Some(INT3) {
+            return;
+        }
+        match self.patch_at(mem, gva, gpa) {
+            Ok(d) => {
+                if self.fixups.record(kinds::REINSTALLED) {
+                    log::info!("syscall relay: the guest rewrote its #PF handler entry; int3 put back over {d:?}");
+                }
+            }
+            Err(why) => {
+                self.patch.gva.store(0, Ordering::Release);
+                self.refuse(format!("after the guest rewrote it, {why}"));
+            }
+        }
+    }
+}
+
+/// One vCPU's view of the relay: its SYSCALL MSRs, read once and kept.
+pub struct VcpuRelay {
+    pub shared: Arc<SyscallRelay>,
+    msrs: Option<SyscallMsrs>,
+}
+
+impl VcpuRelay {
+    pub fn new(shared: Arc<SyscallRelay>) -> Self {
+        VcpuRelay { shared, msrs: None }
+    }
+
+    pub fn after_exit(&self, cpu: &dyn RelayVcpu, mem: &GuestMemoryMmap) {
+        self.shared.after_exit(cpu, mem);
+    }
+
+    /// An emulation failure: if the vCPU stopped on the patched handler, relay the system call
+    /// or step over the displaced instruction.
+    pub fn on_emulation_failure(
+        &mut self,
+        cpu: &dyn RelayVcpu,
+        mem: &GuestMemoryMmap,
+    ) -> Result<Handled, String> {
+        let Some(handler) = self.shared.installed_at() else {
+            return Ok(Handled::NotOurs);
+        };
+        let mut regs = cpu.get_regs()?;
+        if regs.rip != handler {
+            return Ok(Handled::NotOurs);
+        }
+        let mut sregs = cpu.get_sregs()?;
+        let la57 = sregs.cr4 & CR4_LA57 != 0;
+        let mut raw = [0u8; PfFrame::LEN];
+        if !read_virt(mem, sregs.cr3, la57, regs.rsp, &mut raw) {
+            return Err(format!(
+                "syscall relay: cannot read the #PF frame at RSP {:#x}",
+                regs.rsp
+            ));
+        }
+        let frame = PfFrame::from_bytes(&raw);
+        let msrs = match self.msrs {
+            Some(m) => m,
+            None => *self.msrs.insert(cpu.syscall_msrs()?),
+        };
+        let fetch_error = syscall_error_code(&sregs);
+        let mut kind = classify(&frame, sregs.cr2, regs.r11, &msrs, fetch_error);
+        if kind != PfKind::SystemCall && syscall_shaped(&frame, sregs.cr2, fetch_error) {
+            // Looks like a system call against MSRs we may hold stale: read them again.
+            let fresh = cpu.syscall_msrs()?;
+            if fresh != msrs {
+                self.msrs = Some(fresh);
+                self.shared.fixups.record(kinds::MSR_REFRESH);
+                kind = classify(&frame, sregs.cr2, regs.r11, &fresh, fetch_error);
+            }
+        }
+        match kind {
+            PfKind::SystemCall => {
+                let msrs = self.msrs.unwrap_or(msrs);
+                if complete_syscall(&frame, &msrs, &mut regs, &mut sregs) {
+                    cpu.set_sregs(&sregs)?;
+                }
+                cpu.set_regs(&regs)?;
+            }
+            _ => {
+                let d = self.shared.displaced();
+                regs.rip = handler + u64::from(d.len());
+                if let Displaced::Clac(_) = d {
+                    regs.rflags &= !RFLAGS_AC;
+                }
+                cpu.set_regs(&regs)?;
+            }
+        }
+        if self.shared.fixups.record(kind.report_name()) {
+            log::info!(
+                "{} (first: frame RIP {:#x} CS {:#x} error {:#x})",
+                kind.report_name(),
+                frame.rip,
+                frame.cs,
+                frame.error
+            );
+        }
+        Ok(Handled::Done(kind))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    const STAR: u64 = 0x0023_0010_0000_0000;
+    const LSTAR: u64 = 0xffff_ffff_8140_0040;
+    const SFMASK: u64 = 0x47700;
+    const MSRS: SyscallMsrs = SyscallMsrs {
+        star: STAR,
+        lstar: LSTAR,
+        sfmask: SFMASK,
+    };
+
+    fn syscall_frame() -> PfFrame {
+        // As measured (HOST-FACTS): err 0x15, RIP = LSTAR, CS 0x33, RFLAGS 0x10046, SS 0x2b.
+        PfFrame {
+            error: 0x15,
+            rip: LSTAR,
+            cs: 0x33,
+            rflags: 0x10046,
+            rsp: 0x7ffd_0000_1000,
+            ss: 0x2b,
+        }
+    }
+
+    #[test]
+    fn a_syscall_fault_is_a_system_call() {
+        assert_eq!(
+            classify(&syscall_frame(), LSTAR, 0x646, &MSRS, 0x15),
+            PfKind::SystemCall
+        );
+        // RF in R11 (set by a debug trap before the SYSCALL) does not change that.
+        assert_eq!(
+            classify(&syscall_frame(), LSTAR, 0x10646, &MSRS, 0x15),
+            PfKind::SystemCall
+        );
+    }
+
+    #[test]
+    fn without_nx_or_smep_the_fetch_fault_has_no_id_bit() {
+        let mut sregs = kvm_sregs::default();
+        assert_eq!(syscall_error_code(&sregs), 0x5);
+        sregs.efer = 1 << 11;
+        assert_eq!(syscall_error_code(&sregs), 0x15);
+        sregs.efer = 0;
+        sregs.cr4 = 1 << 20;
+        assert_eq!(syscall_error_code(&sregs), 0x15);
+        let f = PfFrame {
+            error: 0x5,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&f, LSTAR, 0x646, &MSRS, 0x5), PfKind::SystemCall);
+        assert_eq!(classify(&f, LSTAR, 0x646, &MSRS, 0x15), PfKind::UserFault);
+    }
+
+    #[test]
+    fn a_user_jump_to_lstar_is_a_real_fault() {
+        // A jump keeps IF set (user code cannot clear it): SFMASK bits show.
+        let f = PfFrame {
+            rflags: 0x10246,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&f, LSTAR, 0x246, &MSRS, 0x15), PfKind::UserJumpToLstar);
+        // With IF clear (an IOPL-3 process that did `cli`) its IOPL bits still show.
+        let f = PfFrame {
+            rflags: 0x13046,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&f, LSTAR, 0x3046, &MSRS, 0x15), PfKind::UserJumpToLstar);
+        // A guest whose SFMASK masks nothing: R11 must still agree with the frame's flags.
+        let open = SyscallMsrs { sfmask: 0, ..MSRS };
+        let f = PfFrame {
+            rflags: 0x10246,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&f, LSTAR, 0x1234, &open, 0x15), PfKind::UserJumpToLstar);
+        assert_eq!(classify(&f, LSTAR, 0x246, &open, 0x15), PfKind::SystemCall);
+    }
+
+    #[test]
+    fn other_faults_are_passed_on() {
+        let user_read = PfFrame {
+            error: 0x4,
+            rip: 0x40_1000,
+            rflags: 0x10246,
+            ..syscall_frame()
+        };
+        assert_eq!(
+            classify(&user_read, 0x1234_5000, 0x646, &MSRS, 0x15),
+            PfKind::UserFault
+        );
+        // A user fetch fault elsewhere (e.g. jumping to a kernel address other than LSTAR).
+        let fetch = PfFrame {
+            rip: LSTAR + 0x10,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&fetch, LSTAR + 0x10, 0x646, &MSRS, 0x15), PfKind::UserFault);
+        // Same frame but CR2 elsewhere: not what a SYSCALL leaves.
+        assert_eq!(
+            classify(&syscall_frame(), LSTAR + 1, 0x646, &MSRS, 0x15),
+            PfKind::UserFault
+        );
+        // Write fault at LSTAR from user mode.
+        let write = PfFrame {
+            error: 0x7,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&write, LSTAR, 0x646, &MSRS, 0x15), PfKind::UserFault);
+        // A kernel fault, even one that looks like the system call's.
+        let kernel = PfFrame {
+            cs: 0x10,
+            ..syscall_frame()
+        };
+        assert_eq!(classify(&kernel, LSTAR, 0x646, &MSRS, 0x15), PfKind::KernelFault);
+    }
+
+    #[test]
+    fn frames_decode_in_push_order() {
+        let mut b = [0u8; 48];
+        for (i, v) in [0x15u64, LSTAR, 0x33, 0x10046, 0x1000, 0x2b].iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(
+            PfFrame::from_bytes(&b),
+            PfFrame {
+                rsp: 0x1000,
+                ..syscall_frame()
+            }
+        );
+    }
+
+    #[test]
+    fn completion_sets_what_syscall_would() {
+        let mut regs = kvm_regs {
+            rip: 0xffff_ffff_8160_0000,
+            rsp: 0xffff_c900_0000_3f58,
+            rflags: 0x46,
+            rcx: 0x40_102e,
+            r11: 0x646,
+            ..Default::default()
+        };
+        let mut sregs = kvm_sregs::default();
+        // A gate whose CS is not STAR's: both segments are set as SYSCALL sets them.
+        assert!(complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut sregs));
+        assert_eq!(regs.rip, LSTAR);
+        assert_eq!(regs.rsp, 0x7ffd_0000_1000);
+        assert_eq!(regs.rflags, 0x46);
+        assert_eq!((regs.rcx, regs.r11), (0x40_102e, 0x646));
+        assert_eq!((sregs.cs.selector, sregs.cs.dpl, sregs.cs.l), (0x10, 0, 1));
+        assert_eq!((sregs.cs.type_, sregs.cs.db, sregs.cs.present), (11, 0, 1));
+        assert_eq!((sregs.ss.selector, sregs.ss.dpl, sregs.ss.db), (0x18, 0, 1));
+        assert_eq!((sregs.ss.type_, sregs.ss.l), (3, 0));
+        // Linux's gate CS is STAR's kernel CS already: segments are left as the #PF loaded them.
+        let mut delivered = kvm_sregs::default();
+        delivered.cs = kernel_segments(STAR).0;
+        let before = delivered;
+        assert!(!complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut delivered));
+        assert_eq!(delivered.ss.selector, before.ss.selector);
+    }
+
+    #[test]
+    fn only_instructions_with_no_effect_or_clac_are_displaced() {
+        assert_eq!(displaceable(&[0x90, 0x90, 0x90], 0), Ok(Displaced::Nop(1)));
+        assert_eq!(displaceable(&[0x0f, 0x1f, 0x00], 0), Ok(Displaced::Nop(3)));
+        assert_eq!(displaceable(&[0x66, 0x90], 0), Ok(Displaced::Nop(2)));
+        assert_eq!(
+            displaceable(&[0xf3, 0x0f, 0x1e, 0xfa], 0),
+            Ok(Displaced::Nop(4))
+        );
+        assert_eq!(displaceable(&[0x0f, 0x01, 0xca], 0), Ok(Displaced::Clac(3)));
+        let e = displaceable(&[0x48, 0x89, 0xe5], 0).unwrap_err();
+        assert!(e.contains("mov"), "{e}");
+        assert!(displaceable(&[0x0f, 0xff], 0).is_err());
+        assert!(displaceable(&[], 0).is_err());
+    }
+
+    #[test]
+    fn idt_gates_decode() {
+        let target: u64 = 0xffff_ffff_8160_0b20;
+        let mut g = [0u8; 16];
+        g[0..2].copy_from_slice(&(target as u16).to_le_bytes());
+        g[2..4].copy_from_slice(&0x10u16.to_le_bytes());
+        g[5] = 0x8e;
+        g[6..8].copy_from_slice(&((target >> 16) as u16).to_le_bytes());
+        g[8..12].copy_from_slice(&((target >> 32) as u32).to_le_bytes());
+        assert_eq!(idt_gate_target(&g), Some(target));
+        g[5] = 0x8f;
+        assert_eq!(idt_gate_target(&g), Some(target));
+        g[5] = 0x0e; // not present
+        assert_eq!(idt_gate_target(&g), None);
+        g[5] = 0x85; // task gate
+        assert_eq!(idt_gate_target(&g), None);
+    }
+
+    /// A guest memory with 4-level tables: `va` -> `pa` in 4 KiB pages, plus one 2 MiB page.
+    fn memory() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap()
+    }
+
+    const CR3: u64 = 0x1000;
+
+    fn map_4k(mem: &GuestMemoryMmap, va: u64, pa: u64, next: &mut u64) {
+        let mut table = CR3;
+        for level in (2..=4).rev() {
+            let idx = (va >> (12 + 9 * (level - 1))) & 0x1ff;
+            let slot = GuestAddress(table + idx * 8);
+            let e: u64 = mem.read_obj(slot).unwrap();
+            table = if e & 1 == 0 {
+                *next += 0x1000;
+                mem.write_obj(*next | 3, slot).unwrap();
+                *next
+            } else {
+                e & !0xfff
+            };
+        }
+        let idx = (va >> 12) & 0x1ff;
+        mem.write_obj(pa | 3, GuestAddress(table + idx * 8)).unwrap();
+    }
+
+    #[test]
+    fn page_walk_finds_4k_and_2m_pages() {
+        let mem = memory();
+        let mut next = CR3;
+        map_4k(&mem, LSTAR & !0xfff, 0x30_0000, &mut next);
+        assert_eq!(translate(&mem, CR3, false, LSTAR), Some(0x30_0040));
+        assert_eq!(translate(&mem, CR3, false, LSTAR + 0x1000), None);
+        // A 2 MiB page: PDE with PS set.
+        let va = 0x4000_0000u64; // PML4 0, PDPT 1, PD 0
+        map_4k(&mem, va, 0, &mut next); // builds the tables down to the PT
+        let pdpt: u64 = mem.read_obj(GuestAddress(CR3)).unwrap();
+        let pd: u64 = mem.read_obj(GuestAddress((pdpt & !0xfff) + 8)).unwrap();
+        mem.write_obj(0x20_0000u64 | 0x83, GuestAddress(pd & !0xfff))
+            .unwrap();
+        assert_eq!(translate(&mem, CR3, false, va + 0x1234), Some(0x20_1234));
+        // A table pointer outside guest memory: not mapped, no panic.
+        mem.write_obj(0xfff_ffff_f003u64, GuestAddress(CR3 + 8)).unwrap();
+        assert_eq!(translate(&mem, CR3, false, 1 << 39), None);
+    }
+
+    /// A fake vCPU sitting at the patched #PF handler with a frame on its stack.
+    struct Fake {
+        regs: RefCell<kvm_regs>,
+        sregs: RefCell<kvm_sregs>,
+        msrs: RefCell<SyscallMsrs>,
+        msr_reads: RefCell<u32>,
+        sets: RefCell<u32>,
+    }
+
+    impl RelayVcpu for Fake {
+        fn get_regs(&self) -> Result<kvm_regs, String> {
+            Ok(*self.regs.borrow())
+        }
+        fn set_regs(&self, r: &kvm_regs) -> Result<(), String> {
+            *self.sets.borrow_mut() += 1;
+            *self.regs.borrow_mut() = *r;
+            Ok(())
+        }
+        fn get_sregs(&self) -> Result<kvm_sregs, String> {
+            Ok(*self.sregs.borrow())
+        }
+        fn set_sregs(&self, s: &kvm_sregs) -> Result<(), String> {
+            *self.sets.borrow_mut() += 1;
+            *self.sregs.borrow_mut() = *s;
+            Ok(())
+        }
+        fn syscall_msrs(&self) -> Result<SyscallMsrs, String> {
+            *self.msr_reads.borrow_mut() += 1;
+            Ok(*self.msrs.borrow())
+        }
+    }
+
+    const HANDLER: u64 = 0xffff_ffff_8160_0b20;
+    const HANDLER_PA: u64 = 0x31_0b20;
+    const IDT: u64 = 0xffff_fe00_0000_0000;
+    const IDT_PA: u64 = 0x32_0000;
+    const STACK: u64 = 0xffff_c900_0000_3f00;
+    const STACK_PA: u64 = 0x33_0f00;
+
+    /// Guest memory with an IDT whose #PF gate points at a handler starting with `entry`, a
+    /// kernel stack holding `frame`, and a vCPU stopped at the handler.
+    fn guest(entry: &[u8], frame: &PfFrame, cr2: u64) -> (GuestMemoryMmap, Fake) {
+        let mem = memory();
+        let mut next = CR3;
+        map_4k(&mem, HANDLER & !0xfff, HANDLER_PA & !0xfff, &mut next);
+        map_4k(&mem, IDT, IDT_PA, &mut next);
+        map_4k(&mem, STACK & !0xfff, STACK_PA & !0xfff, &mut next);
+        mem.write_slice(entry, GuestAddress(HANDLER_PA)).unwrap();
+        let mut gate = [0u8; 16];
+        gate[0..2].copy_from_slice(&(HANDLER as u16).to_le_bytes());
+        gate[5] = 0x8e;
+        gate[6..8].copy_from_slice(&((HANDLER >> 16) as u16).to_le_bytes());
+        gate[8..12].copy_from_slice(&((HANDLER >> 32) as u32).to_le_bytes());
+        mem.write_slice(&gate, GuestAddress(IDT_PA + 14 * 16)).unwrap();
+        let words = [
+            frame.error,
+            frame.rip,
+            frame.cs,
+            frame.rflags,
+            frame.rsp,
+            frame.ss,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            mem.write_obj(*w, GuestAddress(STACK_PA + 8 * i as u64))
+                .unwrap();
+        }
+        let mut sregs = kvm_sregs {
+            cr0: CR0_PG | 1,
+            cr3: CR3,
+            cr4: 0x20,
+            efer: EFER_LMA | (1 << 8) | (1 << 11),
+            cr2,
+            ..Default::default()
+        };
+        sregs.idt.base = IDT;
+        sregs.idt.limit = 0xfff;
+        sregs.cs.selector = 0x10;
+        let regs = kvm_regs {
+            rip: HANDLER,
+            rsp: STACK,
+            rflags: 0x46 | 0x10000,
+            rcx: 0x40_102e,
+            r11: 0x646,
+            ..Default::default()
+        };
+        let cpu = Fake {
+            regs: RefCell::new(regs),
+            sregs: RefCell::new(sregs),
+            msrs: RefCell::new(MSRS),
+            msr_reads: RefCell::new(0),
+            sets: RefCell::new(0),
+        };
+        (mem, cpu)
+    }
+
+    fn relay() -> (Arc<SyscallRelay>, Arc<FixupCounts>) {
+        let fixups = Arc::new(FixupCounts::default());
+        (SyscallRelay::new(fixups.clone()), fixups)
+    }
+
+    #[test]
+    fn installs_over_the_handler_and_relays_a_system_call() {
+        let (mem, cpu) = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
+        let (shared, fixups) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        // Not installed yet: the failure is not the relay's.
+        assert_eq!(v.on_emulation_failure(&cpu, &mem), Ok(Handled::NotOurs));
+        v.after_exit(&cpu, &mem);
+        assert_eq!(shared.installed_at(), Some(HANDLER));
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(), INT3);
+        assert_eq!(
+            v.on_emulation_failure(&cpu, &mem),
+            Ok(Handled::Done(PfKind::SystemCall))
+        );
+        let r = *cpu.regs.borrow();
+        let s = *cpu.sregs.borrow();
+        assert_eq!((r.rip, r.rsp, r.rflags), (LSTAR, 0x7ffd_0000_1000, 0x46));
+        assert_eq!((r.rcx, r.r11), (0x40_102e, 0x646));
+        assert_eq!((s.cs.selector, s.cs.dpl, s.ss.selector), (0x10, 0, 0x18));
+        // The fake's gate CS (selector 0x10 but not a full 64-bit code segment) needed sregs.
+        // Second system call: the MSRs are not read again; one sregs + one regs write each.
+        *cpu.regs.borrow_mut() = kvm_regs {
+            rip: HANDLER,
+            rsp: STACK,
+            r11: 0x646,
+            ..Default::default()
+        };
+        let reads = *cpu.msr_reads.borrow();
+        *cpu.sets.borrow_mut() = 0;
+        assert_eq!(
+            v.on_emulation_failure(&cpu, &mem),
+            Ok(Handled::Done(PfKind::SystemCall))
+        );
+        assert_eq!(*cpu.msr_reads.borrow(), reads);
+        assert_eq!(*cpu.sets.borrow(), 1, "CS is already the kernel's: one KVM_SET_REGS only");
+        assert_eq!(
+            fixups.snapshot(),
+            vec![(kinds::SYSCALL, 2)],
+            "counted in the fix-up report"
+        );
+    }
+
+    #[test]
+    fn other_faults_step_over_the_displaced_instruction() {
+        let user = PfFrame {
+            error: 0x6,
+            rip: 0x40_1000,
+            rflags: 0x10246,
+            ..syscall_frame()
+        };
+        let (mem, cpu) = guest(&[0x0f, 0x01, 0xca, 0x90], &user, 0x50_0000);
+        cpu.regs.borrow_mut().rflags |= RFLAGS_AC;
+        let (shared, fixups) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        v.after_exit(&cpu, &mem);
+        assert_eq!(
+            v.on_emulation_failure(&cpu, &mem),
+            Ok(Handled::Done(PfKind::UserFault))
+        );
+        let r = *cpu.regs.borrow();
+        assert_eq!(r.rip, HANDLER + 3, "CLAC stepped over");
+        assert_eq!(r.rflags & RFLAGS_AC, 0, "and done");
+        assert_eq!(cpu.sregs.borrow().cs.selector, 0x10, "segments untouched");
+        // Elsewhere in the kernel: not the relay's.
+        cpu.regs.borrow_mut().rip = HANDLER + 0x40;
+        assert_eq!(v.on_emulation_failure(&cpu, &mem), Ok(Handled::NotOurs));
+        assert_eq!(fixups.snapshot(), vec![(kinds::USER_PF, 1)]);
+    }
+
+    #[test]
+    fn changed_msrs_are_read_again() {
+        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
+        let (shared, _) = relay();
+        let mut v = VcpuRelay::new(shared);
+        v.after_exit(&cpu, &mem);
+        v.msrs = Some(SyscallMsrs {
+            lstar: 0xffff_ffff_8100_0000,
+            ..MSRS
+        });
+        assert_eq!(
+            v.on_emulation_failure(&cpu, &mem),
+            Ok(Handled::Done(PfKind::SystemCall))
+        );
+        assert_eq!(v.msrs, Some(MSRS));
+    }
+
+    #[test]
+    fn unknown_handler_entry_refuses_once_and_leaves_memory_alone() {
+        let (mem, cpu) = guest(&[0x55, 0x48, 0x89, 0xe5], &syscall_frame(), LSTAR);
+        let (shared, _) = relay();
+        let v = VcpuRelay::new(shared.clone());
+        v.after_exit(&cpu, &mem);
+        assert_eq!(shared.installed_at(), None);
+        assert!(shared.refused.load(Ordering::Acquire));
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(), 0x55);
+    }
+
+    #[test]
+    fn not_ready_before_lstar_or_the_idt() {
+        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
+        let (shared, _) = relay();
+        cpu.msrs.borrow_mut().lstar = 0;
+        assert!(!shared.try_install(&cpu, &mem));
+        cpu.msrs.borrow_mut().lstar = LSTAR;
+        cpu.sregs.borrow_mut().idt.limit = 14 * 16;
+        assert!(!shared.try_install(&cpu, &mem));
+        assert!(!shared.refused.load(Ordering::Acquire), "tries again later");
+        cpu.sregs.borrow_mut().idt.limit = 0xfff;
+        assert!(shared.try_install(&cpu, &mem));
+    }
+
+    #[test]
+    fn a_rewritten_entry_is_patched_again() {
+        let (mem, cpu) = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
+        let (shared, fixups) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        v.after_exit(&cpu, &mem);
+        // Alternatives patching turns the three NOPs into one 3-byte NOP.
+        mem.write_slice(&[0x0f, 0x1f, 0x00], GuestAddress(HANDLER_PA))
+            .unwrap();
+        v.after_exit(&cpu, &mem);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(), INT3);
+        assert_eq!(fixups.snapshot(), vec![(kinds::REINSTALLED, 1)]);
+        // A fault now steps over the 3-byte NOP.
+        assert_eq!(shared.displaced(), Displaced::Nop(3));
+        mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap(); // error: user read
+        assert_eq!(
+            v.on_emulation_failure(&cpu, &mem),
+            Ok(Handled::Done(PfKind::UserFault))
+        );
+        assert_eq!(cpu.regs.borrow().rip, HANDLER + 3);
+    }
+
+    #[test]
+    fn an_unreadable_frame_is_an_error_not_a_panic() {
+        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
+        let (shared, _) = relay();
+        let mut v = VcpuRelay::new(shared);
+        v.after_exit(&cpu, &mem);
+        cpu.regs.borrow_mut().rsp = 0xffff_8888_0000_0000;
+        assert!(v.on_emulation_failure(&cpu, &mem).is_err());
+    }
+}
