@@ -2,7 +2,9 @@
 //!
 //! Map of the crate (see docs/architecture.md):
 //! * [`cli`], `main.rs`: command line and exit codes ([`end`]);
-//! * [`vm`]: builds the VM (memory, irqchip, devices, vCPUs) and waits for its end;
+//! * [`vm`]: builds the VM (memory, irqchip, devices, vCPUs) and waits for its end
+//!   ([`vm::config`]: what a run is given);
+//! * [`control`]: the VM's control surface its threads share (end, kicks, latches, controller);
 //! * [`boot`]: memory layout, kernel/bzImage/initramfs loading, ACPI tables;
 //! * [`vcpu`]: CPUID, boot registers, the per-vCPU thread and its KVM_RUN loop;
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
@@ -22,6 +24,7 @@ pub mod boot;
 pub mod cli;
 pub mod compare;
 pub mod console;
+pub mod control;
 pub mod devices;
 pub mod end;
 pub mod exit;
@@ -32,8 +35,8 @@ pub mod net;
 pub mod pmu;
 pub mod profile;
 pub mod report;
-pub mod stop_signal;
 pub mod seccomp;
+pub mod stop_signal;
 pub mod trace;
 pub mod tsc;
 pub mod vcpu;

@@ -93,7 +93,7 @@ pub struct Pinger {
     /// Set by a run-time controller: while true no request falls due (compare's control phase).
     paused: Option<Arc<AtomicBool>>,
     /// Fired at the first good echo reply (the guest's network is up).
-    first_reply: Option<Arc<crate::vm::Latch>>,
+    first_reply: Option<Arc<crate::control::Latch>>,
 }
 
 /// The payload of request `seq`: a pattern that differs from one request to the next.
@@ -123,7 +123,7 @@ impl Pinger {
     pub fn with_handles(
         mut self,
         paused: Arc<AtomicBool>,
-        first_reply: Arc<crate::vm::Latch>,
+        first_reply: Arc<crate::control::Latch>,
     ) -> Self {
         self.paused = Some(paused);
         self.first_reply = Some(first_reply);

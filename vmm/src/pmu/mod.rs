@@ -38,6 +38,28 @@ pub enum ModelChoice {
     Amd,
 }
 
+/// `--vpmu`: whether the guest has a PMU, and in which accounting mode it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum VpmuSetting {
+    /// No PMU in the guest.
+    #[default]
+    Off,
+    /// Counters run only while the vCPU executes guest code.
+    CpuSwitch,
+    /// Counters run whenever the vCPU thread runs, VMM exit handling included.
+    DomainSwitch,
+}
+
+/// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum RdpmcSetting {
+    /// Rewrite each RDPMC in the guest kernel's text to RDMSR and answer it from the vPMU.
+    #[default]
+    Patch,
+    /// Leave RDPMC to KVM (which, on hosts without a PMU, makes it fault).
+    Off,
+}
+
 /// Per-vCPU PMU state on the vCPU thread.
 pub struct VcpuPmu {
     pub pmu: vpmu::Pmu,

@@ -38,8 +38,8 @@ pub enum ProfileClock {
 }
 
 impl ProfileClock {
-    pub fn resolve(self, vpmu: crate::vm::VpmuSetting) -> SampleClock {
-        use crate::vm::VpmuSetting;
+    pub fn resolve(self, vpmu: crate::pmu::VpmuSetting) -> SampleClock {
+        use crate::pmu::VpmuSetting;
         match (self, vpmu) {
             (ProfileClock::Auto, VpmuSetting::CpuSwitch) | (ProfileClock::CpuSwitch, _) => {
                 SampleClock::CpuSwitch
@@ -282,7 +282,7 @@ impl Recording {
         cfg: &RecordConfig,
         vcpus: u32,
         tsc_khz: u32,
-        vpmu: crate::vm::VpmuSetting,
+        vpmu: crate::pmu::VpmuSetting,
         kernel: Option<&std::path::Path>,
         follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
     ) -> Result<Option<Recording>, RecordError> {

@@ -18,13 +18,13 @@ use std::time::Instant;
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
+use crate::control::VmControl;
 use crate::devices::mmio_bus::MmioBus;
 use crate::devices::PioBus;
 use crate::end::VmEnd;
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
 use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
-use crate::vm::VmControl;
 
 /// Everything one vCPU thread owns or shares.
 pub struct VcpuRunner {

@@ -1,10 +1,13 @@
 //! Building a VM (memory, in-kernel irqchip and PIT, devices, vCPUs), running it until it ends,
-//! and the [`VmControl`] the vCPU threads and the main thread share.
+//! and what the run reports ([`run`], [`RunReport`]). What a run is given is in [`config`]; the
+//! control surface its threads share is [`crate::control`] (re-exported here).
+
+pub mod config;
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{
@@ -27,106 +30,17 @@ use crate::devices::{
 };
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
-use crate::host_quirks::{self, FixupCounts, QuirkSetting};
-use crate::net::{self, pinger::Pinger, NetConfig, NetReport};
+use crate::host_quirks::{self, FixupCounts};
+use crate::net::{self, pinger::Pinger, NetReport};
 use crate::pmu::{
     self, backend::PerfBackend, perf::HostPerf, BackendChoice, ModelChoice, PmuStats, VcpuPmu,
 };
 use crate::seccomp::{self, ThreadKind};
 use crate::vcpu::{cpuid, identity, kick, regs, ticker::Ticker, VcpuRunner};
 
-pub const MIN_MEMORY_MIB: u64 = 32;
-pub const MAX_MEMORY_MIB: u64 = layout::MMIO_HOLE_START >> 20;
-pub const MAX_VCPUS: u32 = 8;
-
-/// Base kernel command line; host-quirk options and the user's `--cmdline` are appended.
-pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1 pci=off";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
-pub enum VpmuSetting {
-    /// No PMU in the guest.
-    #[default]
-    Off,
-    /// Counters run only while the vCPU executes guest code.
-    CpuSwitch,
-    /// Counters run whenever the vCPU thread runs, VMM exit handling included.
-    DomainSwitch,
-}
-
-/// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
-pub enum RdpmcSetting {
-    /// Rewrite each RDPMC in the guest kernel's text to RDMSR and answer it from the vPMU.
-    #[default]
-    Patch,
-    /// Leave RDPMC to KVM (which, on hosts without a PMU, makes it fault).
-    Off,
-}
-
-/// What to boot.
-#[derive(Debug, Clone)]
-pub enum Boot {
-    /// A Linux kernel (ELF vmlinux or bzImage) through the 64-bit boot protocol.
-    Linux {
-        kernel: PathBuf,
-        initrd: Option<PathBuf>,
-        cmdline: String,
-    },
-    /// A flat binary (tiny test guests) copied to `load_addr` and entered at `entry`, in real
-    /// mode (CS base 0) or 64-bit long mode (identity-mapped first GiB).
-    Flat {
-        image: Vec<u8>,
-        load_addr: u64,
-        entry: u64,
-        long_mode: bool,
-    },
-}
-
-#[derive(Debug, Clone)]
-pub struct VmConfig {
-    pub boot: Boot,
-    pub memory_mib: u64,
-    pub vcpus: u32,
-    pub vpmu: VpmuSetting,
-    pub serial2: Option<PathBuf>,
-    pub host_quirks: QuirkSetting,
-    pub timeout: Option<Duration>,
-    /// Where guest console output goes (stdout when None).
-    pub console_out: Option<PathBuf>,
-    /// Feed our stdin to the guest console.
-    pub console_in: bool,
-    /// `--pmu-model`, `--vpmu-backend`, `--pmi-limit` (PMIs per second per vCPU, 0 = none).
-    pub pmu_model: ModelChoice,
-    pub pmu_backend: BackendChoice,
-    pub pmi_limit: u32,
-    /// `--rdpmc`: rewrite the guest kernel's RDPMCs so the vPMU answers them.
-    pub rdpmc: RdpmcSetting,
-    /// `--vpmu-schedule`: accounting modes to switch through at run time (vPMU on only).
-    pub vpmu_schedule: Option<pmu::mode::Schedule>,
-    /// `--pmu-event-filter`: events the guest's counters may not count (vPMU on only).
-    pub pmu_event_filter: Option<vpmu::EventFilter>,
-    /// Test device: port I/O to [`devices::delay::DELAY_PORT`] busy-waits this long on the vCPU
-    /// thread (VMM work done for the guest). 0 = no device.
-    pub io_delay_us: u32,
-    /// Benchmark baseline, only with `--vpmu=off`: these MSRs are sent to user space and
-    /// answered with 0 (a bare user-space MSR exit).
-    pub const_msrs: Vec<u32>,
-    /// `--net`: a virtio-net card at [`layout::VIRTIO_NET_MMIO_BASE`] fed by the VMM's pinger.
-    pub net: Option<NetConfig>,
-    /// Drives the running VM from its own thread (None: nothing does).
-    pub controller: Option<Controller>,
-    /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
-    /// from here to the moment the vCPUs may enter KVM_RUN.
-    pub started: Option<Instant>,
-    /// `--trace` / `--host-profile` (off by default).
-    pub record: crate::trace::RecordConfig,
-    /// Test hook: vCPU `.0`'s thread panics at its `.1`-th exit (a stand-in for a VMM bug;
-    /// tests check that the run still ends, with exit code 8 and its outputs closed).
-    pub panic_vcpu_at_exit: Option<(u32, u64)>,
-    /// `--seccomp`: confine every thread of the run, the calling thread included (from the end
-    /// of setup on, for the rest of its life: call `run` on a fresh thread to do more after).
-    pub seccomp: crate::seccomp::SeccompSetting,
-}
+pub use crate::control::{Controller, Latch, VmControl, VmHandles};
+pub use crate::pmu::{RdpmcSetting, VpmuSetting};
+pub use config::{Boot, VmConfig, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -162,248 +76,6 @@ pub enum VmError {
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { what, source }
-}
-
-impl Boot {
-    /// A tiny test guest (guest-image/tiny), entered at its load address.
-    pub fn tiny(guest: &tiny_guests::TinyGuest) -> Boot {
-        Boot::Flat {
-            image: guest.image.to_vec(),
-            load_addr: guest.load_addr,
-            entry: guest.load_addr,
-            long_mode: guest.long_mode,
-        }
-    }
-}
-
-impl VmConfig {
-    /// `boot` with the defaults of `vpmu-vmm run` (256 MiB, 1 vCPU, no vPMU, no timeout,
-    /// console to stdout); callers change what they need.
-    pub fn new(boot: Boot) -> Self {
-        VmConfig {
-            boot,
-            memory_mib: 256,
-            vcpus: 1,
-            vpmu: VpmuSetting::Off,
-            host_quirks: QuirkSetting::Auto,
-            timeout: None,
-            console_out: None,
-            console_in: false,
-            pmu_model: ModelChoice::Auto,
-            pmu_backend: BackendChoice::Auto,
-            pmi_limit: 2000,
-            rdpmc: RdpmcSetting::Patch,
-            vpmu_schedule: None,
-            pmu_event_filter: None,
-            io_delay_us: 0,
-            const_msrs: Vec::new(),
-            serial2: None,
-            started: None,
-            record: Default::default(),
-            net: None,
-            controller: None,
-            panic_vcpu_at_exit: None,
-            seccomp: Default::default(),
-        }
-    }
-}
-
-/// A one-shot event a thread can wait for (e.g. the guest's network coming up).
-#[derive(Default)]
-pub struct Latch {
-    fired: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Latch {
-    pub fn fire(&self) {
-        *self.fired.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.cv.notify_all();
-    }
-
-    pub fn is_fired(&self) -> bool {
-        *self.fired.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Waits until fired (true) or until `give_up` says so (false); polls it every 50 ms.
-    pub fn wait(&self, give_up: impl Fn() -> bool) -> bool {
-        let mut f = self.fired.lock().unwrap_or_else(|e| e.into_inner());
-        while !*f {
-            if give_up() {
-                return false;
-            }
-            f = self
-                .cv
-                .wait_timeout(f, Duration::from_millis(50))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
-    }
-}
-
-/// What a run-time controller gets to drive a running VM: the accounting mode, the VM's
-/// control (kick, end, stopping), the guest's network coming up, and the pinger's pause.
-pub struct VmHandles {
-    /// None with `--vpmu=off`.
-    pub mode: Option<Arc<pmu::mode::ModeSwitch>>,
-    pub control: Arc<VmControl>,
-    /// Fired at the first echo reply (`--net`).
-    pub net_up: Arc<Latch>,
-    /// While true the pinger sends no requests (`--net`).
-    pub net_paused: Arc<AtomicBool>,
-    /// The guest console as seen so far (boot milestones).
-    pub console: Arc<Mutex<ConsoleLog>>,
-}
-
-impl VmHandles {
-    /// Switches the accounting mode (and kicks the vCPUs so they apply it now).
-    pub fn set_mode(&self, mode: vpmu::AccountingMode, by: &'static str) {
-        if let Some(m) = &self.mode {
-            if m.set(mode, by) {
-                self.control.kick_all();
-            }
-        }
-    }
-
-    /// Waits until the guest kernel has started init (true), or the VM ends or `give_up`
-    /// says so (false).
-    pub fn wait_for_init(&self, give_up: impl Fn() -> bool) -> bool {
-        while !self
-            .console
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .init_started()
-        {
-            if self.control.stopping() || give_up() {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        true
-    }
-
-    /// Sleeps `d` unless the VM ends first (false then).
-    pub fn sleep(&self, d: Duration) -> bool {
-        let until = Instant::now() + d;
-        while Instant::now() < until {
-            if self.control.stopping() {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
-        }
-        !self.control.stopping()
-    }
-}
-
-/// Code that drives a running VM from its own thread (`vpmu-vmm compare`'s experiment).
-#[derive(Clone)]
-pub struct Controller(pub Arc<dyn Fn(VmHandles) + Send + Sync>);
-
-impl std::fmt::Debug for Controller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Controller")
-    }
-}
-
-/// Shared between the vCPU threads and the thread waiting for the VM to end.
-#[derive(Default)]
-pub struct VmControl {
-    end: Mutex<Option<VmEnd>>,
-    ended: Condvar,
-    stopping: AtomicBool,
-    threads: Mutex<Vec<libc::pthread_t>>,
-    /// How each vCPU stood when its thread ended (the diagnostic of a bad end).
-    vcpu_states: Mutex<Vec<crate::vcpu::last_exits::VcpuEndState>>,
-    /// Test hook (`VmConfig::panic_vcpu_at_exit`).
-    panic_at: Option<(u32, u64)>,
-}
-
-impl VmControl {
-    pub fn stopping(&self) -> bool {
-        self.stopping.load(Ordering::Acquire)
-    }
-
-    pub fn register_thread(&self, t: libc::pthread_t) {
-        self.threads.lock().unwrap().push(t);
-    }
-
-    /// Kicks every vCPU out of KVM_RUN (it looks at what changed, then re-enters).
-    pub fn kick_all(&self) {
-        for &t in self.threads.lock().unwrap().iter() {
-            kick::kick(t);
-        }
-    }
-
-    /// Records why the VM ends (the first reason wins: true if it was this one) and kicks
-    /// every vCPU out of KVM_RUN.
-    pub fn request_end(&self, end: VmEnd) -> bool {
-        let mut e = self.end.lock().unwrap_or_else(|p| p.into_inner());
-        let first = e.is_none();
-        if first {
-            *e = Some(end);
-        }
-        self.stopping.store(true, Ordering::Release);
-        for &t in self.threads.lock().unwrap().iter() {
-            kick::kick(t);
-        }
-        self.ended.notify_all();
-        first
-    }
-
-    /// A vCPU thread's state as it ends (see [`crate::vcpu::last_exits`]).
-    pub fn report_vcpu_state(&self, st: crate::vcpu::last_exits::VcpuEndState) {
-        self.vcpu_states
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(st);
-    }
-
-    /// The vCPU states reported so far, in vCPU order.
-    pub fn vcpu_states(&self) -> Vec<crate::vcpu::last_exits::VcpuEndState> {
-        let mut v = self
-            .vcpu_states
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        v.sort_by_key(|s| s.vcpu);
-        v
-    }
-
-    /// Test hook: the exit (1-based) at which vCPU `id`'s thread panics on purpose.
-    pub fn panic_at(&self, id: u32) -> Option<u64> {
-        self.panic_at.filter(|(v, _)| *v == id).map(|(_, n)| n)
-    }
-
-    /// Waits for the end, or ends the VM with `Timeout` after `timeout` (or with `Signal` at
-    /// SIGINT/SIGTERM, [`crate::stop_signal`]: looked at every 100 ms).
-    pub fn wait(&self, timeout: Option<Duration>) -> VmEnd {
-        let start = Instant::now();
-        let mut e = self.end.lock().unwrap();
-        while e.is_none() {
-            if let Some(sig) = crate::stop_signal::pending() {
-                drop(e);
-                self.request_end(VmEnd::Signal(sig));
-                e = self.end.lock().unwrap();
-                continue;
-            }
-            const POLL: Duration = Duration::from_millis(100);
-            match timeout {
-                Some(t) => {
-                    let left = t.saturating_sub(start.elapsed());
-                    if left.is_zero() {
-                        drop(e);
-                        self.request_end(VmEnd::Timeout(t));
-                        e = self.end.lock().unwrap();
-                        continue;
-                    }
-                    e = self.ended.wait_timeout(e, left.min(POLL)).unwrap().0;
-                }
-                None => e = self.ended.wait_timeout(e, POLL).unwrap().0,
-            }
-        }
-        e.clone().unwrap()
-    }
 }
 
 /// What a run produced.
@@ -548,10 +220,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     };
 
     // The accounting mode (switchable at run time: `--vpmu-schedule`, the vPMU control port).
-    let control = Arc::new(VmControl {
-        panic_at: cfg.panic_vcpu_at_exit,
-        ..Default::default()
-    });
+    let control = Arc::new(VmControl::new(cfg.panic_vcpu_at_exit));
     let mode_switch = match cfg.vpmu {
         VpmuSetting::Off => None,
         on => {
