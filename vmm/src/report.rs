@@ -105,6 +105,11 @@ pub fn print(r: &RunReport) {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));
     }
+    if let Some((n, us)) = r.syscall_relay {
+        eprintln!(
+            "[vpmu-vmm] syscall relay: {n} guest system calls completed by the VMM, {us:.1} us each in the VMM (exit to registers written)"
+        );
+    }
     for l in diagnostic(r) {
         eprintln!("{l}");
     }

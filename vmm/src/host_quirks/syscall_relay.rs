@@ -363,6 +363,10 @@ pub struct SyscallRelay {
     /// Set when the relay cannot be installed (said once); no more attempts.
     refused: AtomicBool,
     fixups: Arc<FixupCounts>,
+    /// Host TSC cycles spent completing system calls (from the exit to the registers written),
+    /// and how many: the VMM's part of a relayed system call.
+    syscall_tsc: AtomicU64,
+    syscalls: AtomicU64,
 }
 
 /// What the relay made of an emulation failure.
@@ -381,7 +385,17 @@ impl SyscallRelay {
             install: Mutex::new(()),
             refused: AtomicBool::new(false),
             fixups,
+            syscall_tsc: AtomicU64::new(0),
+            syscalls: AtomicU64::new(0),
         })
+    }
+
+    /// System calls completed and the host TSC cycles the VMM spent on them.
+    pub fn syscall_cost(&self) -> (u64, u64) {
+        (
+            self.syscalls.load(Ordering::Relaxed),
+            self.syscall_tsc.load(Ordering::Relaxed),
+        )
     }
 
     pub fn installed_at(&self) -> Option<u64> {
@@ -545,6 +559,7 @@ impl VcpuRelay {
         let Some(handler) = self.shared.installed_at() else {
             return Ok(Handled::NotOurs);
         };
+        let start = crate::tsc::now();
         let mut regs = cpu.get_regs()?;
         if regs.rip != handler {
             return Ok(Handled::NotOurs);
@@ -581,6 +596,9 @@ impl VcpuRelay {
                     cpu.set_sregs(&sregs)?;
                 }
                 cpu.set_regs(&regs)?;
+                let spent = crate::tsc::now().wrapping_sub(start);
+                self.shared.syscall_tsc.fetch_add(spent, Ordering::Relaxed);
+                self.shared.syscalls.fetch_add(1, Ordering::Relaxed);
             }
             _ => {
                 let d = self.shared.displaced();

@@ -90,6 +90,9 @@ pub struct RunReport {
     /// The accounting modes the run went through (initial mode first), with times.
     pub mode_history: Vec<pmu::mode::Switch>,
     pub fixups: Vec<(&'static str, u64)>,
+    /// The SYSCALL relay (host quirks): system calls completed, and the VMM's mean time per
+    /// system call in microseconds (exit to registers written).
+    pub syscall_relay: Option<(u64, f64)>,
     pub console_tail: Vec<String>,
     /// Each vCPU's RIP and last exits as its thread ended (printed on a bad end).
     pub vcpu_states: Vec<crate::vcpu::last_exits::VcpuEndState>,
@@ -471,6 +474,12 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
                 .map(host_quirks::syscall_relay::VcpuRelay::new),
         });
     }
+    // For the relay's cost in microseconds (the guest's TSC runs at the host's here).
+    let tsc_khz_for_report = runners
+        .first()
+        .and_then(|r| r.fd.get_tsc_khz().ok())
+        .map(u64::from)
+        .filter(|&k| k > 0);
     let mut recording = match runners.first().filter(|_| cfg.record.is_on()) {
         Some(r) => {
             let tsc_khz = r.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
@@ -580,6 +589,11 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         pmu_event_filter: vpmu_plan.as_ref().and(cfg.pmu_event_filter.clone()),
         mode_history: mode_switch.map(|m| m.history()).unwrap_or_default(),
         fixups: fixups.snapshot(),
+        syscall_relay: relay.as_ref().and_then(|r| {
+            let (n, cycles) = r.syscall_cost();
+            let khz = tsc_khz_for_report?;
+            (n > 0).then(|| (n, cycles as f64 * 1000.0 / khz as f64 / n as f64))
+        }),
         console_tail: log.tail(15),
         vcpu_states: control.vcpu_states(),
         cmdline,
