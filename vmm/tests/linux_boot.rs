@@ -250,34 +250,31 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
     // that emulate guest kernel code this goes through the VMM's SYSCALL relay
     // (host_quirks/syscall_relay.rs), whose counts the end-of-run report gives.
     let quirks = vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some();
-    assert!(has("VPMU-GUEST-INIT-OK"), "init marker missing\n{}", dump());
+    let relayed = stderr
+        .lines()
+        .find_map(|l| l.split_once("syscall relay: system calls completed: "))
+        .and_then(|(_, n)| {
+            n.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
     if quirks {
-        let relayed = stderr
-            .lines()
-            .find_map(|l| l.split_once("syscall relay: system calls completed: "))
-            .and_then(|(_, n)| {
-                n.split(|c: char| !c.is_ascii_digit())
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0);
         eprintln!("system calls completed by the VMM's relay: {relayed}");
-        assert!(
-            relayed >= 50,
-            "the SYSCALL relay did not run init\n{stderr}"
-        );
+        assert!(relayed >= 1, "the SYSCALL relay never ran\n{stderr}");
     }
     let crashed: Vec<&str> = log.lines().filter(|l| l.contains("segfault at")).collect();
     if quirks && !crashed.is_empty() {
         // Known issue of hosts that emulate guest kernel code (docs/guest.md, "2 vCPUs"): with
-        // more than one vCPU, a few percent of freshly exec'd static busybox processes read a
-        // zero from their TLS at start-up and segfault (never seen on 1 vCPU, nor with every
-        // process kept on one CPU). The kernel-side checks above still hold; user space on
-        // this host is checked on 1 vCPU by guest_profilers (perf and OProfile, clean power-off).
+        // more than one vCPU, some freshly exec'd static busybox processes read a zero from
+        // their TLS at start-up and segfault (init itself included, which panics the kernel);
+        // never seen on 1 vCPU, nor with every process kept on one CPU. The kernel-side checks
+        // above still hold; user space on this host is checked on 1 vCPU by guest_profilers
+        // (perf and OProfile in the guest, clean power-off).
         eprintln!(
-            "\n*** KNOWN HOST ISSUE (docs/guest.md): on 2 vCPUs a guest process crashed at start-up; \
-             the nproc / power-off checks of this boot are not made: {crashed:?} ***\n"
+            "\n*** KNOWN HOST ISSUE (docs/guest.md): on 2 vCPUs a guest process crashed at \
+             start-up; the nproc / power-off checks of this boot are not made: {crashed:?} ***\n"
         );
         assert!(
             matches!(code, Some(0) | Some(3)),
@@ -285,6 +282,7 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
             dump()
         );
     } else {
+        assert!(has("VPMU-GUEST-INIT-OK"), "init marker missing\n{}", dump());
         assert!(
             log.lines().any(|l| l.trim() == "2"),
             "nproc did not print 2\n{}",
@@ -293,6 +291,9 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
         assert!(has("VPMU-GUEST-CMD-EXIT=0"), "{}", dump());
         assert!(crashed.is_empty(), "a guest process crashed\n{}", dump());
         assert_eq!(code, Some(0), "{}", dump());
+        if quirks {
+            assert!(relayed >= 50, "too few relayed system calls\n{stderr}");
+        }
     }
     Some(Boot {
         pmu_line: pmu_line.to_string(),
