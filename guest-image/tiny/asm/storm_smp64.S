@@ -5,14 +5,15 @@
 //   - arms AMD counter 0 (cycles, INT) with period 1 and LVTPC -> NMI; its NMI handler counts the
 //     NMI (and, if the global status shows counter 0's overflow, an overflow), acks and re-arms
 //     with period 1 again: a PMI storm only the VMM's --pmi-limit holds back;
-//   - loops reading the vPMU control port 0x511: the cycles each IN takes (max kept) and, at
+//   - loops reading the vPMU control port 0x511: the cycles each IN takes (max kept, and a
+//     histogram by power of two: bucket i counts the INs of 2^i to 2^(i+1)-1 cycles) and, at
 //     each change of the mode it returns, a record (TSC, mode) — the host pairs these with its
 //     schedule's switch times;
 //   - the boot vCPU also polls COM1: each byte received is echoed back at once (the host times
 //     the round trip through its stdin thread), and `q` ends the run.
 // At the end (after `q`): both counters stopped, then on COM2, 8-byte little-endian words:
-//   ap_up, then per vCPU: nmis, overflows, max IN 0x511 cycles, records, then min(records, MAXREC)
-//   pairs (tsc, mode); then the ACPI power-off.
+//   ap_up, then per vCPU: nmis, overflows, max IN 0x511 cycles, records, the 64 histogram
+//   buckets, then min(records, MAXREC) pairs (tsc, mode); then the ACPI power-off.
 // Per-vCPU data lives in a 1 MiB block (vCPU i at DATA + i * 1 MiB) whose top is that vCPU's
 // stack, so the NMI handler finds its block from RSP.
 #define EVTSEL0     0xc0010200
@@ -36,6 +37,7 @@
 #define B_MODE      32
 #define B_DONE      40
 #define B_REC       64
+#define B_HIST      0x30000
 #include "msr.inc"
 
     .code64
@@ -101,6 +103,10 @@ loop:
     or %rdx, %rax
     mov %rax, %r10
     sub %r8, %rax
+    bsr %rax, %rcx
+    jnz 0f
+    xor %ecx, %ecx
+0:  incq B_HIST(%rbp,%rcx,8)
     cmp B_MAXIN(%rbp), %rax
     jbe 1f
     mov %rax, B_MAXIN(%rbp)
@@ -165,6 +171,12 @@ emit_cpu:
     call emit
     mov B_NREC(%rsi), %rax
     call emit
+    xor %r9d, %r9d
+0:  mov B_HIST(%rsi,%r9,8), %rax
+    call emit
+    inc %r9
+    cmp $64, %r9
+    jb 0b
     mov B_NREC(%rsi), %r9
     cmp $MAXREC, %r9
     jbe 1f
