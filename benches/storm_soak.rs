@@ -507,9 +507,8 @@ fn main() {
         failed.push(format!("switches unseen by the guest: {unseen:?}"));
     }
     // Resources.
-    let series = |f: &dyn Fn(&Sample) -> String| {
-        p.samples.iter().map(f).collect::<Vec<_>>().join(" ")
-    };
+    let series =
+        |f: &dyn Fn(&Sample) -> String| p.samples.iter().map(f).collect::<Vec<_>>().join(" ");
     println!(
         "fds   (t s:count): {}",
         series(&|s| format!("{:.0}:{}", s.at, s.fds))

@@ -216,7 +216,7 @@ impl VcpuRunner {
             (Some(a), Some(b)) => {
                 p.stats.pmis_merged += 1;
                 vpmu::Pmi {
-                counters: a.counters | b.counters,
+                    counters: a.counters | b.counters,
                     mask_lvtpc: a.mask_lvtpc || b.mask_lvtpc,
                 }
             }
