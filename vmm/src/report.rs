@@ -32,6 +32,17 @@ pub fn print(r: &RunReport) {
             "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} held back by the rate limit",
             r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
         );
+        if p.pmis_throttled > 0 || p.pmis_merged > 0 {
+            eprintln!(
+                "[vpmu-vmm] vPMU rate limit: {} PMIs raised = {} delivered + {} dropped (masked) + {} merged into held-back ones + {} held at the end; {} signals on the vCPU threads",
+                p.pmis_raised,
+                p.pmis_nmi + p.pmis_vector,
+                p.pmis_masked,
+                p.pmis_merged,
+                p.pmis_held_at_end,
+                p.signals
+            );
+        }
         if r.mode_history.len() > 1 {
             let step = |s: &crate::pmu::mode::Switch| {
                 format!(

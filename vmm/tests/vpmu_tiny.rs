@@ -112,6 +112,16 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
         vm.pmu.pmis_nmi,
         vm.run_time
     );
+    // Every PMI the model raised is accounted for: delivered, dropped (masked), merged into a
+    // held-back one, or still held when the vCPU stopped.
+    let p = &vm.pmu;
+    assert!(p.pmis_raised > 0, "{p:?}");
+    assert_eq!(
+        p.pmis_raised,
+        p.pmis_nmi + p.pmis_vector + p.pmis_masked + p.pmis_merged + p.pmis_held_at_end,
+        "{p:?}"
+    );
+    assert!(p.signals > 0, "{p:?}");
     // RDPMC, rewritten to RDMSR by the VMM, reads the running counter; the genuine RDMSR of
     // MSR 0 (same number as RDPMC index 0) is answered by KVM (P5_MC_ADDR reads 0).
     assert!(rep.rdpmc1 > rep.rdpmc0, "RDPMC did not advance: {rep:?}");

@@ -98,6 +98,18 @@ pub struct PmuStats {
     pub pmis_masked: u64,
     /// PMIs the rate limit held back (each delivered later, merged with any that came meanwhile).
     pub pmis_throttled: u64,
+    /// PMIs the model raised (counter overflows with interrupt-on-overflow whose status bit was
+    /// still set): each is delivered (`pmis_nmi`, `pmis_vector`), dropped (`pmis_masked`), merged
+    /// into one held back (`pmis_merged`), still held at the end (`pmis_held_at_end`), or lost
+    /// to a failed injection (logged).
+    pub pmis_raised: u64,
+    /// Raised PMIs merged into one the rate limit was holding back (delivered with it).
+    pub pmis_merged: u64,
+    /// PMIs still held back by the rate limit when the vCPU stopped (0 or 1 per vCPU).
+    pub pmis_held_at_end: u64,
+    /// Signals (counter overflows from perf, kick timers, stop and mode-switch kicks) that
+    /// arrived on the vCPU thread: the host-side interrupt load the guest caused.
+    pub signals: u64,
     /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
     /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
     pub pmi_signal_tsc: Vec<u64>,
@@ -141,6 +153,10 @@ impl PmuStats {
         self.pmis_vector += o.pmis_vector;
         self.pmis_masked += o.pmis_masked;
         self.pmis_throttled += o.pmis_throttled;
+        self.pmis_raised += o.pmis_raised;
+        self.pmis_merged += o.pmis_merged;
+        self.pmis_held_at_end += o.pmis_held_at_end;
+        self.signals += o.signals;
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
         self.filter_blocked += o.filter_blocked;
         self.filter_blocked_by_vcpu.push(o.filter_blocked);

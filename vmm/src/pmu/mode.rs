@@ -5,7 +5,7 @@
 //! keeps the counts so far. Every switch is logged with its time, and the vCPUs' PMI and RDPMC
 //! counts are kept per mode (`PmuStats::by_mode`), so each count says which mode it was taken in.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -44,11 +44,19 @@ pub struct Switch {
     pub by: &'static str,
 }
 
+/// At most this many switches are logged (4.8 MB; 28 hours of switching every second). The guest
+/// can switch at every exit through port 0x511, so an unbounded log would let it grow the VMM's
+/// memory by 48 bytes per exit (found by the soak, docs/vpmu.md "Storm and soak"). Later switches
+/// are still applied, only not logged.
+pub const MAX_LOGGED_SWITCHES: usize = 100_000;
+
 /// The VM's current accounting mode.
 pub struct ModeSwitch {
     current: AtomicU8,
     start: Instant,
     log: Mutex<Vec<Switch>>,
+    /// Switches made after the log filled up.
+    unlogged: AtomicU64,
 }
 
 impl ModeSwitch {
@@ -62,6 +70,7 @@ impl ModeSwitch {
                 mode,
                 by: "start",
             }]),
+            unlogged: AtomicU64::new(0),
         }
     }
 
@@ -84,16 +93,27 @@ impl ModeSwitch {
             name(mode),
             at.as_secs_f64()
         );
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Switch {
-                at,
-                tsc: crate::tsc::now(),
-                mode,
-                by,
-            });
+        let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() >= MAX_LOGGED_SWITCHES {
+            if self.unlogged.fetch_add(1, Ordering::Relaxed) == 0 {
+                log::warn!(
+                    "vPMU accounting-mode log full ({MAX_LOGGED_SWITCHES} switches): later switches are applied but not logged, and the end-of-run time per mode counts them in the last logged mode"
+                );
+            }
+            return true;
+        }
+        log.push(Switch {
+            at,
+            tsc: crate::tsc::now(),
+            mode,
+            by,
+        });
         true
+    }
+
+    /// Switches made after the log was full (not in [`Self::history`]).
+    pub fn unlogged(&self) -> u64 {
+        self.unlogged.load(Ordering::Relaxed)
     }
 
     /// Every switch so far, the initial mode first.
@@ -261,6 +281,24 @@ mod tests {
         let h = m.history();
         assert_eq!(h.len(), 2);
         assert_eq!(h[1].by, "test");
+    }
+
+    #[test]
+    fn a_guest_switching_at_every_exit_cannot_grow_the_log_without_bound() {
+        let m = ModeSwitch::new(AccountingMode::CpuSwitch);
+        let extra = 1001;
+        for i in 0..MAX_LOGGED_SWITCHES + extra {
+            let mode = if i % 2 == 0 {
+                AccountingMode::DomainSwitch
+            } else {
+                AccountingMode::CpuSwitch
+            };
+            assert!(m.set(mode, "guest"), "switch {i}");
+            assert_eq!(m.get(), mode);
+        }
+        assert_eq!(m.history().len(), MAX_LOGGED_SWITCHES);
+        // The start entry took one place in the log.
+        assert_eq!(m.unlogged(), extra as u64 + 1);
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub fn last_signal_tsc() -> u64 {
     SIGNAL_TSC.with(|t| t.get())
 }
 
+/// Kick and overflow signals that arrived on the calling thread so far.
+pub fn signals() -> u64 {
+    SIGNALS.with(|s| s.get())
+}
+
 /// One consumer's view of the kick signal. Several consumers share the one signal (the vPMU's
 /// counters, the host-side profiler's counter or timer, stop requests); each keeps its own
 /// watch, so one of them taking a signal does not hide it from the others, and each then

@@ -140,7 +140,16 @@ impl VcpuRunner {
         }
         self.report_end_state(ended_vm, None);
         kick::unbind();
-        (counts, self.pmu.take().map(|p| p.stats).unwrap_or_default())
+        let mut stats = self
+            .pmu
+            .take()
+            .map(|p| PmuStats {
+                pmis_held_at_end: u64::from(p.held.is_some()),
+                ..p.stats
+            })
+            .unwrap_or_default();
+        stats.signals = kick::signals();
+        (counts, stats)
     }
 
     /// Runs the vCPU ([`Self::run`]); if the thread panics (a VMM bug), the run is ended with
@@ -198,12 +207,19 @@ impl VcpuRunner {
     fn deliver_pmi(&mut self) {
         let Some(p) = &mut self.pmu else { return };
         let was_held = p.held.is_some();
-        let due = match (p.held.take(), p.pmu.service_overflow()) {
+        let raised = p.pmu.service_overflow();
+        if raised.is_some() {
+            p.stats.pmis_raised += 1;
+        }
+        let due = match (p.held.take(), raised) {
             (None, None) => return,
-            (Some(a), Some(b)) => vpmu::Pmi {
-                counters: a.counters | b.counters,
-                mask_lvtpc: a.mask_lvtpc || b.mask_lvtpc,
-            },
+            (Some(a), Some(b)) => {
+                p.stats.pmis_merged += 1;
+                vpmu::Pmi {
+                    counters: a.counters | b.counters,
+                    mask_lvtpc: a.mask_lvtpc || b.mask_lvtpc,
+                }
+            }
             (a, b) => a.or(b).expect("one is Some"),
         };
         let now = Instant::now();
