@@ -249,6 +249,23 @@ impl PerfBackend {
         self.tsc_to_ns(tsc)
     }
 
+    /// For a sampler on the host's side (profile::sampler): the next perf notification when
+    /// counter `ctr` reaches `at`, counted from now. Soft cpu-switch only, where perf's own
+    /// period also runs outside KVM_RUN: without this, a notification due during the VMM's
+    /// work on an exit would take its sample there, at the instruction that caused the exit,
+    /// and charge VMM work to that instruction in the mode that must not count it. With it,
+    /// the notification comes when the guest itself has run the rest of the period, inside
+    /// KVM_RUN, as a hardware counter's would.
+    pub fn notify_at(&mut self, ctr: CounterId, at: u64) {
+        if !self.subtracts() {
+            return;
+        }
+        let v = self.count(ctr.bit());
+        if let Some(&fd) = self.counters.get(&ctr.bit()).and_then(|c| c.fds.first()) {
+            self.sys.set_period(fd, at.saturating_sub(v).max(MIN_SOFT_PERIOD_NS));
+        }
+    }
+
     /// Host-thread switches seen during outside intervals (soft cpu-switch; for reports).
     pub fn switched_intervals(&self) -> u64 {
         self.gate.switched_intervals

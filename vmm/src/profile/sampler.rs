@@ -244,7 +244,12 @@ impl Sampler {
                 if !watch.take() {
                     return Ok(0);
                 }
-                Ok(periods_passed(backend.read(CTR), next_at, *period_ns))
+                let n = periods_passed(backend.read(CTR), next_at, *period_ns);
+                // Soft cpu-switch: perf's period also ran outside KVM_RUN, so its signal may
+                // come early, or late for the next grid point; ask for the next one when the
+                // guest reaches it (no-op in the other modes and on the hw backend).
+                backend.notify_at(CTR, *next_at);
+                Ok(n)
             }
             Trigger::Wall {
                 period_tsc,
