@@ -916,7 +916,10 @@ mod tests {
             wait(&log, 120_000, false);
             run(&log, 80_000);
             let v = b.read(CounterId::gp(0));
-            assert!(v > last, "exit {i}: the counter must advance ({v} after {last})");
+            assert!(
+                v > last,
+                "exit {i}: the counter must advance ({v} after {last})"
+            );
             last = v;
         }
         assert_eq!(last, v1 + 100 * 2000);
