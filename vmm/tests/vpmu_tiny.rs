@@ -77,6 +77,47 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
     (rep, r.report)
 }
 
+/// TSC cycles per second of this host, against the monotonic clock.
+fn tsc_hz() -> f64 {
+    let (t0, c0) = (std::time::Instant::now(), vmm::tsc::now());
+    std::thread::sleep(Duration::from_millis(50));
+    let (t1, c1) = (std::time::Instant::now(), vmm::tsc::now());
+    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
+}
+
+/// A run whose PMIs the limiter never held back: replays every delivery (the TSC when KVM_NMI
+/// returned) through a limiter at 1.1x the limit (slack for the replay's timing: the real check
+/// ran just before the injection): not one may be over it.
+fn storm_stayed_under_the_limit(p: &vmm::pmu::PmuStats) {
+    assert!(
+        p.pmis_nmi as usize <= vmm::pmu::MAX_PMI_TSCS
+            && p.pmi_inject_tsc.len() as u64 == p.pmis_nmi,
+        "storm neither throttled nor dropped, and not all {} NMIs recorded",
+        p.pmis_nmi
+    );
+    let hz = tsc_hz();
+    let t0 = std::time::Instant::now();
+    let c0 = p.pmi_inject_tsc.first().copied().unwrap_or(0);
+    let mut l = vmm::pmu::pmi::PmiLimiter::new(PMI_LIMIT * 11 / 10, t0);
+    let over = p
+        .pmi_inject_tsc
+        .iter()
+        .filter(|&&c| {
+            let at = t0 + Duration::from_secs_f64(c.saturating_sub(c0) as f64 / hz);
+            l.check(at).is_err()
+        })
+        .count();
+    assert_eq!(
+        over, 0,
+        "storm neither throttled nor dropped, but {over} of {} NMIs came faster than the limit",
+        p.pmis_nmi
+    );
+    eprintln!(
+        "  storm: not throttled, and its {} NMIs never outran {PMI_LIMIT}/s (loaded host)",
+        p.pmis_nmi
+    );
+}
+
 fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     if !common::kvm_available() {
         panic!("unreachable: kvm_available panics or returns true unless skipping");
@@ -97,12 +138,12 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     assert!(vm.pmu.pmis_masked >= 1, "{:?}", vm.pmu);
     // Storm: a period of 1 is capped by the per-vCPU PMI rate limit, which holds PMIs back (on
     // Intel it may also end earlier, when an overflow finds LVTPC still masked from the previous
-    // PMI: dropped, as on hardware, and nothing re-arms the counter).
-    assert!(
-        vm.pmu.pmis_throttled + vm.pmu.pmis_masked >= 2,
-        "storm neither throttled nor dropped: {:?}",
-        vm.pmu
-    );
+    // PMI: dropped, as on hardware, and nothing re-arms the counter). On a loaded host the vCPU
+    // thread may run only in short slices far apart, each with fewer PMIs than the limiter's
+    // burst: then nothing needed holding back, and the delivery times show it.
+    if vm.pmu.pmis_throttled + vm.pmu.pmis_masked < 2 {
+        storm_stayed_under_the_limit(&vm.pmu);
+    }
     // The limit counts per fixed one-second window: over the whole run at most one window's
     // worth per started second.
     let windows = vm.run_time.as_secs() + 1;

@@ -124,7 +124,9 @@ pub struct PmuStats {
     pub pmi_inject_tsc: Vec<u64>,
 }
 
-pub const MAX_PMI_TSCS: usize = 1024;
+/// Enough for a period-1 storm of a tiny guest (vmm/tests/vpmu_tiny.rs replays all its
+/// deliveries through the rate limiter when that never acted); 128 KiB per vCPU at most.
+pub const MAX_PMI_TSCS: usize = 8192;
 
 /// RDPMC ECX bit 30: an Intel fixed counter.
 const RDPMC_FIXED: u32 = 1 << 30;
