@@ -300,7 +300,7 @@ impl PerfBackend {
     /// the notification comes when the guest itself has run the rest of the period, inside
     /// KVM_RUN, as a hardware counter's would.
     pub fn notify_at(&mut self, ctr: CounterId, at: u64) {
-        if !self.subtracts() {
+        if !self.gates() {
             return;
         }
         let v = self.count(ctr.bit());
