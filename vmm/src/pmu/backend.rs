@@ -305,7 +305,8 @@ impl PerfBackend {
         }
         let v = self.count(ctr.bit());
         if let Some(&fd) = self.counters.get(&ctr.bit()).and_then(|c| c.fds.first()) {
-            self.sys.set_period(fd, at.saturating_sub(v).max(MIN_SOFT_PERIOD_NS));
+            self.sys
+                .set_period(fd, at.saturating_sub(v).max(MIN_SOFT_PERIOD_NS));
         }
     }
 

@@ -126,7 +126,7 @@ impl VcpuRunner {
             if let Some(r) = &mut self.recorder {
                 r.after_exit(&self.fd);
             }
-            if let Some(r) = &self.relay {
+            if let Some(r) = &mut self.relay {
                 r.after_exit(&guest_cpu::RelayKvm(&self.fd), &self.mem);
             }
             if let Some(t) = &mut self.ticker {
