@@ -62,7 +62,11 @@ fn system_calls_faults_and_ud2_from_guest_user_space() {
                 .map(|(_, c)| *c)
                 .unwrap_or(0)
         };
-        assert_eq!(count(kinds::SYSCALL), n + 1, "relayed (N and the final one)");
+        assert_eq!(
+            count(kinds::SYSCALL),
+            n + 1,
+            "relayed (N and the final one)"
+        );
         assert_eq!(count(kinds::USER_PF), 2, "user #PFs passed on");
         assert_eq!(count(kinds::USER_JUMP), 1, "the jump to LSTAR passed on");
         assert_eq!(count(kinds::KERNEL_PF), 1, "kernel #PFs passed on");

@@ -59,7 +59,8 @@ pub mod kinds {
     pub const USER_PF: &str = "syscall relay: user #PF passed to the guest";
     pub const KERNEL_PF: &str = "syscall relay: kernel #PF passed to the guest";
     pub const USER_JUMP: &str = "syscall relay: user jump to LSTAR passed to the guest (#PF)";
-    pub const REINSTALLED: &str = "syscall relay: re-installed after the guest rewrote its #PF entry";
+    pub const REINSTALLED: &str =
+        "syscall relay: re-installed after the guest rewrote its #PF entry";
     pub const MSR_REFRESH: &str = "syscall relay: LSTAR/STAR/SFMASK re-read";
 }
 
@@ -255,7 +256,10 @@ pub fn displaceable(bytes: &[u8], ip: u64) -> Result<Displaced, String> {
     let instr = dec.decode();
     let len = instr.len() as u8;
     match instr.mnemonic() {
-        _ if instr.is_invalid() => Err(format!("invalid bytes {:02x?}", &bytes[..bytes.len().min(4)])),
+        _ if instr.is_invalid() => Err(format!(
+            "invalid bytes {:02x?}",
+            &bytes[..bytes.len().min(4)]
+        )),
         Mnemonic::Nop | Mnemonic::Endbr64 => Ok(Displaced::Nop(len)),
         Mnemonic::Clac => Ok(Displaced::Clac(len)),
         _ => {
@@ -315,7 +319,10 @@ pub fn read_virt(mem: &GuestMemoryMmap, cr3: u64, la57: bool, va: u64, buf: &mut
         let Some(pa) = translate(mem, cr3, la57, a) else {
             return false;
         };
-        if mem.read_slice(&mut buf[done..done + n], GuestAddress(pa)).is_err() {
+        if mem
+            .read_slice(&mut buf[done..done + n], GuestAddress(pa))
+            .is_err()
+        {
             return false;
         }
         done += n;
@@ -404,8 +411,9 @@ impl SyscallRelay {
         let n = (0x1000 - (gpa & 0xfff) as usize).min(15);
         mem.read_slice(&mut bytes[..n], GuestAddress(gpa))
             .map_err(|e| format!("reading the #PF handler at {gva:#x}: {e}"))?;
-        let d = displaceable(&bytes[..n], gva)
-            .map_err(|i| format!("the #PF handler at {gva:#x} starts with {i}, which the relay cannot step over"))?;
+        let d = displaceable(&bytes[..n], gva).map_err(|i| {
+            format!("the #PF handler at {gva:#x} starts with {i}, which the relay cannot step over")
+        })?;
         mem.write_obj(INT3, GuestAddress(gpa))
             .map_err(|e| format!("patching the #PF handler at {gva:#x}: {e}"))?;
         let code = match d {
@@ -444,7 +452,13 @@ impl SyscallRelay {
         }
         let la57 = sregs.cr4 & CR4_LA57 != 0;
         let mut gate = [0u8; 16];
-        if !read_virt(mem, sregs.cr3, la57, sregs.idt.base + VECTOR_PF * 16, &mut gate) {
+        if !read_virt(
+            mem,
+            sregs.cr3,
+            la57,
+            sregs.idt.base + VECTOR_PF * 16,
+            &mut gate,
+        ) {
             return false;
         }
         let Some(handler) = idt_gate_target(&gate) else {
@@ -652,20 +666,29 @@ mod tests {
             rflags: 0x10246,
             ..syscall_frame()
         };
-        assert_eq!(classify(&f, LSTAR, 0x246, &MSRS, 0x15), PfKind::UserJumpToLstar);
+        assert_eq!(
+            classify(&f, LSTAR, 0x246, &MSRS, 0x15),
+            PfKind::UserJumpToLstar
+        );
         // With IF clear (an IOPL-3 process that did `cli`) its IOPL bits still show.
         let f = PfFrame {
             rflags: 0x13046,
             ..syscall_frame()
         };
-        assert_eq!(classify(&f, LSTAR, 0x3046, &MSRS, 0x15), PfKind::UserJumpToLstar);
+        assert_eq!(
+            classify(&f, LSTAR, 0x3046, &MSRS, 0x15),
+            PfKind::UserJumpToLstar
+        );
         // A guest whose SFMASK masks nothing: R11 must still agree with the frame's flags.
         let open = SyscallMsrs { sfmask: 0, ..MSRS };
         let f = PfFrame {
             rflags: 0x10246,
             ..syscall_frame()
         };
-        assert_eq!(classify(&f, LSTAR, 0x1234, &open, 0x15), PfKind::UserJumpToLstar);
+        assert_eq!(
+            classify(&f, LSTAR, 0x1234, &open, 0x15),
+            PfKind::UserJumpToLstar
+        );
         assert_eq!(classify(&f, LSTAR, 0x246, &open, 0x15), PfKind::SystemCall);
     }
 
@@ -686,7 +709,10 @@ mod tests {
             rip: LSTAR + 0x10,
             ..syscall_frame()
         };
-        assert_eq!(classify(&fetch, LSTAR + 0x10, 0x646, &MSRS, 0x15), PfKind::UserFault);
+        assert_eq!(
+            classify(&fetch, LSTAR + 0x10, 0x646, &MSRS, 0x15),
+            PfKind::UserFault
+        );
         // Same frame but CR2 elsewhere: not what a SYSCALL leaves.
         assert_eq!(
             classify(&syscall_frame(), LSTAR + 1, 0x646, &MSRS, 0x15),
@@ -697,19 +723,28 @@ mod tests {
             error: 0x7,
             ..syscall_frame()
         };
-        assert_eq!(classify(&write, LSTAR, 0x646, &MSRS, 0x15), PfKind::UserFault);
+        assert_eq!(
+            classify(&write, LSTAR, 0x646, &MSRS, 0x15),
+            PfKind::UserFault
+        );
         // A kernel fault, even one that looks like the system call's.
         let kernel = PfFrame {
             cs: 0x10,
             ..syscall_frame()
         };
-        assert_eq!(classify(&kernel, LSTAR, 0x646, &MSRS, 0x15), PfKind::KernelFault);
+        assert_eq!(
+            classify(&kernel, LSTAR, 0x646, &MSRS, 0x15),
+            PfKind::KernelFault
+        );
     }
 
     #[test]
     fn frames_decode_in_push_order() {
         let mut b = [0u8; 48];
-        for (i, v) in [0x15u64, LSTAR, 0x33, 0x10046, 0x1000, 0x2b].iter().enumerate() {
+        for (i, v) in [0x15u64, LSTAR, 0x33, 0x10046, 0x1000, 0x2b]
+            .iter()
+            .enumerate()
+        {
             b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
         assert_eq!(
@@ -733,7 +768,12 @@ mod tests {
         };
         let mut sregs = kvm_sregs::default();
         // A gate whose CS is not STAR's: both segments are set as SYSCALL sets them.
-        assert!(complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut sregs));
+        assert!(complete_syscall(
+            &syscall_frame(),
+            &MSRS,
+            &mut regs,
+            &mut sregs
+        ));
         assert_eq!(regs.rip, LSTAR);
         assert_eq!(regs.rsp, 0x7ffd_0000_1000);
         assert_eq!(regs.rflags, 0x46);
@@ -746,7 +786,12 @@ mod tests {
         let mut delivered = kvm_sregs::default();
         delivered.cs = kernel_segments(STAR).0;
         let before = delivered;
-        assert!(!complete_syscall(&syscall_frame(), &MSRS, &mut regs, &mut delivered));
+        assert!(!complete_syscall(
+            &syscall_frame(),
+            &MSRS,
+            &mut regs,
+            &mut delivered
+        ));
         assert_eq!(delivered.ss.selector, before.ss.selector);
     }
 
@@ -806,7 +851,8 @@ mod tests {
             };
         }
         let idx = (va >> 12) & 0x1ff;
-        mem.write_obj(pa | 3, GuestAddress(table + idx * 8)).unwrap();
+        mem.write_obj(pa | 3, GuestAddress(table + idx * 8))
+            .unwrap();
     }
 
     #[test]
@@ -825,7 +871,8 @@ mod tests {
             .unwrap();
         assert_eq!(translate(&mem, CR3, false, va + 0x1234), Some(0x20_1234));
         // A table pointer outside guest memory: not mapped, no panic.
-        mem.write_obj(0xfff_ffff_f003u64, GuestAddress(CR3 + 8)).unwrap();
+        mem.write_obj(0xfff_ffff_f003u64, GuestAddress(CR3 + 8))
+            .unwrap();
         assert_eq!(translate(&mem, CR3, false, 1 << 39), None);
     }
 
@@ -882,7 +929,8 @@ mod tests {
         gate[5] = 0x8e;
         gate[6..8].copy_from_slice(&((HANDLER >> 16) as u16).to_le_bytes());
         gate[8..12].copy_from_slice(&((HANDLER >> 32) as u32).to_le_bytes());
-        mem.write_slice(&gate, GuestAddress(IDT_PA + 14 * 16)).unwrap();
+        mem.write_slice(&gate, GuestAddress(IDT_PA + 14 * 16))
+            .unwrap();
         let words = [
             frame.error,
             frame.rip,
@@ -963,7 +1011,11 @@ mod tests {
             Ok(Handled::Done(PfKind::SystemCall))
         );
         assert_eq!(*cpu.msr_reads.borrow(), reads);
-        assert_eq!(*cpu.sets.borrow(), 1, "CS is already the kernel's: one KVM_SET_REGS only");
+        assert_eq!(
+            *cpu.sets.borrow(),
+            1,
+            "CS is already the kernel's: one KVM_SET_REGS only"
+        );
         assert_eq!(
             fixups.snapshot(),
             vec![(kinds::SYSCALL, 2)],

@@ -200,10 +200,14 @@ impl crate::host_quirks::syscall_relay::RelayVcpu for RelayKvm<'_> {
         self.0.get_regs().map_err(|e| format!("KVM_GET_REGS: {e}"))
     }
     fn set_regs(&self, regs: &kvm_regs) -> Result<(), String> {
-        self.0.set_regs(regs).map_err(|e| format!("KVM_SET_REGS: {e}"))
+        self.0
+            .set_regs(regs)
+            .map_err(|e| format!("KVM_SET_REGS: {e}"))
     }
     fn get_sregs(&self) -> Result<kvm_sregs, String> {
-        self.0.get_sregs().map_err(|e| format!("KVM_GET_SREGS: {e}"))
+        self.0
+            .get_sregs()
+            .map_err(|e| format!("KVM_GET_SREGS: {e}"))
     }
     fn set_sregs(&self, sregs: &kvm_sregs) -> Result<(), String> {
         self.0
@@ -216,9 +220,12 @@ impl crate::host_quirks::syscall_relay::RelayVcpu for RelayKvm<'_> {
             index,
             ..Default::default()
         };
-        let mut msrs =
-            kvm_bindings::Msrs::from_entries(&[entry(MSR_STAR), entry(MSR_LSTAR), entry(MSR_SFMASK)])
-                .map_err(|e| e.to_string())?;
+        let mut msrs = kvm_bindings::Msrs::from_entries(&[
+            entry(MSR_STAR),
+            entry(MSR_LSTAR),
+            entry(MSR_SFMASK),
+        ])
+        .map_err(|e| e.to_string())?;
         let n = self
             .0
             .get_msrs(&mut msrs)
