@@ -228,7 +228,6 @@ fn compare_refuses_what_it_cannot_do_before_booting() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let out = out.to_str().unwrap();
-    let k = write_file(&dir, "vmlinux", &tiny_elf(16));
     // The tiny guest has no Linux, so no perf or OProfile in it.
     let o = vmm(&[
         "compare",

@@ -16,6 +16,7 @@
 //!     cpu_split's samples in cpu-switch;
 //!   * every step exited 0 and the guest kernel logged no unknown NMI, "irq loop stuck", general
 //!     protection fault, oops or BUG (soft-lockup reports excepted: emulated kernel code is slow).
+//!
 //! And `vpmu-vmm compare --workload packet-rx --profiler perf` (and `oprofile`) runs end to end:
 //! both tables have samples, and the function that takes the card's interrupt (vm_interrupt)
 //! has no smaller share in domain-switch than in cpu-switch (one boot per profiler).
