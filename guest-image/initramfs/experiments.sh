@@ -45,17 +45,21 @@ VPMU_SECS=${VPMU_SECS:-30}
 # mean something on a VT-x/SVM host:
 #   VPMU_PERIOD: fixed sampling period (events) for perf record -c and operf EVENT:PERIOD. With
 #     perf's default frequency mode the guest kernel throttles itself to 100 Hz (its PMI handler
-#     is slow) and nearly every sample lands in tick code; 50M cycles is ~50 samples/s at 2.6 GHz.
+#     is slow) and nearly every sample lands in tick code. The period must also be well above
+#     the cycles the emulated PMI handler itself takes (it counts too): 2-3 ms on an idle host,
+#     ~37 ms wall on a busy one, where 50M cycles (~19 ms) made the guest sample its own handler
+#     (perf record -a of `sleep 20` took 436 s). 200M cycles is ~13 samples/s at 2.6 GHz.
 #   VPMU_PROFILE_ROUNDS: cpu_split rounds for the sampled runs (perf record, operf, the compare
-#     controls): enough samples (~2000) for hot_75's share to sit within 2 pp of 75%.
+#     controls): ~34M cycles a round, so ~1000 samples at 200M, for hot_75's share to sit within
+#     2 pp of 75%.
 #   VPMU_SYSCALL_ITERS: syscall_heavy iterations (1M took ~1000 s here on an idle host; 20000
 #     took 139 s under perf stat on a busy one: each relayed SYSCALL costs ~0.5-3 ms of emulated
 #     kernel code).
 #   VPMU_IO_ARGS: io_heavy's arguments: `all 4` = 4 MiB through a file and from /dev/zero, 4 port
 #     writes (`all`, 32 MiB each and 100000 writes, took 755 s here under perf stat).
 #   VPMU_OP_EVENT: OProfile's name of the cycles event (the same on the Intel and AMD models).
-VPMU_PERIOD=${VPMU_PERIOD:-50000000}
-VPMU_PROFILE_ROUNDS=${VPMU_PROFILE_ROUNDS:-3000}
+VPMU_PERIOD=${VPMU_PERIOD:-200000000}
+VPMU_PROFILE_ROUNDS=${VPMU_PROFILE_ROUNDS:-6000}
 VPMU_SYSCALL_ITERS=${VPMU_SYSCALL_ITERS:-5000}
 VPMU_IO_ARGS=${VPMU_IO_ARGS:-all 4}
 VPMU_OP_EVENT=${VPMU_OP_EVENT:-CPU_CLK_UNHALTED}

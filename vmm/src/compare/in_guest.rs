@@ -72,7 +72,7 @@ pub struct GuestComparison {
     pub run: RunReport,
 }
 
-/// cpu_split rounds of the control profile: ~700 samples at the guest library's fixed period
+/// cpu_split rounds of the control profile: ~170 samples at the guest library's fixed period
 /// (experiments.sh), a few minutes of one mode where guest kernel code is emulated.
 pub const CONTROL_ROUNDS: u32 = 1000;
 
