@@ -59,7 +59,7 @@ fn timeout_secs() -> u64 {
     std::env::var("VPMU_TEST_TIMEOUT")
         .ok()
         .and_then(|t| t.parse().ok())
-        .unwrap_or(4200)
+        .unwrap_or(5400)
 }
 
 struct Boot {
