@@ -102,6 +102,22 @@ pub fn print(r: &RunReport) {
                 per.join(", ")
             );
         }
+        if !p.uncounted.is_empty() {
+            let list: Vec<String> = p
+                .uncounted
+                .iter()
+                .map(|(u, a)| match a {
+                    Some(a) => format!("{u} ({a:?})"),
+                    None => u.to_string(),
+                })
+                .collect();
+            eprintln!(
+                "[vpmu-vmm] WARNING: the guest programmed events the vPMU's backend cannot count; their \
+                 counters stayed still (a guest profiler shows 0 for them, docs/vpmu.md \
+                 \"What the soft backend cannot do\"): {}",
+                list.join(", ")
+            );
+        }
         if p.rdpmc_genuine_msr > 0 {
             eprintln!(
                 "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",

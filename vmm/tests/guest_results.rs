@@ -104,6 +104,9 @@ fn a_step_records_its_output_and_exit_status() {
          dir=$VPMU_WORK/x; mkdir -p $dir\n\
          vpmu_step x ok.txt echo fine\n\
          vpmu_step x bad.txt sh -c 'echo broken >&2; exit 7'\n\
+         : >$VPMU_WORK/tries\n\
+         vpmu_step x flaky.txt sh -c 'echo . >>$0; [ $(wc -l <$0) -ge 2 ] || kill -SEGV $$' $VPMU_WORK/tries\n\
+         vpmu_step x crash.txt sh -c 'kill -SEGV $$'\n\
          vpmu_frame x/status.txt $dir/status.txt\n\
          printf 'VPMU-RESULTS-END frames=%d\\n' \"$VPMU_SEQ\" >&3\n\
          vpmu_results_close\n";
@@ -112,8 +115,33 @@ fn a_step_records_its_output_and_exit_status() {
     assert_eq!(d.get("-", "x/ok.txt").unwrap().payload, b"fine\n");
     assert_eq!(d.get("-", "x/bad.txt").unwrap().payload, b"broken\n");
     let status = String::from_utf8(d.get("-", "x/status.txt").unwrap().payload.clone()).unwrap();
-    assert!(status.contains("exit=0\techo fine"), "{status}");
-    assert!(status.contains("exit=7\tsh -c"), "{status}");
+    // exit=N<TAB>secs=S<TAB>command
+    let line = |cmd: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with("exit=") && l.ends_with(cmd))
+            .unwrap_or_else(|| panic!("no exit line for {cmd}:\n{status}"))
+            .to_string()
+    };
+    assert!(line("\techo fine").starts_with("exit=0\tsecs="), "{status}");
+    assert!(
+        line("\tsh -c echo broken >&2; exit 7").starts_with("exit=7\tsecs="),
+        "{status}"
+    );
+    // A process that dies of SIGSEGV (the start-up flake of hosts that emulate guest kernel
+    // code) is run again, at most twice, and the retries are noted.
+    assert_eq!(d.get("-", "x/flaky.txt").unwrap().payload, b"");
+    assert!(line("/tries").starts_with("exit=0\t"), "{status}");
+    assert_eq!(status.matches("retry=").count(), 1 + 2, "{status}");
+    assert!(
+        line("\tsh -c kill -SEGV $$").starts_with("exit=139\t"),
+        "{status}"
+    );
+    assert_eq!(
+        vmm::guest_reports::failed_steps(&status).len(),
+        2,
+        "exit 7 and the third SIGSEGV fail:\n{status}"
+    );
     assert!(
         console.contains("x: sh -c echo broken >&2; exit 7 -> exit 7"),
         "{console}"

@@ -6,7 +6,7 @@
 //! Vendor files decode MSRs, check reserved bits and call in here with decoded values.
 
 use crate::backend::{CounterBackend, CounterId, Scale};
-use crate::{Event, EventFilter};
+use crate::{ArchEvent, Event, EventFilter};
 
 /// What the guest's select registers say about one counter, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +33,40 @@ enum Verdict {
     Counts,
     /// The guest's registers say count, but the event filter refuses the event.
     Filtered,
-    /// Stopped by the guest's registers (or the backend cannot count the event).
+    /// Stopped by the guest's registers.
     Stopped,
+    /// The guest's registers say count, but the backend cannot count the event: the counter
+    /// stays still (noted once per event: [`CounterCore::uncounted`]).
+    Uncounted,
+}
+
+/// An event the guest enabled that the backend cannot count (e.g. instructions on the soft
+/// backend): its counter stays at its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UncountedEvent {
+    /// `Some(i)`: Intel fixed counter i (its event is built in).
+    pub fixed: Option<u8>,
+    pub code: u16,
+    pub umask: u8,
+}
+
+impl UncountedEvent {
+    fn of(e: &Event) -> UncountedEvent {
+        UncountedEvent {
+            fixed: e.fixed,
+            code: e.code,
+            umask: e.umask,
+        }
+    }
+}
+
+impl std::fmt::Display for UncountedEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.fixed {
+            Some(i) => write!(f, "fixed counter {i}"),
+            None => write!(f, "event {:#x}/{:#04x}", self.code, self.umask),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -82,6 +114,8 @@ pub(crate) struct CounterCore {
     filter: Option<EventFilter>,
     /// Times the filter kept a counter the guest's registers enabled from counting.
     filter_blocked: u64,
+    /// Events the guest enabled that the backend cannot count, each noted (and logged) once.
+    uncounted: Vec<(UncountedEvent, Option<ArchEvent>)>,
     reset_gp: Control,
     reset_fixed: fn(u8) -> Control,
     backend: Box<dyn CounterBackend>,
@@ -113,6 +147,7 @@ impl CounterCore {
             blocked: layout.blocked,
             filter: None,
             filter_blocked: 0,
+            uncounted: Vec::new(),
             reset_gp: layout.reset_gp,
             reset_fixed: layout.reset_fixed,
             backend,
@@ -176,6 +211,12 @@ impl CounterCore {
     /// How many times the filter kept an enabled counter from counting.
     pub fn filter_blocked(&self) -> u64 {
         self.filter_blocked
+    }
+
+    /// Events the guest enabled that the backend cannot count (their counters stayed still),
+    /// in the order first met, with the architectural event each is, if it is one.
+    pub fn uncounted(&self) -> &[(UncountedEvent, Option<ArchEvent>)] {
+        &self.uncounted
     }
 
     /// Mask of a counter's value (2^width - 1).
@@ -243,8 +284,10 @@ impl CounterCore {
             c.ctl = ctl;
         };
         if stays_stopped {
-            if verdict == Verdict::Filtered {
-                self.note_filtered(s, &ctl);
+            match verdict {
+                Verdict::Filtered => self.note_filtered(s, &ctl),
+                Verdict::Uncounted => self.note_uncounted(s, &ctl),
+                _ => {}
             }
             set(&mut self.counters[s]);
         } else {
@@ -379,7 +422,7 @@ impl CounterCore {
         } else if self.backend.supports(ev) {
             Verdict::Counts
         } else {
-            Verdict::Stopped
+            Verdict::Uncounted
         }
     }
 
@@ -395,6 +438,23 @@ impl CounterCore {
         );
     }
 
+    /// The backend cannot count counter `s`'s event: say so once per event (a guest profiler
+    /// would otherwise read a silent 0).
+    fn note_uncounted(&mut self, s: usize, ctl: &Control) {
+        let u = UncountedEvent::of(&ctl.event);
+        if self.uncounted.iter().any(|(seen, _)| *seen == u) {
+            return;
+        }
+        let arch = ctl.event.arch_event();
+        log::warn!(
+            "vpmu: {} {u}{} not counted: the backend cannot count it, the counter stays at its value \
+             (reported once per event)",
+            self.counters[s].id,
+            arch.map(|a| format!(" ({a:?})")).unwrap_or_default()
+        );
+        self.uncounted.push((u, arch));
+    }
+
     /// Programs the backend for the counter's current state, or stops it (`was`: the backend
     /// was running it before the fold).
     fn arm(&mut self, s: usize, was: bool) {
@@ -405,9 +465,11 @@ impl CounterCore {
             if was {
                 self.backend.stop(id);
             }
-            if verdict == Verdict::Filtered {
-                let ctl = c.ctl;
-                self.note_filtered(s, &ctl);
+            let ctl = c.ctl;
+            match verdict {
+                Verdict::Filtered => self.note_filtered(s, &ctl),
+                Verdict::Uncounted => self.note_uncounted(s, &ctl),
+                _ => {}
             }
             return;
         }

@@ -80,6 +80,7 @@ mod pmu;
 
 pub use backend::{AccountingMode, BackendError, CounterBackend, CounterId, Scale};
 pub use config::{AmdConfig, ConfigError, IntelConfig, PmuConfig, Vendor};
+pub use counter::UncountedEvent;
 pub use cpuid::{CpuidEdit, CpuidEntry, CpuidReg};
 pub use event::{ArchEvent, Event};
 pub use filter::{EventFilter, EventMatch, FilterAction, FilterError};

@@ -248,6 +248,12 @@ impl Pmu {
         self.core.filter_blocked()
     }
 
+    /// Events the guest enabled that the backend cannot count (their counters stayed still),
+    /// each once, in the order first met (e.g. instructions on the soft backend).
+    pub fn uncounted(&self) -> &[(crate::UncountedEvent, Option<crate::ArchEvent>)] {
+        self.core.uncounted()
+    }
+
     /// The backend, e.g. to print its statistics.
     pub fn backend(&self) -> &dyn CounterBackend {
         self.core.backend()

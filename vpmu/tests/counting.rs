@@ -126,6 +126,44 @@ fn unsupported_events_do_not_count_and_do_not_fault() {
     assert_eq!(rd(&mut pmu, pmc(1)), 10);
     assert_eq!(rd(&mut pmu, fixed_ctr(0)), 0);
     assert_eq!(rd(&mut pmu, fixed_ctr(1)), 10);
+    // CPUID told the guest that GP instructions are unavailable (not noted); the fixed counters
+    // of uncounted events (0: instructions, 2: reference cycles here) are noted.
+    let noted: Vec<String> = pmu.uncounted().iter().map(|(u, _)| u.to_string()).collect();
+    assert_eq!(noted, ["fixed counter 0", "fixed counter 2"]);
+}
+
+#[test]
+fn uncounted_events_are_noted_once_each() {
+    // AMD has no CPUID bits for unavailable events: the model notes each event the backend
+    // cannot count, once, so the VMM can say why the guest reads 0 for it.
+    let only_cycles =
+        FakeBackend::with_support(|e| e.arch_event() == Some(vpmu::ArchEvent::CoreCycles));
+    let (mut pmu, fake) = pmu_with(PmuConfig::Amd(AmdConfig::Legacy), only_cycles);
+    for _ in 0..3 {
+        wr(&mut pmu, k7_ctl(0), 0xc0 | ON); // instructions
+        wr(&mut pmu, k7_ctl(0), 0);
+    }
+    wr(&mut pmu, k7_ctl(1), 0xc2 | ON); // branches
+    wr(&mut pmu, k7_ctl(2), AMD_CYCLES);
+    assert_eq!(fake.running(), vec![CounterId::gp(2)]);
+    let noted: Vec<(String, Option<vpmu::ArchEvent>)> = pmu
+        .uncounted()
+        .iter()
+        .map(|(u, a)| (u.to_string(), *a))
+        .collect();
+    assert_eq!(
+        noted,
+        [
+            (
+                "event 0xc0/0x00".to_string(),
+                Some(vpmu::ArchEvent::Instructions)
+            ),
+            (
+                "event 0xc2/0x00".to_string(),
+                Some(vpmu::ArchEvent::Branches)
+            ),
+        ]
+    );
 }
 
 #[test]

@@ -145,6 +145,13 @@ pub struct PerfBackend {
 
 impl PerfBackend {
     pub fn new(source: Source, mode: AccountingMode, sys: Box<dyn PerfSys>) -> Self {
+        if let Source::Soft { tsc_khz } = source {
+            // Tests and users compare a guest's cycles / task-clock with this (docs/vpmu.md).
+            log::info!(
+                "soft counter backend: cycle events count thread CPU time at the TSC rate, {tsc_khz} kHz \
+                 (nominal frequency); only cycle events count"
+            );
+        }
         PerfBackend {
             source,
             mode,

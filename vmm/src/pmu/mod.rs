@@ -119,6 +119,9 @@ pub struct PmuStats {
     /// `filter_blocked` of each [`PmuStats`] [`add`](PmuStats::add)ed, in order (the VM's
     /// total lists its vCPUs' counts by vCPU id).
     pub filter_blocked_by_vcpu: Vec<u64>,
+    /// Events the guest enabled that the backend cannot count ([`vpmu::Pmu::uncounted`]): the
+    /// counter stayed still, so the guest read 0 for them. Each once (the sum: across vCPUs).
+    pub uncounted: Vec<(vpmu::UncountedEvent, Option<vpmu::ArchEvent>)>,
     /// TSC right after each of those NMIs was injected (KVM_NMI returned): with
     /// `pmi_signal_tsc`, the VMM's cost per delivered sample (benches/).
     pub pmi_inject_tsc: Vec<u64>,
@@ -162,6 +165,11 @@ impl PmuStats {
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
         self.filter_blocked += o.filter_blocked;
         self.filter_blocked_by_vcpu.push(o.filter_blocked);
+        for u in &o.uncounted {
+            if !self.uncounted.contains(u) {
+                self.uncounted.push(*u);
+            }
+        }
         self.pmi_inject_tsc.extend_from_slice(&o.pmi_inject_tsc);
     }
 }
@@ -239,6 +247,9 @@ impl MsrHandler for VcpuPmu {
         });
         // Only guest writes start counters, so only they can meet the event filter.
         self.stats.filter_blocked = self.pmu.filter_blocked();
+        if self.stats.uncounted.len() != self.pmu.uncounted().len() {
+            self.stats.uncounted = self.pmu.uncounted().to_vec();
+        }
         r
     }
 }
