@@ -4,10 +4,10 @@
 #   2. tiny guests on /dev/kvm        (same run; they fail loudly without /dev/kvm)
 #   3. stock Linux on /dev/kvm        two boots of the default guest kernel: 2 vCPUs with the perf
 #                                     NMI watchdog on the vPMU in both modes; packet receive compared
-#                                     in both modes (vpmu-vmm compare --workload packet-rx); and,
-#                                     where guest user space runs (VT-x/SVM), stock perf and OProfile
-#                                     in the guest (guest_profilers; elsewhere it says loudly that
-#                                     it cannot run)
+#                                     in both modes (vpmu-vmm compare --workload packet-rx); and
+#                                     stock perf and OProfile in the guest (guest_profilers; on
+#                                     kvm_pvm hosts, where its boots take 15-50 min each, only with
+#                                     VPMU_GUEST_PROFILERS=1, said loudly otherwise)
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 set -euo pipefail
@@ -44,8 +44,13 @@ VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
 
 # Stock perf and OProfile inside the guest (both modes in one boot) and `compare --profiler
 # perf|oprofile` (one boot each; the two tests run side by side). On hosts whose KVM emulates guest
-# kernel code (kvm_pvm) guest user space runs through the VMM's SYSCALL relay; each boot takes
-# 15-50 minutes there (docs/guest.md, "Sizes and periods").
+# kernel code (kvm_pvm) guest user space runs through the VMM's SYSCALL relay, but each of these
+# boots takes 15-50 minutes there (docs/guest.md, "Sizes and periods"): more than CI's 90 minutes
+# allow for the three. There this tier runs only with VPMU_GUEST_PROFILERS=1, and says so loudly.
+if [ -e /sys/module/kvm_pvm ] && [ "${VPMU_GUEST_PROFILERS:-0}" != 1 ]; then
+  say "*** tier 3: stock perf/OProfile in the guest NOT RUN: on this host (kvm_pvm) its boots take 15-50 min each (docs/guest.md); VPMU_GUEST_PROFILERS=1 runs it ***"
+  exit 0
+fi
 say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf|oprofile (builds the default initramfs once)"
 guest-image/build.sh initramfs
 eval "$(guest-image/build.sh paths)"
