@@ -266,10 +266,10 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
     }
     let crashed: Vec<&str> = log.lines().filter(|l| l.contains("segfault at")).collect();
     if quirks && !crashed.is_empty() {
-        // Known issue of hosts that emulate guest kernel code (docs/guest.md, "2 vCPUs"): with
+        // Known issue of hosts that emulate guest kernel code (docs/guest.md, "start-up crash"): with
         // more than one vCPU, some freshly exec'd static busybox processes read a zero from
         // their TLS at start-up and segfault (init itself included, which panics the kernel);
-        // never seen on 1 vCPU, nor with every process kept on one CPU. The kernel-side checks
+        // rare on 1 vCPU, not seen with every process kept on one CPU. The kernel-side checks
         // above still hold; user space on this host is checked on 1 vCPU by guest_profilers
         // (perf and OProfile in the guest, clean power-off).
         eprintln!(
