@@ -173,15 +173,7 @@ impl PerfBackend {
         if self.gate.switches.is_some() || self.gate.switches_failed {
             return;
         }
-        let req = PerfRequest {
-            event: PerfEvent::SwitchRecords,
-            sample_period: None,
-            exclude_user: false,
-            exclude_kernel: false,
-            exclude_host: false,
-            exclude_guest: false,
-            disabled: false,
-        };
+        let req = PerfRequest::counting(PerfEvent::SwitchRecords);
         let res = self
             .sys
             .open(&req)
@@ -213,15 +205,7 @@ impl PerfBackend {
         if self.gate.clock.is_some() || self.gate.clock_failed {
             return;
         }
-        let req = PerfRequest {
-            event: PerfEvent::TaskClock,
-            sample_period: None,
-            exclude_user: false,
-            exclude_kernel: false,
-            exclude_host: false,
-            exclude_guest: false,
-            disabled: false,
-        };
+        let req = PerfRequest::counting(PerfEvent::TaskClock);
         match self.sys.open(&req) {
             Ok(fd) => {
                 self.gate.clock = Some(fd);
@@ -337,16 +321,12 @@ impl PerfBackend {
     /// The perf events that implement one guest counter.
     fn requests(&self, e: &Event, period: Option<u64>) -> Vec<PerfRequest> {
         let base = PerfRequest {
-            event: PerfEvent::TaskClock,
             sample_period: period,
-            exclude_user: false,
-            exclude_kernel: false,
-            exclude_host: false,
-            exclude_guest: false,
-            disabled: false,
+            ..PerfRequest::counting(PerfEvent::TaskClock)
         };
         match self.source {
-            // Both modes run the event all the time (cpu-switch subtracts, see `Gate`).
+            // Both modes run the event all the time (cpu-switch charges only KVM_RUN intervals,
+            // see `Gate`).
             Source::Soft { .. } => vec![PerfRequest {
                 sample_period: period.map(|p| p.max(MIN_SOFT_PERIOD_NS)),
                 ..base

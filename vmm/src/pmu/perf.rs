@@ -47,6 +47,21 @@ pub struct PerfRequest {
     pub disabled: bool,
 }
 
+impl PerfRequest {
+    /// `event` counting everything the calling thread does, enabled, no sampling.
+    pub fn counting(event: PerfEvent) -> Self {
+        PerfRequest {
+            event,
+            sample_period: None,
+            exclude_user: false,
+            exclude_kernel: false,
+            exclude_host: false,
+            exclude_guest: false,
+            disabled: false,
+        }
+    }
+}
+
 /// The perf syscalls a backend needs.
 pub trait PerfSys: Send {
     /// Opens an event on the calling thread; overflow notifications (if sampling) go to that
