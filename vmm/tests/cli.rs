@@ -1,6 +1,8 @@
 //! Bad input on the command line: a one-line error naming the problem, exit code 2 for usage
 //! errors and 1 otherwise, never a panic or backtrace.
 
+mod common;
+
 use std::io::Write;
 use std::process::Command;
 
@@ -32,33 +34,6 @@ fn error_lines(stderr: &str) -> Vec<&str> {
     stderr.lines().filter(|l| l.starts_with("error")).collect()
 }
 
-/// A minimal ELF64 x86-64 executable: one PT_LOAD segment of `size` bytes at 16 MiB.
-fn tiny_elf(size: u64) -> Vec<u8> {
-    let mut f = vec![0u8; 0x78];
-    f[..4].copy_from_slice(b"\x7fELF");
-    f[4] = 2; // 64-bit
-    f[5] = 1; // little endian
-    f[6] = 1; // version
-    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    f[20..24].copy_from_slice(&1u32.to_le_bytes());
-    f[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // entry
-    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
-    f[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
-    f[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
-    f[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
-    let ph = &mut f[64..120];
-    ph[0..4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    ph[4..8].copy_from_slice(&5u32.to_le_bytes()); // R+X
-    ph[8..16].copy_from_slice(&0x78u64.to_le_bytes()); // offset
-    ph[16..24].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes()); // vaddr
-    ph[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // paddr
-    ph[32..40].copy_from_slice(&size.to_le_bytes()); // filesz
-    ph[40..48].copy_from_slice(&size.to_le_bytes()); // memsz
-    f.resize(0x78 + size as usize, 0xf4);
-    f
-}
-
 fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
     let p = dir.path().join(name);
     std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
@@ -68,7 +43,7 @@ fn write_file(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> String {
 #[test]
 fn usage_errors_exit_2() {
     let dir = tempfile::tempdir().unwrap();
-    let k = write_file(&dir, "vmlinux", &tiny_elf(16));
+    let k = write_file(&dir, "vmlinux", &common::tiny_elf(16));
     for (args, needle) in [
         (vec!["run", "--kernel", &k, "--cpus", "0"], "--cpus"),
         (vec!["run", "--kernel", &k, "--cpus", "100"], "--cpus"),
@@ -116,7 +91,7 @@ fn usage_errors_exit_2() {
 #[test]
 fn bad_event_filters_are_usage_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let k = write_file(&dir, "vmlinux", &tiny_elf(16));
+    let k = write_file(&dir, "vmlinux", &common::tiny_elf(16));
     let bad = write_file(&dir, "filter", b"# policy\nallow:\n 0x3c\n 0x1000\n");
     let run = |spec: &str, vpmu: &str| {
         vmm(&[
@@ -162,7 +137,7 @@ fn bad_files_exit_1_with_one_line() {
         eprintln!("*** /dev/kvm missing: file errors are still checked, after KVM setup fails ***");
     }
     let dir = tempfile::tempdir().unwrap();
-    let kernel = write_file(&dir, "vmlinux", &tiny_elf(4096));
+    let kernel = write_file(&dir, "vmlinux", &common::tiny_elf(4096));
     let text = write_file(&dir, "notes.txt", b"just some text, not a kernel at all");
     // A bzImage whose gzip payload is corrupt.
     let mut bz = vec![0u8; 1024];

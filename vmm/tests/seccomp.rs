@@ -18,33 +18,10 @@ use vmm::vm::{Boot, Controller, VmConfig, VpmuSetting};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
-/// A minimal ELF64 "kernel": one PT_LOAD segment of HLTs at 16 MiB, entered in long mode with
-/// interrupts off, so each vCPU sleeps in KVM_RUN until --timeout.
+/// A minimal ELF64 "kernel" of HLTs, entered in long mode with interrupts off, so each vCPU
+/// sleeps in KVM_RUN until --timeout.
 fn halt_elf() -> Vec<u8> {
-    let size = 16u64;
-    let mut f = vec![0u8; 0x78];
-    f[..4].copy_from_slice(b"\x7fELF");
-    f[4] = 2; // 64-bit
-    f[5] = 1; // little endian
-    f[6] = 1; // version
-    f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    f[20..24].copy_from_slice(&1u32.to_le_bytes());
-    f[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // entry
-    f[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
-    f[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
-    f[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
-    f[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
-    let ph = &mut f[64..120];
-    ph[0..4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    ph[4..8].copy_from_slice(&5u32.to_le_bytes()); // R+X
-    ph[8..16].copy_from_slice(&0x78u64.to_le_bytes()); // offset
-    ph[16..24].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes()); // vaddr
-    ph[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // paddr
-    ph[32..40].copy_from_slice(&size.to_le_bytes()); // filesz
-    ph[40..48].copy_from_slice(&size.to_le_bytes()); // memsz
-    f.resize(0x78 + size as usize, 0xf4);
-    f
+    common::tiny_elf(16)
 }
 
 /// tid -> (thread name, the `Seccomp:` mode) for every thread of process `pid`.
