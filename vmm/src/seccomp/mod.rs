@@ -403,6 +403,16 @@ mod tests {
 
     const CHILD_ENV: &str = "VPMU_SECCOMP_TEST_CHILD";
 
+    /// Runs test `name` again in a child process (this test binary, `--exact`) with CHILD_ENV
+    /// set to `tag`, so that it can apply a filter and die without taking the runner with it.
+    fn rerun_in_child(name: &str, tag: &str) -> std::process::Output {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, tag)
+            .output()
+            .unwrap()
+    }
+
     /// In a child process (this test binary again): confine the thread as a vCPU, make a call
     /// the vCPU filter forbids (socket), and see the report and the exit code.
     #[test]
@@ -425,17 +435,10 @@ mod tests {
                 .unwrap();
             std::process::exit(0);
         }
-        let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new(exe)
-            .args([
-                "--exact",
-                "seccomp::tests::forbidden_call_on_a_vcpu_thread_ends_the_process_with_a_report",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, "1")
-            .output()
-            .unwrap();
+        let out = rerun_in_child(
+            "seccomp::tests::forbidden_call_on_a_vcpu_thread_ends_the_process_with_a_report",
+            "1",
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code::SECCOMP), "stderr: {stderr}");
         assert!(
@@ -499,17 +502,10 @@ mod tests {
                 .unwrap();
             std::process::exit(0);
         }
-        let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new(exe)
-            .args([
-                "--exact",
-                "seccomp::tests::unlisted_ioctl_request_is_forbidden_on_a_vcpu_thread",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_ENV, "2")
-            .output()
-            .unwrap();
+        let out = rerun_in_child(
+            "seccomp::tests::unlisted_ioctl_request_is_forbidden_on_a_vcpu_thread",
+            "2",
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code::SECCOMP), "stderr: {stderr}");
         assert!(
