@@ -50,13 +50,41 @@ pub struct Switch {
 /// are still applied, only not logged.
 pub const MAX_LOGGED_SWITCHES: usize = 100_000;
 
+/// Switches are printed (info level) at most this often: a guest that switches at every exit
+/// through port 0x511 must not flood the operator's terminal. The ones in between are counted
+/// and the next printed line says how many; all of them are in [`ModeSwitch::history`].
+pub const PRINT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The VM's current accounting mode.
 pub struct ModeSwitch {
     current: AtomicU8,
     start: Instant,
-    log: Mutex<Vec<Switch>>,
+    log: Mutex<SwitchLog>,
     /// Switches made after the log filled up.
     unlogged: AtomicU64,
+}
+
+struct SwitchLog {
+    switches: Vec<Switch>,
+    /// When a switch was last printed, and how many were not printed since.
+    last_printed: Option<Duration>,
+    not_printed: u64,
+}
+
+impl SwitchLog {
+    /// Whether the switch at `at` gets a line of its own; if so, also how many before it did not.
+    fn should_print(&mut self, at: Duration) -> Option<u64> {
+        match self.last_printed {
+            Some(last) if at.saturating_sub(last) < PRINT_INTERVAL => {
+                self.not_printed += 1;
+                None
+            }
+            _ => {
+                self.last_printed = Some(at);
+                Some(std::mem::take(&mut self.not_printed))
+            }
+        }
+    }
 }
 
 impl ModeSwitch {
@@ -64,12 +92,16 @@ impl ModeSwitch {
         ModeSwitch {
             current: AtomicU8::new(index(mode) as u8),
             start: Instant::now(),
-            log: Mutex::new(vec![Switch {
-                at: Duration::ZERO,
-                tsc: crate::tsc::now(),
-                mode,
-                by: "start",
-            }]),
+            log: Mutex::new(SwitchLog {
+                switches: vec![Switch {
+                    at: Duration::ZERO,
+                    tsc: crate::tsc::now(),
+                    mode,
+                    by: "start",
+                }],
+                last_printed: None,
+                not_printed: 0,
+            }),
             unlogged: AtomicU64::new(0),
         }
     }
@@ -88,13 +120,26 @@ impl ModeSwitch {
             return false;
         }
         let at = self.start.elapsed();
-        log::info!(
-            "vPMU accounting mode -> {} at {:.3} s (by {by})",
-            name(mode),
-            at.as_secs_f64()
-        );
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        if log.len() >= MAX_LOGGED_SWITCHES {
+        match log.should_print(at) {
+            Some(0) => log::info!(
+                "vPMU accounting mode -> {} at {:.3} s (by {by})",
+                name(mode),
+                at.as_secs_f64()
+            ),
+            Some(skipped) => log::info!(
+                "vPMU accounting mode -> {} at {:.3} s (by {by}; {skipped} switches in the last {} s not printed)",
+                name(mode),
+                at.as_secs_f64(),
+                PRINT_INTERVAL.as_secs()
+            ),
+            None => log::debug!(
+                "vPMU accounting mode -> {} at {:.3} s (by {by})",
+                name(mode),
+                at.as_secs_f64()
+            ),
+        }
+        if log.switches.len() >= MAX_LOGGED_SWITCHES {
             if self.unlogged.fetch_add(1, Ordering::Relaxed) == 0 {
                 log::warn!(
                     "vPMU accounting-mode log full ({MAX_LOGGED_SWITCHES} switches): later switches are applied but not logged, and the end-of-run time per mode counts them in the last logged mode"
@@ -102,7 +147,7 @@ impl ModeSwitch {
             }
             return true;
         }
-        log.push(Switch {
+        log.switches.push(Switch {
             at,
             tsc: crate::tsc::now(),
             mode,
@@ -118,7 +163,11 @@ impl ModeSwitch {
 
     /// Every switch so far, the initial mode first.
     pub fn history(&self) -> Vec<Switch> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .switches
+            .clone()
     }
 }
 
@@ -235,6 +284,26 @@ impl Schedule {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn switches_are_printed_at_most_once_a_second() {
+        let mut log = SwitchLog {
+            switches: Vec::new(),
+            last_printed: None,
+            not_printed: 0,
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(log.should_print(ms(10)), Some(0));
+        // A guest switching every millisecond: one line a second, saying how many were skipped.
+        let printed: Vec<(u64, u64)> = (11..3011)
+            .filter_map(|t| log.should_print(ms(t)).map(|n| (t, n)))
+            .collect();
+        assert_eq!(printed, vec![(1010, 999), (2010, 999), (3010, 999)]);
+        // A switch after a quiet second is printed at once.
+        assert_eq!(log.should_print(ms(5000)), Some(0));
+        assert_eq!(log.should_print(ms(5100)), None);
+        assert_eq!(log.should_print(ms(6500)), Some(1));
+    }
 
     #[test]
     fn schedule_parses_and_rejects() {
