@@ -89,21 +89,24 @@ mount -t proc proc "$ROOT/proc"
 mount -t sysfs sysfs "$ROOT/sys"
 mount --bind /dev "$ROOT/dev"
 dd if=/dev/zero of="$ROOT/tmp/port" bs=1 count=2048 status=none
-say "running the experiments (all, cpu-switch,domain-switch) with cpu-clock/task-clock..."
+say "running the experiments (all, cpu-switch,domain-switch) with cpu-clock/task-clock, a 1 ms period..."
 in_root VPMU_RESULTS_DEV=/tmp/results.bin VPMU_PORT_DEV=/tmp/port VPMU_EVENT=cpu-clock \
 	VPMU_STAT_EVENTS=task-clock,cpu-clock VPMU_ROUNDS=${VPMU_ROUNDS:-100} \
+	VPMU_PERIOD=1000000 VPMU_PROFILE_ROUNDS=1000 \
 	sh -c '. /etc/vpmu/experiments.sh; vpmu_run_experiments all cpu-switch,domain-switch' >&2
 OUT=$ROOT/decoded
 "$VMM" results "$ROOT/tmp/results.bin" --out "$OUT" | tail -n 1 >&2 || die "result stream incomplete"
 for mode in cpu-switch domain-switch; do
 	r=$OUT/$mode/perf-record/report-cpu_split-symbols.txt
 	[ -f "$r" ] || die "$mode: no perf report"
-	hot=$(awk '$3 == "hot_75" { sub("%", "", $1); print $1 }' "$r")
+	hot=$(awk '{ for (i = 1; i < NF; i++) if ($i == "[.]" && $(i + 1) == "hot_75") { sub("%", "", $1); print $1 } }' "$r")
 	[ -n "$hot" ] || die "$mode: no hot_75 line in the perf report"
 	awk -v h="$hot" 'BEGIN { exit !(h >= 73 && h <= 77) }' ||
 		die "$mode: hot_75 has $hot% of cpu_split's samples, not 75 +- 2"
 	say "$mode: perf report: hot_75 = $hot% of cpu_split's cpu-clock samples (want 75 +- 2)"
 	grep -q 'task-clock' "$OUT/$mode/perf-stat/cpu_split.csv" || die "$mode: no perf stat CSV"
+	[ "$(grep -c '^cpu ' "$OUT/$mode/perf-stat/cpu_split.proc-stat")" = 2 ] ||
+		die "$mode: no /proc/stat lines around cpu_split"
 done
 # compare-perf (what `vpmu-vmm compare --profiler perf` boots), the same way: the real perf
 # must accept its options and print reports with sample counts.

@@ -3,9 +3,10 @@
 # place of the serial port.
 #
 # vpmu_run_experiments LIST [MODES]
-#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,ocount,operf):
+#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,perf-record-io,ocount,operf):
 #     perf-stat    perf stat -e $VPMU_STAT_EVENTS on cpu_split, syscall_heavy, io_heavy (CSV)
-#     perf-record  perf record -e $VPMU_EVENT on cpu_split (and io_heavy) + perf report --stdio
+#     perf-record  perf record -e $VPMU_EVENT on cpu_split + perf report --stdio
+#     perf-record-io  the same on io_heavy
 #     ocount       ocount (the CPU's default event) on cpu_split; ophelp's view of the CPU
 #     operf        operf on cpu_split + opreport (images) + opreport -l (symbols of cpu_split)
 #     workloads    the three workloads on their own, timed (no profiler)
@@ -49,9 +50,9 @@ VPMU_SECS=${VPMU_SECS:-30}
 #     the cycles the emulated PMI handler itself takes (it counts too): 2-3 ms on an idle host,
 #     ~37 ms wall on a busy one, where 50M cycles (~19 ms) made the guest sample its own handler
 #     (perf record -a of `sleep 20` took 436 s). 200M cycles is ~13 samples/s at 2.6 GHz.
-#   VPMU_PROFILE_ROUNDS: cpu_split rounds for the sampled runs (perf record, operf, the compare
-#     controls): ~34M cycles a round, so ~1000 samples at 200M, for hot_75's share to sit within
-#     2 pp of 75%.
+#   VPMU_PROFILE_ROUNDS: cpu_split rounds for the sampled runs (perf record, operf): ~11.7M
+#     cycles a round, so ~350 samples at 200M, ~260 of them in cpu_split's own code (the rest is
+#     the emulated timer tick); ~2 min of guest time here.
 #   VPMU_SYSCALL_ITERS: syscall_heavy iterations (1M took ~1000 s here on an idle host; 20000
 #     took 139 s under perf stat on a busy one: each relayed SYSCALL costs ~0.5-3 ms of emulated
 #     kernel code).
@@ -65,7 +66,7 @@ VPMU_IO_ARGS=${VPMU_IO_ARGS:-all 4}
 VPMU_OP_EVENT=${VPMU_OP_EVENT:-CPU_CLK_UNHALTED}
 VPMU_MODE_TAG=-
 VPMU_SEQ=0
-VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,ocount,operf
+VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf
 
 # --- Frames -----------------------------------------------------------------------------------
 
@@ -139,11 +140,23 @@ vpmu_step() {
 	return "$rc"
 }
 
+# cpu_split runs under perf stat inside `sh -c`, which reads the guest's /proc/stat cpu line (a
+# shell builtin, no extra process) just before and after it: the difference of its steal column
+# is the time the host kept the vCPU from running, which the guest's task-clock counts and no
+# cycle does (docs/guest.md, "cycles / task-clock"). Sent as perf-stat/cpu_split.proc-stat.
 exp_perf_stat() {
 	local w
 	for w in "cpu_split $VPMU_ROUNDS" "syscall_heavy $VPMU_SYSCALL_ITERS" "io_heavy $VPMU_IO_ARGS"; do
 		set -- $w
-		vpmu_step perf-stat "$1.log" perf stat -x, -e "$VPMU_STAT_EVENTS" -o "$dir/$1.csv" -- "$@"
+		if [ "$1" = cpu_split ]; then
+			export VPMU_PROC_STAT="$dir/$1.proc-stat"
+			vpmu_step perf-stat "$1.log" perf stat -x, -e "$VPMU_STAT_EVENTS" -o "$dir/$1.csv" -- \
+				sh -c 'read -r a </proc/stat; "$@"; rc=$?; read -r b </proc/stat
+					printf "%s\n%s\n" "$a" "$b" >"$VPMU_PROC_STAT"; exit $rc' sh "$@"
+			vpmu_frame "perf-stat/$1.proc-stat" "$VPMU_PROC_STAT"
+		else
+			vpmu_step perf-stat "$1.log" perf stat -x, -e "$VPMU_STAT_EVENTS" -o "$dir/$1.csv" -- "$@"
+		fi
 		vpmu_frame "perf-stat/$1.csv" "$dir/$1.csv"
 	done
 }
@@ -154,13 +167,17 @@ exp_perf_record() {
 		cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step perf-record report-cpu_split.txt \
 		perf report -i "$dir/cpu_split.data" --stdio --sort comm,dso,symbol
-	# Only cpu_split's own functions, as shares of cpu_split's samples: hot_75 should be ~75%.
+	# Only cpu_split's own functions, as shares of cpu_split's samples (with their sample counts,
+	# which say how close to 75% hot_75 can be expected to come).
 	vpmu_step perf-record report-cpu_split-symbols.txt \
-		perf report -i "$dir/cpu_split.data" --stdio --sort symbol --dsos cpu_split \
+		perf report -i "$dir/cpu_split.data" --stdio -n --sort symbol --dsos cpu_split \
 		--percentage relative
-	vpmu_step perf-record record-io_heavy.log \
+}
+
+exp_perf_record_io() {
+	vpmu_step perf-record-io record-io_heavy.log \
 		perf record -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/io_heavy.data" -- io_heavy $VPMU_IO_ARGS
-	vpmu_step perf-record report-io_heavy.txt \
+	vpmu_step perf-record-io report-io_heavy.txt \
 		perf report -i "$dir/io_heavy.data" --stdio --sort comm,dso,symbol
 }
 
@@ -226,6 +243,7 @@ vpmu_run_one() {
 	case "$exp" in
 	perf-stat) exp_perf_stat ;;
 	perf-record) exp_perf_record ;;
+	perf-record-io) exp_perf_record_io ;;
 	ocount) exp_ocount ;;
 	operf) exp_operf ;;
 	workloads) exp_workloads ;;
