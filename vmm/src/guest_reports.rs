@@ -14,6 +14,21 @@ pub fn perf_stat_count(csv: &str, event: &str) -> Option<f64> {
     })
 }
 
+/// Milliseconds of steal time between two `cpu` lines of the guest's /proc/stat (the first two
+/// lines of `text`: before, after): the 8th number (`steal`, in USER_HZ = 100 ticks a second) is
+/// the time the host kept the vCPU from running. None if the text is not two such lines or the
+/// count went backwards.
+pub fn proc_stat_steal_ms(text: &str) -> Option<f64> {
+    let steal = |l: &str| -> Option<u64> {
+        let mut w = l.split_whitespace();
+        (w.next()? == "cpu").then_some(())?;
+        w.nth(7)?.parse().ok()
+    };
+    let mut lines = text.lines();
+    let (a, b) = (steal(lines.next()?)?, steal(lines.next()?)?);
+    Some(b.checked_sub(a)? as f64 * 10.0)
+}
+
 /// The share (percent) of `symbol` in `perf report --stdio` output: the first column of the
 /// line whose symbol column (after `[.]` or `[k]`) is `symbol`.
 pub fn perf_report_share(report: &str, symbol: &str) -> Option<f64> {
@@ -170,6 +185,23 @@ mod tests {
             perf_stat_count("123456,,cycles:u,1000,100.00,,\n", "cycles"),
             Some(123456.0)
         );
+    }
+
+    #[test]
+    fn steal_between_two_proc_stat_lines() {
+        let t = "cpu  115 0 3711 0 0 0 39 10383 0 0\ncpu  838 0 3778 0 0 0 42 11794 0 0\n";
+        assert_eq!(proc_stat_steal_ms(t), Some(14110.0));
+        assert_eq!(proc_stat_steal_ms("cpu  1 2 3 4 5 6 7 8 9 10\n"), None);
+        assert_eq!(
+            proc_stat_steal_ms("cpu0 1 2 3 4 5 6 7 8\ncpu0 1 2 3 4 5 6 7 9\n"),
+            None
+        );
+        assert_eq!(
+            proc_stat_steal_ms("cpu 1 2 3 4 5 6 7 9\ncpu 1 2 3 4 5 6 7 8\n"),
+            None
+        );
+        assert_eq!(proc_stat_steal_ms("cpu 1 2 3\ncpu 1 2 3\n"), None);
+        assert_eq!(proc_stat_steal_ms(""), None);
     }
 
     #[test]

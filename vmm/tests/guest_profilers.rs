@@ -1,19 +1,20 @@
 //! Stock perf and OProfile inside a stock Linux guest on the vPMU (issue 4, issue 10): boots the
-//! default kernel with the default initramfs (guest-image/build.sh) on one vCPU, `vpmu.experiment=all
-//! vpmu.modes=cpu-switch,domain-switch` (one boot, the guest switches the mode through the vPMU
-//! control port), decodes the result frames from COM2 and checks them, in each mode:
+//! default kernel with the default initramfs (guest-image/build.sh) on one vCPU with
+//! `vpmu.experiment=perf-stat,perf-record,ocount,operf vpmu.modes=cpu-switch,domain-switch` (the
+//! guest library's `all` less perf-record-io; one boot, the guest switches the mode through the
+//! vPMU control port), decodes the result frames from COM2 and checks them, in each mode:
 //!   * perf stat -e cycles,instructions,task-clock on cpu_split: a real cycles count (not
-//!     <not supported>), and cycles / task-clock no more than the vPMU's nominal frequency + 5%
-//!     (the soft backend counts the vCPU thread's CPU time at the TSC rate; the guest's task-clock
-//!     also runs while the host has the thread switched out, so on a busy host the ratio is lower:
-//!     it is printed, and checked against the nominal rate only with VPMU_TEST_IDLE_HOST=1);
+//!     <not supported>), and cycles / task-clock within 5% of the vPMU's nominal frequency once
+//!     the steal time is taken out of task-clock (the guest's task-clock also runs while the host
+//!     has the vCPU thread switched out; KVM tells the guest how long, in /proc/stat's steal
+//!     column, which the guest library reads around cpu_split);
 //!   * instructions, which the soft backend cannot count, is named in the VMM's end-of-run
 //!     warning (AMD model: no CPUID bit can tell the guest), not left as a silent 0;
 //!   * perf record -e cycles (fixed period) + perf report: samples of event 'cycles' (no
-//!     cpu-clock fallback), hot_75 has 75% +- 2 pp of cpu_split's own samples in cpu-switch (in
-//!     domain-switch only that it is there: VMM work is charged too);
-//!   * ocount counts a nonzero default event, operf + opreport -l: hot_75 has 75% +- 2 pp of
-//!     cpu_split's samples in cpu-switch;
+//!     cpu-clock fallback), hot_75 has 75% of cpu_split's own samples in cpu-switch, within 2 pp
+//!     or, with fewer than ~2100 samples, within 3 binomial standard deviations (check_hot_share);
+//!     in domain-switch only that it is there: VMM work is charged too;
+//!   * ocount counts a nonzero default event, operf + opreport -l: hot_75's share as for perf;
 //!   * every step exited 0 and the guest kernel logged no unknown NMI, "irq loop stuck", general
 //!     protection fault, oops or BUG (soft-lockup reports excepted: emulated kernel code is slow).
 //!
@@ -35,7 +36,8 @@ use std::path::Path;
 use std::process::Command;
 
 use vmm::guest_reports::{
-    failed_steps, ocount_counts, opreport_share, perf_report_share, perf_stat_count,
+    failed_steps, ocount_counts, opreport_samples, opreport_share, perf_report_samples,
+    perf_report_share, perf_stat_count, proc_stat_steal_ms,
 };
 use vmm::guest_results::{decode, Decoded};
 
@@ -139,12 +141,36 @@ fn nominal_ghz(b: &Boot) -> f64 {
     khz / 1e6
 }
 
-/// hot_75's share must be 75% +- 2 pp of cpu_split's own samples.
-fn check_hot_share(mode: &str, what: &str, hot: f64, report: &str) {
+/// hot_75's share of cpu_split's own samples must be 75%: within 2 pp, or within three binomial
+/// standard deviations when there are too few samples for 2 pp to be a fair bound (fewer than
+/// ~2100: a boot on a host that emulates guest kernel code gets ~250-350 in the time CI allows;
+/// docs/guest.md, "Sizes and periods"). Returns the share.
+fn check_hot_share(mode: &str, what: &str, samples: &[(String, u64)], report: &str) -> f64 {
+    let count = |name: &str| {
+        samples
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, n)| *n)
+            .sum::<u64>()
+    };
+    let (hot, cold) = (count("hot_75"), count("cold_25"));
+    let n = hot + cold;
     assert!(
-        (hot - 75.0).abs() <= 2.0,
-        "{mode}: {what}: hot_75 has {hot}% of cpu_split's samples, not 75 +- 2:\n{report}"
+        n >= 100,
+        "{mode}: {what}: only {n} samples in cpu_split's hot_75/cold_25 (at least 100 needed):\n{report}"
     );
+    let share = 100.0 * hot as f64 / n as f64;
+    let sd = 100.0 * (0.75 * 0.25 / n as f64).sqrt();
+    let bound = (3.0 * sd).max(2.0);
+    eprintln!(
+        "{mode}: {what}: hot_75 {hot} + cold_25 {cold} samples: hot_75 {share:.1}% \
+         (75 +- {bound:.1} pp allowed: 3 sd of {n} samples, at least 2 pp)"
+    );
+    assert!(
+        (share - 75.0).abs() <= bound,
+        "{mode}: {what}: hot_75 has {share:.1}% of cpu_split's {n} samples, not 75 +- {bound:.1}:\n{report}"
+    );
+    share
 }
 
 /// The checks on one mode's results.
@@ -171,22 +197,31 @@ fn check_mode(b: &Boot, mode: &str) {
     assert!(cycles > 0.0, "{mode}: perf stat counted 0 cycles:\n{csv}");
     let clock_ms =
         clock_ms.unwrap_or_else(|| panic!("{mode}: perf stat has no task-clock:\n{csv}"));
+    // The guest's task-clock also runs while the host keeps the vCPU thread off the CPU (steal
+    // time, which KVM reports to the guest); the soft backend's cycles do not. Without the steal
+    // the two agree on any host, idle or busy.
+    let proc_stat = text(b, mode, "perf-stat/cpu_split.proc-stat");
+    let steal_ms = proc_stat_steal_ms(&proc_stat).unwrap_or_else(|| {
+        panic!("{mode}: no steal time in the guest's /proc/stat lines:\n{proc_stat}")
+    });
     let ghz = cycles / (clock_ms * 1e6);
+    let running_ms = clock_ms - steal_ms;
+    assert!(
+        running_ms > 0.2 * clock_ms,
+        "{mode}: the host kept the vCPU off the CPU for {steal_ms} of cpu_split's {clock_ms} ms: \
+         too busy for a cycles / task-clock check\n{csv}\n{proc_stat}"
+    );
+    let running_ghz = cycles / (running_ms * 1e6);
     eprintln!(
-        "{mode}: cycles / task-clock = {ghz:.3} GHz; the vPMU's nominal frequency {nominal:.3} GHz \
-         (ratio {:.3})",
-        ghz / nominal
+        "{mode}: cycles / task-clock = {ghz:.3} GHz; without the {steal_ms:.0} ms of steal time \
+         {running_ghz:.3} GHz; the vPMU's nominal frequency {nominal:.3} GHz (ratio {:.3})",
+        running_ghz / nominal
     );
     assert!(
-        ghz <= nominal * 1.05,
-        "{mode}: {ghz} GHz of cycles per task-clock, more than the nominal {nominal} GHz + 5%:\n{csv}"
+        (running_ghz / nominal - 1.0).abs() <= 0.05,
+        "{mode}: {running_ghz:.3} GHz of cycles per task-clock (less {steal_ms} ms of steal), not \
+         the nominal {nominal:.3} GHz +- 5%:\n{csv}\n{proc_stat}"
     );
-    if std::env::var_os("VPMU_TEST_IDLE_HOST").is_some() {
-        assert!(
-            (ghz / nominal - 1.0).abs() <= 0.05,
-            "{mode}: {ghz} GHz of cycles per task-clock, not the nominal {nominal} GHz +- 5%:\n{csv}"
-        );
-    }
 
     let full = text(b, mode, "perf-record/report-cpu_split.txt");
     assert!(
@@ -197,9 +232,9 @@ fn check_mode(b: &Boot, mode: &str) {
     let hot = perf_report_share(&report, "hot_75");
     let cold = perf_report_share(&report, "cold_25");
     eprintln!("{mode}: perf report cpu_split: hot_75 {hot:?} %, cold_25 {cold:?} %");
-    let hot = hot.unwrap_or_else(|| panic!("{mode}: no hot_75 in perf report:\n{report}"));
+    hot.unwrap_or_else(|| panic!("{mode}: no hot_75 in perf report:\n{report}"));
     if mode == "cpu-switch" {
-        check_hot_share(mode, "perf", hot, &report);
+        check_hot_share(mode, "perf", &perf_report_samples(&report), &report);
     }
 
     let oc = text(b, mode, "ocount/ocount-cpu_split.txt");
@@ -213,9 +248,9 @@ fn check_mode(b: &Boot, mode: &str) {
     let share = opreport_share(&op, "hot_75");
     let cold = opreport_share(&op, "cold_25");
     eprintln!("{mode}: opreport -l cpu_split: hot_75 {share:?} %, cold_25 {cold:?} %");
-    let share = share.unwrap_or_else(|| panic!("{mode}: opreport found no hot_75:\n{op}"));
+    share.unwrap_or_else(|| panic!("{mode}: opreport found no hot_75:\n{op}"));
     if mode == "cpu-switch" {
-        check_hot_share(mode, "operf", share, &op);
+        check_hot_share(mode, "operf", &opreport_samples(&op), &op);
     }
     assert!(
         !text(b, mode, "operf/opreport.txt").trim().is_empty(),
@@ -271,7 +306,7 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
         &kernel,
         &initrd,
         "cpu-switch",
-        "vpmu.experiment=all vpmu.modes=cpu-switch,domain-switch",
+        "vpmu.experiment=perf-stat,perf-record,ocount,operf vpmu.modes=cpu-switch,domain-switch",
         dir.path(),
     );
     check_boot(&b);
