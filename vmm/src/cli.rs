@@ -128,6 +128,11 @@ pub struct CompareArgs {
     /// packet-rx: give up when the guest's network is not up after SECS.
     #[arg(long, value_name = "SECS", default_value_t = 900)]
     pub boot_timeout: u64,
+    /// packet-rx: the PMU the guest sees, as for `run --pmu-model` (intel on a host that is not
+    /// Intel makes the whole guest CPU a generic Intel one, so the guest runs its Intel PMU
+    /// driver).
+    #[arg(long, value_enum, default_value_t = ModelChoice::Auto)]
+    pub pmu_model: ModelChoice,
     /// Rows of each table (0 = all).
     #[arg(long, value_name = "N", default_value_t = 25)]
     pub top: usize,

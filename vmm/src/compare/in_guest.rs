@@ -21,6 +21,7 @@ use crate::end::VmEnd;
 use crate::guest_reports::{failed_steps, opreport_samples, perf_report_samples};
 use crate::guest_results::{decode, Decoded};
 use crate::net::NetConfig;
+use crate::pmu::ModelChoice;
 use crate::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
 
 /// The guest's profiler.
@@ -64,6 +65,7 @@ pub struct Settings {
     pub pps: u32,
     pub access_cost_us: u32,
     pub boot_timeout: Duration,
+    pub pmu_model: ModelChoice,
 }
 
 pub struct GuestComparison {
@@ -97,6 +99,7 @@ pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     cfg.memory_mib = 1024;
     // The guest switches the mode itself before each profile (vpmu.modes).
     cfg.vpmu = VpmuSetting::CpuSwitch;
+    cfg.pmu_model = s.pmu_model;
     cfg.net = Some(NetConfig {
         rx_pps: s.pps,
         access_cost_us: s.access_cost_us,

@@ -21,6 +21,7 @@ use super::table::{Comparison, Profile};
 use super::CompareError;
 use crate::end::VmEnd;
 use crate::net::NetConfig;
+use crate::pmu::ModelChoice;
 use crate::profile::report::bucket;
 use crate::profile::symbols::SymbolTable;
 use crate::trace::format::{Record, Trace};
@@ -79,6 +80,7 @@ pub struct Settings {
     pub access_cost_us: u32,
     /// Give up if the guest's network is not up after this long.
     pub boot_timeout: Duration,
+    pub pmu_model: ModelChoice,
 }
 
 pub struct LinuxComparison {
@@ -130,6 +132,7 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
         cmdline: String::new(),
     });
     cfg.vpmu = VpmuSetting::DomainSwitch;
+    cfg.pmu_model = s.pmu_model;
     cfg.net = Some(NetConfig {
         rx_pps: s.pps,
         access_cost_us: s.access_cost_us,

@@ -119,6 +119,7 @@ fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         hz: args.hz,
         access_cost_us,
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
+        pmu_model: args.pmu_model,
     })?;
     print_packet_rx(args, &l.packets, &l.control, &l.run)
 }
@@ -147,6 +148,7 @@ fn packet_rx_in_guest(
         pps: args.net_rx_pps,
         access_cost_us,
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
+        pmu_model: args.pmu_model,
     })?;
     print_packet_rx(args, &g.packets, &g.control, &g.run)
 }
