@@ -175,6 +175,16 @@ fn check_hot_share(mode: &str, what: &str, samples: &[(String, u64)], report: &s
     share
 }
 
+/// A report's table lines (no comments or blank lines), for the test's output.
+fn table_lines(report: &str) -> String {
+    report
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .take(20)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The checks on one mode's results.
 fn check_mode(b: &Boot, mode: &str) {
     for exp in ["perf-stat", "perf-record", "ocount", "operf"] {
@@ -234,6 +244,10 @@ fn check_mode(b: &Boot, mode: &str) {
     let hot = perf_report_share(&report, "hot_75");
     let cold = perf_report_share(&report, "cold_25");
     eprintln!("{mode}: perf report cpu_split: hot_75 {hot:?} %, cold_25 {cold:?} %");
+    eprintln!(
+        "{mode}: perf report -n --sort symbol --dsos cpu_split:\n{}",
+        table_lines(&report)
+    );
     hot.unwrap_or_else(|| panic!("{mode}: no hot_75 in perf report:\n{report}"));
     if mode == "cpu-switch" {
         check_hot_share(mode, "perf", &perf_report_samples(&report), &report);
@@ -250,6 +264,10 @@ fn check_mode(b: &Boot, mode: &str) {
     let share = opreport_share(&op, "hot_75");
     let cold = opreport_share(&op, "cold_25");
     eprintln!("{mode}: opreport -l cpu_split: hot_75 {share:?} %, cold_25 {cold:?} %");
+    eprintln!(
+        "{mode}: opreport -l image:/usr/bin/cpu_split:\n{}",
+        table_lines(&op)
+    );
     share.unwrap_or_else(|| panic!("{mode}: opreport found no hot_75:\n{op}"));
     if mode == "cpu-switch" {
         check_hot_share(mode, "operf", &opreport_samples(&op), &op);
