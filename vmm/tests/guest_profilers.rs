@@ -330,6 +330,14 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
         dir.path(),
     );
     check_boot(&b);
+    // The VMM's end-of-run report: PMIs per mode, host-quirk fix-ups (any emulation failure met
+    // after init is there), the SYSCALL relay's count and cost.
+    let summary: Vec<&str> = b
+        .vmm_stderr
+        .lines()
+        .filter(|l| l.starts_with("[vpmu-vmm]"))
+        .collect();
+    eprintln!("the VMM's end-of-run report:\n{}", summary.join("\n"));
     for mode in ["cpu-switch", "domain-switch"] {
         check_mode(&b, mode);
     }
