@@ -140,10 +140,12 @@ vpmu_step() {
 	return "$rc"
 }
 
-# cpu_split runs under perf stat inside `sh -c`, which reads the guest's /proc/stat cpu line (a
-# shell builtin, no extra process) just before and after it: the difference of its steal column
-# is the time the host kept the vCPU from running, which the guest's task-clock counts and no
-# cycle does (docs/guest.md, "cycles / task-clock"). Sent as perf-stat/cpu_split.proc-stat.
+# cpu_split runs under perf stat inside `sh -c "$VPMU_STEAL_WRAP"`, which reads the guest's
+# /proc/stat cpu line (a shell builtin, no extra process) just before and after it: the difference
+# of its steal column is the time the host kept the vCPU from running, which the guest's
+# task-clock counts and no cycle does (docs/guest.md, "cycles / task-clock"). Sent as
+# perf-stat/cpu_split.proc-stat.
+VPMU_STEAL_WRAP='read -r a </proc/stat; "$@"; rc=$?; read -r b </proc/stat; printf "%s\n%s\n" "$a" "$b" >"$VPMU_PROC_STAT"; exit $rc'
 exp_perf_stat() {
 	local w
 	for w in "cpu_split $VPMU_ROUNDS" "syscall_heavy $VPMU_SYSCALL_ITERS" "io_heavy $VPMU_IO_ARGS"; do
@@ -151,8 +153,7 @@ exp_perf_stat() {
 		if [ "$1" = cpu_split ]; then
 			export VPMU_PROC_STAT="$dir/$1.proc-stat"
 			vpmu_step perf-stat "$1.log" perf stat -x, -e "$VPMU_STAT_EVENTS" -o "$dir/$1.csv" -- \
-				sh -c 'read -r a </proc/stat; "$@"; rc=$?; read -r b </proc/stat
-					printf "%s\n%s\n" "$a" "$b" >"$VPMU_PROC_STAT"; exit $rc' sh "$@"
+				sh -c "$VPMU_STEAL_WRAP" sh "$@"
 			vpmu_frame "perf-stat/$1.proc-stat" "$VPMU_PROC_STAT"
 		else
 			vpmu_step perf-stat "$1.log" perf stat -x, -e "$VPMU_STAT_EVENTS" -o "$dir/$1.csv" -- "$@"
