@@ -43,10 +43,10 @@ VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
   cargo test --release -p vmm --test linux_compare -- --ignored --nocapture
 
 # Stock perf and OProfile inside the guest (both modes in one boot) and `compare --profiler
-# perf|oprofile` (one boot each; the two tests run side by side, so the compare boots run while
-# the experiments boot does). On hosts whose KVM emulates guest kernel code (kvm_pvm) guest user
-# space runs through the VMM's SYSCALL relay, and this tier is the longest part of the run
-# (~25-35 min there: docs/guest.md, "Sizes and periods"). VPMU_GUEST_PROFILERS=0 skips it, loudly.
+# perf|oprofile` on the Intel model (one boot each): three boots, side by side. On hosts whose KVM
+# emulates guest kernel code (kvm_pvm) guest user space runs through the VMM's SYSCALL relay, and
+# this tier is the longest part of the run (~35-45 min there: docs/guest.md, "Sizes and
+# periods"). VPMU_GUEST_PROFILERS=0 skips it, loudly.
 if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
   say "*** tier 3: stock perf/OProfile in the guest SKIPPED because VPMU_GUEST_PROFILERS=0 ***"
   exit 0
@@ -56,4 +56,4 @@ guest-image/build.sh initramfs
 eval "$(guest-image/build.sh paths)"
 : "${INITRAMFS:?guest-image/build.sh paths did not name INITRAMFS}"
 VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS" VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-3600}" \
-  cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture --test-threads 2
+  cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture --test-threads 3

@@ -362,82 +362,92 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
     }
 }
 
-/// `compare --profiler perf|oprofile` end to end: one boot each, on the Intel model (`--pmu-model
-/// intel`: a generic GenuineIntel CPU, so the guest runs Linux's Intel PMU driver), so that perf
-/// and OProfile in the guest are driven on both models in one test run (the experiments boot
-/// above uses the host's, AMD here).
+/// `compare --profiler perf` end to end on the Intel model (see [`compare_on_the_intel_model`]).
 #[test]
-#[ignore = "boots Linux twice with perf and OProfile (10-20 min each on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
-fn compare_with_the_guests_own_profilers() {
+#[ignore = "boots Linux with perf (20-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
+fn compare_with_the_guests_perf() {
+    compare_on_the_intel_model("perf");
+}
+
+/// `compare --profiler oprofile` end to end on the Intel model.
+#[test]
+#[ignore = "boots Linux with OProfile (20-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
+fn compare_with_the_guests_oprofile() {
+    compare_on_the_intel_model("oprofile");
+}
+
+/// `compare --profiler PROFILER` end to end: one boot, on the Intel model (`--pmu-model intel`: a
+/// generic GenuineIntel CPU, so the guest runs Linux's Intel PMU driver), so that perf and
+/// OProfile in the guest are driven on both models in one test run (the experiments boot above
+/// uses the host's, AMD here). The three boots of this file run side by side (scripts/test.sh:
+/// --test-threads 3).
+fn compare_on_the_intel_model(profiler: &str) {
     let Some((kernel, initrd)) = inputs() else {
         return;
     };
-    for profiler in ["perf", "oprofile"] {
-        let dir = tempfile::tempdir().unwrap();
-        let start = std::time::Instant::now();
-        let run = common::run_compare(
-            &[
-                "--workload",
-                "packet-rx",
-                "--profiler",
-                profiler,
-                "--pmu-model",
-                "intel",
-                "--kernel",
-                &kernel,
-                "--initrd",
-                &initrd,
-                "--phase-secs",
-                "20",
-                "--boot-timeout",
-                &timeout_secs().to_string(),
-            ],
-            dir.path(),
-        );
-        eprintln!(
-            "compare --profiler {profiler} --pmu-model intel: {:.0} s wall",
-            start.elapsed().as_secs_f64()
-        );
-        let console =
-            std::fs::read_to_string(dir.path().join("guest-console.log")).unwrap_or_default();
+    let dir = tempfile::tempdir().unwrap();
+    let start = std::time::Instant::now();
+    let run = common::run_compare(
+        &[
+            "--workload",
+            "packet-rx",
+            "--profiler",
+            profiler,
+            "--pmu-model",
+            "intel",
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+            "--phase-secs",
+            "20",
+            "--boot-timeout",
+            &timeout_secs().to_string(),
+        ],
+        dir.path(),
+    );
+    eprintln!(
+        "compare --profiler {profiler} --pmu-model intel: {:.0} s wall",
+        start.elapsed().as_secs_f64()
+    );
+    let console = std::fs::read_to_string(dir.path().join("guest-console.log")).unwrap_or_default();
+    assert!(
+        console.contains("Intel PMU driver"),
+        "{profiler}: the guest did not take its Intel PMU driver:\n{console}"
+    );
+    for bad in [
+        "general protection fault",
+        "Oops",
+        "NMI received for unknown reason",
+        "irq loop stuck",
+    ] {
         assert!(
-            console.contains("Intel PMU driver"),
-            "{profiler}: the guest did not take its Intel PMU driver:\n{console}"
+            !console.contains(bad),
+            "{profiler}: guest log has {bad:?}\n{console}"
         );
-        for bad in [
-            "general protection fault",
-            "Oops",
-            "NMI received for unknown reason",
-            "irq loop stuck",
-        ] {
-            assert!(
-                !console.contains(bad),
-                "{profiler}: guest log has {bad:?}\n{console}"
-            );
-        }
-        let stdout = run.stdout;
-        let read = |name: &str| common::compare_csv(dir.path(), name);
-        let packets = read(&format!("packet-rx-{profiler}.csv"));
-        let control = read(&format!("packet-rx-control-{profiler}.csv"));
-        assert!(!packets.is_empty() && !control.is_empty());
-        let irq = packets
-            .iter()
-            .find(|r| r.function == "vm_interrupt")
-            .unwrap_or_else(|| panic!("{profiler}: no vm_interrupt samples:\n{stdout}"));
-        assert!(
-            irq.domain_percent >= irq.cpu_percent,
-            "{profiler}: vm_interrupt {}% in cpu-switch, {}% in domain-switch",
-            irq.cpu_percent,
-            irq.domain_percent
-        );
-        if let Some(out) = std::env::var_os("VPMU_TEST_KEEP") {
-            let out = Path::new(&out).join(format!("compare-{profiler}"));
-            std::fs::create_dir_all(&out).unwrap();
-            for f in std::fs::read_dir(dir.path()).unwrap() {
-                let f = f.unwrap();
-                if f.path().is_file() {
-                    std::fs::copy(f.path(), out.join(f.file_name())).unwrap();
-                }
+    }
+    let stdout = run.stdout;
+    let read = |name: &str| common::compare_csv(dir.path(), name);
+    let packets = read(&format!("packet-rx-{profiler}.csv"));
+    let control = read(&format!("packet-rx-control-{profiler}.csv"));
+    assert!(!packets.is_empty() && !control.is_empty());
+    let irq = packets
+        .iter()
+        .find(|r| r.function == "vm_interrupt")
+        .unwrap_or_else(|| panic!("{profiler}: no vm_interrupt samples:\n{stdout}"));
+    assert!(
+        irq.domain_percent >= irq.cpu_percent,
+        "{profiler}: vm_interrupt {}% in cpu-switch, {}% in domain-switch",
+        irq.cpu_percent,
+        irq.domain_percent
+    );
+    if let Some(out) = std::env::var_os("VPMU_TEST_KEEP") {
+        let out = Path::new(&out).join(format!("compare-{profiler}"));
+        std::fs::create_dir_all(&out).unwrap();
+        for f in std::fs::read_dir(dir.path()).unwrap() {
+            let f = f.unwrap();
+            if f.path().is_file() {
+                std::fs::copy(f.path(), out.join(f.file_name())).unwrap();
             }
         }
     }
