@@ -215,12 +215,32 @@ exp_compare_perf() {
 		perf report -i "$dir/control.data" --stdio -n --sort symbol --dsos cpu_split
 }
 
+# vpmu_operf_system_wide DIR SECS: `operf --system-wide -d DIR` for SECS seconds of profiling.
+# operf runs until SIGINT, and where guest kernel code is emulated its start-up alone takes longer
+# than SECS (a plain `timeout -s INT 20 operf ...` killed it before it profiled anything, exit
+# 130): the seconds count from its "Press Ctl-c" line (at most 20 minutes of waiting for it), then
+# SIGINT stops it as a user at the console would. Prints operf's output; returns its exit status.
+vpmu_operf_system_wide() {
+	local d=$1 secs=$2 log="$1.out" pid rc waited=0
+	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
+	pid=$!
+	while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 1200 ]; do
+		sleep 1
+		waited=$((waited + 1))
+	done
+	echo "vpmu: operf ready after ${waited} s; profiling for $secs s"
+	sleep "$secs"
+	kill -INT "$pid" 2>/dev/null
+	wait "$pid"
+	rc=$?
+	cat "$log"
+	return "$rc"
+}
+
 exp_compare_oprofile() {
-	# operf --system-wide runs until SIGINT; timeout sends it after $VPMU_SECS s.
 	mkdir -p "$dir/op_system" "$dir/op_control"
 	vpmu_step compare-oprofile operf-system.log \
-		timeout -s INT "$VPMU_SECS" operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" \
-		-d "$dir/op_system"
+		vpmu_operf_system_wide "$dir/op_system" "$VPMU_SECS"
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
 		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
