@@ -123,13 +123,16 @@ vpmu_step() {
 	t0=$(date +%s)
 	(cd "$dir" && "$@") >"$dir/$file" 2>&1
 	rc=$?
-	# KNOWN FLAKE on hosts that emulate guest kernel code (docs/guest.md): now and then a freshly
-	# exec'd process dies of SIGSEGV at startup (a TLS read of 0, before main). Run it again, at
-	# most twice, and say so in status.txt; a workload's own crash shows up as a third one.
+	# KNOWN CRASH on hosts that emulate guest kernel code (docs/guest.md): now and then a freshly
+	# exec'd process dies at startup (SIGSEGV on a TLS read of 0 before main, or a GP fault). Run
+	# the step again, at most twice, and say so in status.txt, when it died of SIGSEGV (exit 139)
+	# or when operf/ocount lost the `sh -c ophelp` they start ("Error retrieving info for
+	# event"); a workload's own crash shows up as a third one.
 	local tries=0
-	while [ "$rc" = 139 ] && [ "$tries" -lt 2 ]; do
+	while { [ "$rc" = 139 ] || { [ "$rc" != 0 ] && grep -q 'Error retrieving info for event' "$dir/$file"; }; } &&
+		[ "$tries" -lt 2 ]; do
 		tries=$((tries + 1))
-		printf 'retry=%d\tafter exit 139 (SIGSEGV)\t%s\n' "$tries" "$*" >>"$dir/status.txt"
+		printf 'retry=%d\tafter exit %d\t%s\n' "$tries" "$rc" "$*" >>"$dir/status.txt"
 		(cd "$dir" && "$@") >"$dir/$file" 2>&1
 		rc=$?
 	done
@@ -219,14 +222,27 @@ exp_compare_perf() {
 # operf runs until SIGINT, and where guest kernel code is emulated its start-up alone takes longer
 # than SECS (a plain `timeout -s INT 20 operf ...` killed it before it profiled anything, exit
 # 130): the seconds count from its "Press Ctl-c" line (at most 20 minutes of waiting for it), then
-# SIGINT stops it as a user at the console would. Prints operf's output; returns its exit status.
+# SIGINT stops it as a user at the console would. An operf that ends before that line is started
+# again, at most twice (the known start-up crash can hit the `sh -c ophelp` it runs first: "Error
+# retrieving info for event"). Prints operf's output; returns its exit status.
 vpmu_operf_system_wide() {
-	local d=$1 secs=$2 log="$1.out" pid rc waited=0
-	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
-	pid=$!
-	while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 1200 ]; do
-		sleep 1
-		waited=$((waited + 1))
+	local d=$1 secs=$2 log="$1.out" pid rc waited try
+	for try in 1 2 3; do
+		operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
+		pid=$!
+		waited=0
+		while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null &&
+			[ "$waited" -lt 1200 ]; do
+			sleep 1
+			waited=$((waited + 1))
+		done
+		if grep -q 'Press Ctl-c' "$log" 2>/dev/null || kill -0 "$pid" 2>/dev/null; then
+			break
+		fi
+		wait "$pid"
+		rc=$?
+		echo "vpmu: operf ended during its start-up (try $try, exit $rc):"
+		cat "$log"
 	done
 	echo "vpmu: operf ready after ${waited} s; profiling for $secs s"
 	sleep "$secs"
