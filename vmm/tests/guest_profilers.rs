@@ -20,7 +20,7 @@
 //!
 //! And `vpmu-vmm compare --workload packet-rx --profiler perf` runs end to end on the Intel model
 //! (`--pmu-model intel`: the guest must take its Intel PMU driver), `--profiler oprofile` on the
-//! host's model (operf on the Intel model records no samples here: docs/guest.md): both tables
+//! host's model (OProfile reads a user-space CPUID, native on kvm_pvm: docs/guest.md): both tables
 //! have samples, and the function that takes the card's interrupt (vm_interrupt) has no smaller
 //! share in domain-switch than in cpu-switch (one boot per profiler).
 //!
@@ -391,8 +391,9 @@ fn compare_with_the_guests_perf() {
     compare_in_the_guest("perf", "intel");
 }
 
-/// `compare --profiler oprofile` end to end, on the host's model: operf on the Intel model
-/// records no samples on these hosts (docs/guest.md, "OProfile on the Intel model").
+/// `compare --profiler oprofile` end to end, on the host's model: OProfile identifies the CPU with
+/// a user-space CPUID, which kvm_pvm hosts run natively (the host's AMD identity), so on the Intel
+/// model it would program AMD's cycles code (docs/guest.md, "OProfile on the Intel model").
 #[test]
 #[ignore = "boots Linux with OProfile (10-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
 fn compare_with_the_guests_oprofile() {
