@@ -245,11 +245,14 @@ fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
             f = fixtures.display()
         ),
     );
-    // operf --system-wide runs until SIGINT (sent by timeout), then exits 0, as the real one.
+    // operf --system-wide says "Press Ctl-c ..." once it profiles and runs until SIGINT, then
+    // exits 0, as the real one. (perl: a shell started in the background ignores SIGINT and
+    // cannot trap it; the real operf, a C++ program, installs its handler.)
     stub(
         dir.path(),
         "operf",
-        "case \"$*\" in *--system-wide*) trap 'exit 0' INT; while :; do sleep 1; done ;; esac\n",
+        "case \"$*\" in *--system-wide*) exec /usr/bin/perl -e '$| = 1; $SIG{INT} = sub { exit 0 }; \
+         print \"operf: Press Ctl-c or kill -SIGINT $$ to stop profiling\\n\"; sleep 1 while 1' ;; esac\n",
     );
     stub(
         dir.path(),
