@@ -240,16 +240,10 @@ impl MsrHandler for VcpuPmu {
 
     fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault> {
         self.stats.msr_writes += 1;
-        let r = self.pmu.wrmsr(index, value).map_err(|f| {
+        self.pmu.wrmsr(index, value).map_err(|f| {
             self.stats.gp_faults += 1;
             log::debug!("wrmsr {index:#x} <- {value:#x}: #GP ({f:?})");
             GpFault
-        });
-        // Only guest writes start counters, so only they can meet the event filter.
-        self.stats.filter_blocked = self.pmu.filter_blocked();
-        if self.stats.uncounted.len() != self.pmu.uncounted().len() {
-            self.stats.uncounted = self.pmu.uncounted().to_vec();
-        }
-        r
+        })
     }
 }

@@ -145,6 +145,10 @@ impl VcpuRunner {
             .take()
             .map(|p| PmuStats {
                 pmis_held_at_end: u64::from(p.held.is_some()),
+                // The model's own tallies, taken once at the end (a mode switch re-arms
+                // counters too, not only guest writes).
+                filter_blocked: p.pmu.filter_blocked(),
+                uncounted: p.pmu.uncounted().to_vec(),
                 ..p.stats
             })
             .unwrap_or_default();
