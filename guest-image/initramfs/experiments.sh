@@ -222,31 +222,22 @@ exp_compare_perf() {
 # operf runs until SIGINT, and where guest kernel code is emulated its start-up alone takes longer
 # than SECS (a plain `timeout -s INT 20 operf ...` killed it before it profiled anything, exit
 # 130): the seconds count from its "Press Ctl-c" line (at most 20 minutes of waiting for it), then
-# SIGINT stops it as a user at the console would. An operf that ends before that line is started
-# again, at most twice (the known start-up crash can hit the `sh -c ophelp` it runs first: "Error
-# retrieving info for event"). Prints operf's output; returns its exit status.
+# SIGINT stops it as a user at the console would. Prints operf's output; returns its exit status
+# (an operf that died during its start-up is re-run by vpmu_step, as any step).
 vpmu_operf_system_wide() {
-	local d=$1 secs=$2 log="$1.out" pid rc waited try
-	for try in 1 2 3; do
-		operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
-		pid=$!
-		waited=0
-		while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null &&
-			[ "$waited" -lt 1200 ]; do
-			sleep 1
-			waited=$((waited + 1))
-		done
-		if grep -q 'Press Ctl-c' "$log" 2>/dev/null || kill -0 "$pid" 2>/dev/null; then
-			break
-		fi
-		wait "$pid"
-		rc=$?
-		echo "vpmu: operf ended during its start-up (try $try, exit $rc):"
-		cat "$log"
+	local d=$1 secs=$2 log="$1.out" pid rc waited=0
+	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
+	pid=$!
+	while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null &&
+		[ "$waited" -lt 1200 ]; do
+		sleep 1
+		waited=$((waited + 1))
 	done
-	echo "vpmu: operf ready after ${waited} s; profiling for $secs s"
-	sleep "$secs"
-	kill -INT "$pid" 2>/dev/null
+	if kill -0 "$pid" 2>/dev/null; then
+		echo "vpmu: operf ready after ${waited} s; profiling for $secs s"
+		sleep "$secs"
+		kill -INT "$pid" 2>/dev/null
+	fi
 	wait "$pid"
 	rc=$?
 	cat "$log"
