@@ -12,6 +12,7 @@
 //! Short mode (the default): a few hundred inputs per reader. Long mode: `VPMU_FUZZ_CASES=N`
 //! (scripts/fuzz-long.sh); the cases run per reader are printed.
 
+mod common;
 mod fuzz_common;
 
 use std::io::{Read, Write};
@@ -520,30 +521,7 @@ fn guest_frames_reach_the_pinger_safely() {
 
 /// A minimal x86-64 ELF vmlinux: one PT_LOAD segment of `code` at 1 MiB, entry at its start.
 fn tiny_vmlinux(code: &[u8]) -> Vec<u8> {
-    let mut e = vec![0u8; 64 + 56];
-    e[..8].copy_from_slice(b"\x7fELF\x02\x01\x01\x00");
-    e[0x10..0x12].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    e[0x12..0x14].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
-    e[0x14..0x18].copy_from_slice(&1u32.to_le_bytes());
-    e[0x18..0x20].copy_from_slice(&0x10_0000u64.to_le_bytes()); // entry
-    e[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // phoff
-    e[0x34..0x36].copy_from_slice(&64u16.to_le_bytes()); // ehsize
-    e[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // phentsize
-    e[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes()); // phnum
-    let ph = 64;
-    e[ph..ph + 4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    e[ph + 4..ph + 8].copy_from_slice(&5u32.to_le_bytes()); // R X
-    e[ph + 8..ph + 16].copy_from_slice(&120u64.to_le_bytes()); // offset
-    for field in [16, 24] {
-        e[ph + field..ph + field + 8].copy_from_slice(&0x10_0000u64.to_le_bytes());
-        // vaddr, paddr
-    }
-    for field in [32, 40] {
-        e[ph + field..ph + field + 8].copy_from_slice(&(code.len() as u64).to_le_bytes());
-    }
-    e[ph + 48..ph + 56].copy_from_slice(&0x1000u64.to_le_bytes());
-    e.extend_from_slice(code);
-    e
+    common::elf_exec(code, 0x10_0000, 0x10_0000, 0x1000)
 }
 
 /// The kernel loader (`boot::kernel::load`: bzImage extraction, then linux-loader's ELF loader

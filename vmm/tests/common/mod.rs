@@ -98,6 +98,17 @@ pub fn compare_csv(dir: &Path, name: &str) -> Vec<vmm::compare::table::Row> {
 /// A minimal ELF64 x86-64 executable: one PT_LOAD segment of `size` bytes of HLT at 16 MiB
 /// (virtual 0xffffffff81000000, as a kernel is linked).
 pub fn tiny_elf(size: u64) -> Vec<u8> {
+    elf_exec(
+        &vec![0xf4; size as usize],
+        0x100_0000,
+        0xffff_ffff_8100_0000,
+        0,
+    )
+}
+
+/// A minimal ELF64 x86-64 executable: one PT_LOAD segment (read/execute) of `code` right after
+/// the headers, loaded at physical `paddr` (also the entry point) and virtual `vaddr`.
+pub fn elf_exec(code: &[u8], paddr: u64, vaddr: u64, align: u64) -> Vec<u8> {
     let mut f = vec![0u8; 0x78];
     f[..4].copy_from_slice(b"\x7fELF");
     f[4] = 2; // 64-bit
@@ -106,19 +117,21 @@ pub fn tiny_elf(size: u64) -> Vec<u8> {
     f[16..18].copy_from_slice(&2u16.to_le_bytes()); // ET_EXEC
     f[18..20].copy_from_slice(&62u16.to_le_bytes()); // EM_X86_64
     f[20..24].copy_from_slice(&1u32.to_le_bytes());
-    f[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // entry
+    f[24..32].copy_from_slice(&paddr.to_le_bytes()); // entry
     f[32..40].copy_from_slice(&64u64.to_le_bytes()); // phoff
     f[52..54].copy_from_slice(&64u16.to_le_bytes()); // ehsize
     f[54..56].copy_from_slice(&56u16.to_le_bytes()); // phentsize
     f[56..58].copy_from_slice(&1u16.to_le_bytes()); // phnum
+    let size = code.len() as u64;
     let ph = &mut f[64..120];
     ph[0..4].copy_from_slice(&1u32.to_le_bytes()); // PT_LOAD
     ph[4..8].copy_from_slice(&5u32.to_le_bytes()); // R+X
     ph[8..16].copy_from_slice(&0x78u64.to_le_bytes()); // offset
-    ph[16..24].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes()); // vaddr
-    ph[24..32].copy_from_slice(&0x100_0000u64.to_le_bytes()); // paddr
+    ph[16..24].copy_from_slice(&vaddr.to_le_bytes());
+    ph[24..32].copy_from_slice(&paddr.to_le_bytes());
     ph[32..40].copy_from_slice(&size.to_le_bytes()); // filesz
     ph[40..48].copy_from_slice(&size.to_le_bytes()); // memsz
-    f.resize(0x78 + size as usize, 0xf4);
+    ph[48..56].copy_from_slice(&align.to_le_bytes());
+    f.extend_from_slice(code);
     f
 }
