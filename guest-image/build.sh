@@ -300,7 +300,7 @@ OPROFILE_PKGS=(build-essential autoconf automake libtool pkg-config libpopt-dev 
 # OProfile's source: unmodified upstream (see its README there); OPROFILE_TARBALL overrides.
 OPROFILE_TARBALL_DEFAULT=$HERE/../../shared/third_party/oprofile-1.4.0-48651c00.tar.gz
 WORKLOADS=$HERE/workloads
-WORKLOAD_NAMES=(cpu_split syscall_heavy io_heavy)
+WORKLOAD_NAMES=(cpu_split syscall_heavy io_heavy vector_regs)
 # Largest initramfs the guest kernel is asked to copy (it is uncompressed, see above).
 INITRAMFS_MAX_MB=60
 

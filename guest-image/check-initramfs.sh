@@ -38,7 +38,7 @@ say "$CPIO: $((size / 1048576)) MB ($size bytes)"
 
 # Every program: static, or each DT_NEEDED library is in the tree (what ldd would say).
 PROGRAMS=(bin/busybox usr/bin/perf usr/bin/operf usr/bin/ocount usr/bin/opreport usr/bin/ophelp
-	usr/bin/cpu_split usr/bin/syscall_heavy usr/bin/io_heavy)
+	usr/bin/cpu_split usr/bin/syscall_heavy usr/bin/io_heavy usr/bin/vector_regs)
 for p in "${PROGRAMS[@]}"; do
 	[ -x "$ROOT/$p" ] || die "/$p missing"
 	interp=$(readelf -l "$ROOT/$p" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p')
@@ -66,7 +66,7 @@ for p in "${PROGRAMS[@]}"; do
 done
 [ -d "$ROOT/usr/share/oprofile" ] || die "/usr/share/oprofile (event files) missing"
 say "OProfile event files: $(find "$ROOT/usr/share/oprofile" -type f | wc -l) files"
-for w in cpu_split syscall_heavy io_heavy; do
+for w in cpu_split syscall_heavy io_heavy vector_regs; do
 	nm "$ROOT/usr/bin/$w" | grep ' main$' >/dev/null || die "$w has no symbols"
 done
 nm "$ROOT/usr/bin/cpu_split" | grep ' T hot_75$' >/dev/null || die "cpu_split: no hot_75 symbol"
@@ -107,6 +107,10 @@ for mode in cpu-switch domain-switch; do
 	grep -q 'task-clock' "$OUT/$mode/perf-stat/cpu_split.csv" || die "$mode: no perf stat CSV"
 	[ "$(grep -c '^cpu ' "$OUT/$mode/perf-stat/cpu_split.proc-stat")" = 2 ] ||
 		die "$mode: no /proc/stat lines around cpu_split"
+	v=$OUT/$mode/vector-regs
+	grep -q $'^exit=0\t.*vector_regs' "$v/status.txt" ||
+		die "$mode: vector_regs failed: $(cat "$v/status.txt" "$v/vector_regs.txt")"
+	say "$mode: $(tr '\n' ' ' <"$v/vector_regs.txt")"
 done
 # compare-perf (what `vpmu-vmm compare --profiler perf` boots), the same way: the real perf
 # must accept its options and print reports with sample counts.

@@ -3,12 +3,14 @@
 # place of the serial port.
 #
 # vpmu_run_experiments LIST [MODES]
-#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,perf-record-io,ocount,operf):
+#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs):
 #     perf-stat    perf stat -e $VPMU_STAT_EVENTS on cpu_split, syscall_heavy, io_heavy (CSV)
 #     perf-record  perf record -e $VPMU_EVENT on cpu_split + perf report --stdio
 #     perf-record-io  the same on io_heavy
 #     ocount       ocount (the CPU's default event) on cpu_split; ophelp's view of the CPU
 #     operf        operf on cpu_split + opreport (images) + opreport -l (symbols of cpu_split)
+#     vector-regs  vector_regs (does the kernel keep each process's ymm registers?) beside a
+#                  loop of busybox pipelines: exits 1 if a register changed
 #     workloads    the three workloads on their own, timed (no profiler)
 #     compare-perf      for `vpmu-vmm compare --profiler perf`: perf record -a (the whole
 #                       system, e.g. the kernel answering the VMM's packets) for $VPMU_SECS s, and
@@ -59,14 +61,17 @@ VPMU_SECS=${VPMU_SECS:-30}
 #   VPMU_IO_ARGS: io_heavy's arguments: `all 4` = 4 MiB through a file and from /dev/zero, 4 port
 #     writes (`all`, 32 MiB each and 100000 writes, took 755 s here under perf stat).
 #   VPMU_OP_EVENT: OProfile's name of the cycles event (the same on the Intel and AMD models).
+#   VPMU_VECTOR_ITERS: vector_regs checks (each after a sched_yield) beside a loop of busybox
+#     pipelines; 2000 take about a minute here.
 VPMU_PERIOD=${VPMU_PERIOD:-200000000}
 VPMU_PROFILE_ROUNDS=${VPMU_PROFILE_ROUNDS:-6000}
 VPMU_SYSCALL_ITERS=${VPMU_SYSCALL_ITERS:-5000}
 VPMU_IO_ARGS=${VPMU_IO_ARGS:-all 4}
 VPMU_OP_EVENT=${VPMU_OP_EVENT:-CPU_CLK_UNHALTED}
+VPMU_VECTOR_ITERS=${VPMU_VECTOR_ITERS:-2000}
 VPMU_MODE_TAG=-
 VPMU_SEQ=0
-VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf
+VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs
 
 # --- Frames -----------------------------------------------------------------------------------
 
@@ -255,6 +260,20 @@ exp_compare_oprofile() {
 		image:/usr/bin/cpu_split
 }
 
+# Does the kernel keep each process's vector registers across task switches? vector_regs checks
+# ymm1's upper half and ymm16 after each sched_yield while a loop of busybox pipelines (glibc's
+# string functions in every process) takes turns with it on the CPU; it exits 1 if one changed.
+# On hosts that emulate guest kernel code this holds only because /init keeps glibc off AVX
+# (docs/guest.md, "AVX state").
+exp_vector_regs() {
+	local loop
+	(while :; do x=$(echo x | tr x y); done) >/dev/null 2>&1 &
+	loop=$!
+	vpmu_step vector-regs vector_regs.txt vector_regs "$VPMU_VECTOR_ITERS"
+	kill "$loop" 2>/dev/null
+	wait "$loop" 2>/dev/null
+}
+
 exp_workloads() {
 	vpmu_step workloads cpu_split.txt time cpu_split "$VPMU_ROUNDS"
 	vpmu_step workloads syscall_heavy.txt time syscall_heavy "$VPMU_SYSCALL_ITERS"
@@ -274,6 +293,7 @@ vpmu_run_one() {
 	perf-record-io) exp_perf_record_io ;;
 	ocount) exp_ocount ;;
 	operf) exp_operf ;;
+	vector-regs) exp_vector_regs ;;
 	workloads) exp_workloads ;;
 	compare-perf) exp_compare_perf ;;
 	compare-oprofile) exp_compare_oprofile ;;
