@@ -84,7 +84,16 @@ pub fn run_compare(args: &[&str], out: &Path) -> Compared {
         stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
     };
     eprintln!("{}\n{}", c.stdout, c.stderr);
-    assert!(o.status.success(), "vpmu-vmm compare {args:?} failed");
+    if !o.status.success() {
+        // The reason goes into the panic message itself: a CI summary may keep only that.
+        let tail: Vec<&str> = c.stderr.lines().rev().take(15).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        panic!(
+            "vpmu-vmm compare {args:?} failed ({}); the end of its stderr:\n{}",
+            o.status,
+            tail.join("\n")
+        );
+    }
     c
 }
 
