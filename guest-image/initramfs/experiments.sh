@@ -128,7 +128,8 @@ vpmu_step() {
 	t0=$(date +%s)
 	(cd "$dir" && "$@") >"$dir/$file" 2>&1
 	rc=$?
-	# KNOWN CRASH on hosts that emulate guest kernel code (docs/guest.md): now and then a freshly
+	# KNOWN CRASH on hosts that emulate guest kernel code (docs/guest.md, "AVX state"; /init now
+	# keeps glibc off the AVX registers that caused it, but a program may use them itself): a freshly
 	# exec'd process dies at startup (SIGSEGV on a TLS read of 0 before main, or a GP fault). Run
 	# the step again, at most twice, and say so in status.txt, when it died of SIGSEGV (exit 139)
 	# or when operf/ocount lost the `sh -c ophelp` they start ("Error retrieving info for

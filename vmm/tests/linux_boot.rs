@@ -266,12 +266,11 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
     }
     let crashed: Vec<&str> = log.lines().filter(|l| l.contains("segfault at")).collect();
     if quirks && !crashed.is_empty() {
-        // Known issue of hosts that emulate guest kernel code (docs/guest.md, "start-up crash"): with
-        // more than one vCPU, some freshly exec'd static busybox processes read a zero from
-        // their TLS at start-up and segfault (init itself included, which panics the kernel);
-        // rare on 1 vCPU, not seen with every process kept on one CPU. The kernel-side checks
-        // above still hold; user space on this host is checked on 1 vCPU by guest_profilers
-        // (perf and OProfile in the guest, clean power-off).
+        // Hosts that emulate guest kernel code (docs/guest.md, "AVX state"): the guest kernel
+        // keeps no AVX state there, and a process that uses AVX anyway (glibc does, unless
+        // /init's GLIBC_TUNABLES keep it off) can get another's registers and segfault at
+        // start-up (init itself included, which panics the kernel). The kernel-side checks
+        // above still hold; user space on this host is checked by guest_profilers too.
         eprintln!(
             "\n*** KNOWN HOST ISSUE (docs/guest.md): on 2 vCPUs a guest process crashed at \
              start-up; the nproc / power-off checks of this boot are not made: {crashed:?} ***\n"
