@@ -17,7 +17,8 @@
 #                       perf record on cpu_split (the CPU-bound control); perf report -n --sort
 #                       symbol of each (the control: cpu_split's own symbols)
 #     compare-oprofile  the same with operf --system-wide (stopped after $VPMU_SECS s) and operf
-#                       on cpu_split; opreport -l of each
+#                       on cpu_split; opreport -l of each (the control's: cpu_split's own
+#                       symbols, --exclude-dependent)
 #   MODES: optional comma-separated accounting modes (cpu-switch,domain-switch): the whole LIST
 #     runs once per mode, after switching through the vPMU control port (see vpmu_set_mode).
 #
@@ -257,8 +258,10 @@ exp_compare_oprofile() {
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
 		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
-	vpmu_step compare-oprofile report-control.txt opreport -l --session-dir="$dir/op_control" \
-		image:/usr/bin/cpu_split
+	# --exclude-dependent: cpu_split's own symbols only (its kernel samples are an image of their
+	# own, kallsyms, which opreport would list with it), as perf report --dsos cpu_split does.
+	vpmu_step compare-oprofile report-control.txt opreport -l --exclude-dependent \
+		--session-dir="$dir/op_control" image:/usr/bin/cpu_split
 }
 
 # Does the kernel keep each process's vector registers across task switches? vector_regs checks
