@@ -29,8 +29,16 @@ pub use emulate::{EmulationFailure, GuestCpu};
 ///   kernel_fpu_begin/end) on their scalar code: the emulator fails on SSE register moves such
 ///   as `movd xmm15, ecx` (seen in the Debian cloud kernel after its network initcalls). AVX is
 ///   already off through `noxsave`.
+/// * `GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,...`: no kernel option; the kernel hands it to init as
+///   environment, and every process inherits it. With `noxsave` the kernel keeps no AVX state
+///   (FXSAVE covers x87 and the low halves of xmm0-15 only), but CPUID at guest CPL3 runs natively
+///   here and offers the host's AVX and AVX-512, so glibc's string functions would use ymm
+///   registers and ymm16-31, which processes then overwrite for each other (freshly exec'd ones
+///   crashed in `__ctype_init`; docs/guest.md, "AVX state"). On the command line, glibc in init
+///   complies from its first instruction; `GLIBC_TUNABLES=` in `--cmdline` undoes it.
 pub const KERNEL_OPTIONS: &str =
-    "noxsave clearcpuid=popcnt,smap,ssse3,sse4_1,sse4_2,pclmulqdq,aes,sha_ni nosmap nofsgsbase";
+    "noxsave clearcpuid=popcnt,smap,ssse3,sse4_1,sse4_2,pclmulqdq,aes,sha_ni nosmap nofsgsbase \
+     GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F,-AVX512VL,-AVX512BW,-AVX_Fast_Unaligned_Load";
 
 /// How the user asked quirks to be chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
