@@ -4,10 +4,11 @@
 //! (the guest library's `all` less perf-record-io; one boot, the guest switches the mode through the
 //! vPMU control port), decodes the result frames from COM2 and checks them, in each mode:
 //!   * perf stat -e cycles,instructions,task-clock on cpu_split: a real cycles count (not
-//!     <not supported>), and cycles / task-clock within 5% of the vPMU's nominal frequency once
-//!     the steal time is taken out of task-clock (the guest's task-clock also runs while the host
-//!     has the vCPU thread switched out; KVM tells the guest how long, in /proc/stat's steal
-//!     column, which the guest library reads around cpu_split);
+//!     <not supported>), and cycles / task-clock at the vPMU's nominal frequency once the steal
+//!     time is taken out of task-clock (the guest's task-clock also runs while the host has the
+//!     vCPU thread switched out; KVM tells the guest how long, in /proc/stat's steal column,
+//!     which the guest library reads around cpu_split): 0.95-1.05 of it in domain-switch,
+//!     0.85-1.05 in cpu-switch, which by design leaves out the VMM's exit handling (check_mode);
 //!   * instructions, which the soft backend cannot count, is named in the VMM's end-of-run
 //!     warning (AMD model: no CPUID bit can tell the guest), not left as a silent 0;
 //!   * perf record -e cycles (fixed period) + perf report: samples of event 'cycles' (no
@@ -248,10 +249,18 @@ fn check_mode(b: &Boot, mode: &str) {
          {running_ghz:.3} GHz; the vPMU's nominal frequency {nominal:.3} GHz (ratio {:.3})",
         running_ghz / nominal
     );
+    // Above nominal would count time the guest did not run: 5% at most, in both modes. Below:
+    // domain-switch counts everything the vCPU thread does, so task-clock less steal is all of it
+    // (5%). cpu-switch leaves out, by design, the VMM's own exit handling, which runs on the vCPU
+    // thread (not steal) and whose share grows with the host's load: 0.98 of nominal on a quiet
+    // host, 0.96-0.97 with other boots beside it, 0.939 with three boots on two cores (30% steal).
+    // So cpu-switch may fall to 0.85 (docs/guest.md, "cycles / task-clock").
+    let ratio = running_ghz / nominal;
+    let low = if mode == "cpu-switch" { 0.85 } else { 0.95 };
     assert!(
-        (running_ghz / nominal - 1.0).abs() <= 0.05,
-        "{mode}: {running_ghz:.3} GHz of cycles per task-clock (less {steal_ms} ms of steal), not \
-         the nominal {nominal:.3} GHz +- 5%:\n{csv}\n{proc_stat}"
+        (low..=1.05).contains(&ratio),
+        "{mode}: {running_ghz:.3} GHz of cycles per task-clock (less {steal_ms} ms of steal), \
+         {ratio:.3} of the nominal {nominal:.3} GHz, not within {low}-1.05:\n{csv}\n{proc_stat}"
     );
 
     let full = text(b, mode, "perf-record/report-cpu_split.txt");
