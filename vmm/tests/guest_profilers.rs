@@ -293,14 +293,12 @@ fn check_mode(b: &Boot, mode: &str) {
     );
 }
 
-/// The guest log's lines with `what` that are about the kernel: a user process's fault is logged
-/// as `traps: COMM[PID] general protection fault ip:...` (or `COMM[PID]: segfault at ...`), and
-/// on these hosts that is most likely a process that lost its AVX registers (docs/guest.md, "AVX
-/// state"), counted by [`report_user_crashes`], not a kernel or vPMU fault.
+/// The guest log's lines with `what` that are about the kernel: a user process's fault
+/// ([`common::is_user_fault`]) is counted by [`report_user_crashes`], not a kernel or vPMU fault.
 fn kernel_lines<'a>(console: &'a str, what: &str) -> Vec<&'a str> {
     console
         .lines()
-        .filter(|l| l.contains(what) && !l.contains("traps: ") && !l.contains("]: segfault at "))
+        .filter(|l| l.contains(what) && !common::is_user_fault(l))
         .collect()
 }
 
@@ -308,10 +306,7 @@ fn kernel_lines<'a>(console: &'a str, what: &str) -> Vec<&'a str> {
 /// /init keeps glibc off AVX on hosts whose guest kernel keeps no AVX state (docs/guest.md, "AVX
 /// state") there should be none; the count is printed either way.
 fn report_user_crashes(console: &str) {
-    let n = console
-        .lines()
-        .filter(|l| l.contains("]: segfault at ") || l.contains("traps: "))
-        .count();
+    let n = console.lines().filter(|l| common::is_user_fault(l)).count();
     if n > 0 {
         eprintln!(
             "note: {n} guest user process(es) died of a fault (docs/guest.md, \"AVX state\": a \

@@ -86,12 +86,11 @@ pub fn run_compare(args: &[&str], out: &Path) -> Compared {
     eprintln!("{}\n{}", c.stdout, c.stderr);
     if !o.status.success() {
         // The reason goes into the panic message itself: a CI summary may keep only that.
-        let tail: Vec<&str> = c.stderr.lines().rev().take(15).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        let lines: Vec<&str> = c.stderr.lines().collect();
         panic!(
             "vpmu-vmm compare {args:?} failed ({}); the end of its stderr:\n{}",
             o.status,
-            tail.join("\n")
+            lines[lines.len().saturating_sub(15)..].join("\n")
         );
     }
     c
@@ -143,4 +142,12 @@ pub fn elf_exec(code: &[u8], paddr: u64, vaddr: u64, align: u64) -> Vec<u8> {
     ph[48..56].copy_from_slice(&align.to_le_bytes());
     f.extend_from_slice(code);
     f
+}
+
+/// Whether a guest console line is the kernel's report of a user process killed by a fault:
+/// `traps: COMM[PID] general protection fault ip:...` or `COMM[PID]: segfault at ...`. On hosts
+/// that emulate guest kernel code that was most often a process that lost its AVX registers
+/// (docs/guest.md, "AVX state").
+pub fn is_user_fault(line: &str) -> bool {
+    line.contains("traps: ") || line.contains("]: segfault at ")
 }
