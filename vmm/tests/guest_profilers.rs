@@ -344,6 +344,23 @@ fn check_boot(b: &Boot) {
         .collect();
     assert!(bugs.is_empty(), "guest log has {bugs:?}\n{}", dump(b));
     report_user_crashes(&b.console);
+    check_kallsyms_snapshot(&b.console);
+}
+
+/// Where the host emulates guest kernel code, vpmu-vmm asks /init (vpmu.kallsyms=snapshot, in
+/// host_quirks::KERNEL_OPTIONS) to read /proc/kallsyms once and bind-mount the copy over it: each
+/// read of the kernel's own file takes ~45 s there, and perf reads it several times per command.
+fn check_kallsyms_snapshot(console: &str) {
+    let asked = console
+        .lines()
+        .any(|l| l.contains("Command line:") && l.contains("vpmu.kallsyms=snapshot"));
+    if asked {
+        let snap = console
+            .lines()
+            .find(|l| l.starts_with("vpmu: /proc/kallsyms read once"))
+            .unwrap_or_else(|| panic!("/init did not snapshot /proc/kallsyms:\n{console}"));
+        eprintln!("{snap}");
+    }
 }
 
 #[test]
@@ -464,6 +481,7 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
         );
     }
     report_user_crashes(&console);
+    check_kallsyms_snapshot(&console);
     let stdout = run.stdout;
     let read = |name: &str| common::compare_csv(dir.path(), name);
     let packets = read(&format!("packet-rx-{profiler}.csv"));

@@ -36,9 +36,15 @@ pub use emulate::{EmulationFailure, GuestCpu};
 ///   registers and ymm16-31, which processes then overwrite for each other (freshly exec'd ones
 ///   crashed in `__ctype_init`; docs/guest.md, "AVX state"). On the command line, glibc in init
 ///   complies from its first instruction; `GLIBC_TUNABLES=` in `--cmdline` undoes it.
+/// * `vpmu.kallsyms=snapshot`: for the project's /init (guest-image/initramfs/init; the kernel
+///   ignores it). Emulated, the kernel takes ~45 s to format /proc/kallsyms, and perf reads it
+///   several times per command (`perf record -- true` took 174 s, 24 s with the snapshot); /init
+///   reads it once before the profilers run and bind-mounts the copy over it.
+///   `vpmu.kallsyms=live` in `--cmdline` undoes it.
 pub const KERNEL_OPTIONS: &str =
     "noxsave clearcpuid=popcnt,smap,ssse3,sse4_1,sse4_2,pclmulqdq,aes,sha_ni nosmap nofsgsbase \
-     GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F,-AVX512VL,-AVX512BW,-AVX_Fast_Unaligned_Load";
+     GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F,-AVX512VL,-AVX512BW,-AVX_Fast_Unaligned_Load \
+     vpmu.kallsyms=snapshot";
 
 /// How the user asked quirks to be chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
