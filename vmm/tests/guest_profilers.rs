@@ -8,7 +8,7 @@
 //!     time is taken out of task-clock (the guest's task-clock also runs while the host has the
 //!     vCPU thread switched out; KVM tells the guest how long, in /proc/stat's steal column,
 //!     which the guest library reads around cpu_split): 0.95-1.05 of it in domain-switch,
-//!     0.85-1.05 in cpu-switch, which by design leaves out the VMM's exit handling (check_mode);
+//!     0.70-1.05 in cpu-switch, which by design leaves out the VMM's exit handling (check_mode);
 //!   * instructions, which the soft backend cannot count, is named in the VMM's end-of-run
 //!     warning (AMD model: no CPUID bit can tell the guest), not left as a silent 0;
 //!   * perf record -e cycles (fixed period) + perf report: samples of event 'cycles' (no
@@ -253,10 +253,11 @@ fn check_mode(b: &Boot, mode: &str) {
     // domain-switch counts everything the vCPU thread does, so task-clock less steal is all of it
     // (5%). cpu-switch leaves out, by design, the VMM's own exit handling, which runs on the vCPU
     // thread (not steal) and whose share grows with the host's load: 0.98 of nominal on a quiet
-    // host, 0.96-0.97 with other boots beside it, 0.939 with three boots on two cores (30% steal).
-    // So cpu-switch may fall to 0.85 (docs/guest.md, "cycles / task-clock").
+    // host, 0.96-0.97 with other boots beside it, 0.939 with three boots on two cores (30% steal),
+    // 0.834 with the three boots beside two busy loops (52% steal). So cpu-switch may fall to
+    // 0.70 (docs/guest.md, "cycles / task-clock").
     let ratio = running_ghz / nominal;
-    let low = if mode == "cpu-switch" { 0.85 } else { 0.95 };
+    let low = if mode == "cpu-switch" { 0.70 } else { 0.95 };
     assert!(
         (low..=1.05).contains(&ratio),
         "{mode}: {running_ghz:.3} GHz of cycles per task-clock (less {steal_ms} ms of steal), \
