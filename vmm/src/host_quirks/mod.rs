@@ -38,7 +38,8 @@ pub use emulate::{EmulationFailure, GuestCpu};
 ///   complies from its first instruction; `GLIBC_TUNABLES=` in `--cmdline` undoes it.
 /// * `vpmu.kallsyms=snapshot`: for the project's /init (guest-image/initramfs/init; the kernel
 ///   ignores it). Emulated, the kernel takes ~45 s to format /proc/kallsyms, and perf reads it
-///   several times per command (`perf record -- true` took 174 s, 24 s with the snapshot); /init
+///   several times per command (`perf record -e cycles -- cpu_split 200` took 170 s, 27 s with the
+///   snapshot); /init
 ///   reads it once before the profilers run and bind-mounts the copy over it.
 ///   `vpmu.kallsyms=live` in `--cmdline` undoes it.
 pub const KERNEL_OPTIONS: &str =
