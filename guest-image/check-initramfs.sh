@@ -128,6 +128,9 @@ for mode in cpu-switch domain-switch; do
 	[ "$n" -gt 0 ] || die "$mode: perf report -n of the system-wide profile has no kernel symbol rows"
 	grep -qE '^ +[0-9.]+% +[0-9]+ +\[\.\] hot_75' "$d/report-control.txt" ||
 		die "$mode: the control's perf report -n has no hot_75 row"
+	# The profiled shell opened and closed the packet gate (/tmp/port stands in for /dev/port).
+	grep -q 'packet gate open' "$d/record-system.log" && grep -q 'packet gate closed' "$d/record-system.log" ||
+		die "$mode: perf record -a did not open and close the packet gate: $(cat "$d/record-system.log")"
 	say "$mode: compare-perf: $n kernel symbols in the system-wide report; hot_75 in the control's"
 done
 say "OK (operf/ocount need a PMU: here they stop with the message above, in a guest on the vPMU they count)"

@@ -210,10 +210,14 @@ exp_operf() {
 
 # The two reports `vpmu-vmm compare --profiler` reads (vmm/src/compare/in_guest.rs): the
 # system-wide profile while the host drives the workload (packets), and the CPU-bound control.
+# The VMM holds its packets until the guest opens the packet gate (vpmu_packets): perf record -a
+# profiles `sh -c "$VPMU_PACKET_WINDOW" sh SECS`, which opens it for SECS seconds, so the packets
+# arrive while perf records, not during its start-up, its report or the control.
+VPMU_PACKET_WINDOW='. /etc/vpmu/experiments.sh && vpmu_packets on; sleep "$1"; rc=$?; vpmu_packets off; exit $rc'
 exp_compare_perf() {
 	vpmu_step compare-perf record-system.log \
 		perf record -a -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/system.data" -- \
-		sleep "$VPMU_SECS"
+		sh -c "$VPMU_PACKET_WINDOW" sh "$VPMU_SECS"
 	vpmu_step compare-perf report-system.txt \
 		perf report -i "$dir/system.data" --stdio -n --sort symbol
 	vpmu_step compare-perf record-control.log \
@@ -242,7 +246,9 @@ vpmu_operf_system_wide() {
 	done
 	if kill -0 "$pid" 2>/dev/null; then
 		echo "vpmu: operf ready after ${waited} s; profiling for $secs s"
+		vpmu_packets on
 		sleep "$secs"
+		vpmu_packets off
 		kill -INT "$pid" 2>/dev/null
 	fi
 	wait "$pid"
@@ -356,6 +362,29 @@ vpmu_set_mode() {
 	return 1
 }
 # --- end of HOOK ----------------------------------------------------------------------------------
+
+# --- The VMM's packets --------------------------------------------------------------------------
+# The packet gate port 0x512 (vmm/src/devices/packet_gate.rs): write 1 = the VMM sends its echo
+# requests, 0 = it holds them; a read returns 1 or 0. There only when the VMM starts its packets
+# gated (`vpmu-vmm compare --profiler`); elsewhere the port reads 0xff and the packets, if any,
+# arrive all the time.
+VPMU_PACKET_PORT=1298 # 0x512
+
+# vpmu_packets on|off: open or close the gate, and say what the port then reports. Never fails:
+# without the port the packets are simply not gated.
+vpmu_packets() {
+	local code=0 b
+	[ "$1" = on ] && code=1
+	[ -e "$VPMU_PORT_DEV" ] || return 0
+	printf "\\$code" | dd of="$VPMU_PORT_DEV" bs=1 seek="$VPMU_PACKET_PORT" count=1 conv=notrunc 2>/dev/null
+	b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$VPMU_PACKET_PORT" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
+	case "$b" in
+	0) echo "vpmu: packet gate closed: the VMM holds its echo requests" ;;
+	1) echo "vpmu: packet gate open: the VMM sends its echo requests" ;;
+	*) echo "vpmu: no packet gate port (read '$b'): the VMM's packets, if any, are not gated" ;;
+	esac
+	return 0
+}
 
 vpmu_run_list() {
 	local exp

@@ -73,7 +73,9 @@ pub enum Profiler {
     /// (no profiler in the guest; runs on any host).
     Host,
     /// The guest's own `perf record` (packet-rx only; --initrd must be the default initramfs
-    /// with perf; needs a VT-x/SVM host: guest user space).
+    /// with perf; guest user space: a VT-x/SVM host, or this project's SYSCALL relay). The
+    /// packets flow only while the guest profiles the whole system: it opens the VMM's packet
+    /// gate (port 0x512) for those seconds.
     Perf,
     /// The guest's own OProfile `operf` (as perf).
     Oprofile,
@@ -384,6 +386,7 @@ impl RunArgs {
             net: self.net.then_some(crate::net::NetConfig {
                 rx_pps: self.net_rx_pps,
                 access_cost_us: self.net_access_cost_us,
+                guest_gate: false,
             }),
             serial2: self.serial2.clone(),
             host_quirks: self.host_quirks,

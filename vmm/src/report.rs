@@ -157,12 +157,13 @@ fn print_net(n: &crate::net::NetReport) {
     let Some(p) = &n.pinger else { return };
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     eprintln!(
-        "[vpmu-vmm] net pinger: {} echo requests pushed, {} replies ok, {} bad; {} not sent (no receive buffer), {} skipped (late); {} ARP answered, {} other frames{}{}",
+        "[vpmu-vmm] net pinger: {} echo requests pushed, {} replies ok, {} bad; {} not sent (no receive buffer), {} skipped (late), {} held (paused or gate closed); {} ARP answered, {} other frames{}{}",
         p.requests_pushed,
         p.replies_ok,
         p.replies_bad,
         p.requests_no_buffer,
         p.requests_skipped_late,
+        p.requests_held,
         p.arp_answered,
         p.other_frames,
         p.rtt_mean()

@@ -21,6 +21,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::devices::acpi_shutdown::AcpiShutdown;
 use vmm::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use vmm::devices::mmio_bus::MmioBus;
+use vmm::devices::packet_gate::{PacketGate, PACKET_GATE_PORT};
 use vmm::devices::serial::{Uart, COM1_BASE, UART_LEN};
 use vmm::devices::virtio::mmio::MmioTransport;
 use vmm::devices::virtio::net::VirtioNet;
@@ -51,6 +52,7 @@ fn port() -> impl Strategy<Value = u16> {
         3 => I8042_BASE..I8042_BASE + I8042_LEN + 1,
         3 => COM1_BASE..COM1_BASE + UART_LEN + 1,
         2 => Just(VPMU_CONTROL_PORT),
+        1 => Just(PACKET_GATE_PORT),
         2 => ACPI_PORT..ACPI_PORT + 2,
         1 => any::<u16>(),
     ]
@@ -131,6 +133,11 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
                 switch.clone(),
                 Box::new(|| {}),
             ))),
+        )
+        .add(
+            PACKET_GATE_PORT,
+            1,
+            Arc::new(Mutex::new(PacketGate::new(Default::default()))),
         )
         .build();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();

@@ -349,6 +349,33 @@ fn check_boot(b: &Boot) {
     check_kallsyms_snapshot(&b.console);
 }
 
+/// `compare --profiler` starts the VMM's packets held (the packet gate port); the guest opens the
+/// gate for its two system-wide windows of 20 s (experiments.sh, vpmu_packets), so the requests
+/// sent are a few hundred, not the ten a second of the whole boot, and some were held back.
+fn check_packet_gate(stderr: &str, profiler: &str) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("[compare] network:"))
+        .unwrap_or_else(|| panic!("{profiler}: no '[compare] network:' line:\n{stderr}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [sent, ok, bad, held] = numbers[..] else {
+        panic!("{profiler}: unexpected network line: {line}");
+    };
+    assert!(
+        ok > 0 && bad == 0,
+        "{profiler}: the guest answered no echo request, or a bad one: {line}"
+    );
+    // 10 requests/s (--net-rx-pps) for two windows of 20 s (--phase-secs), with a minute of slack for
+    // each window's start and end on a loaded host.
+    assert!(
+        sent <= 2 * (20 + 60) * 10 && held > sent,
+        "{profiler}: the packets were not held outside the guest's windows: {line}"
+    );
+}
+
 /// Where the host emulates guest kernel code, vpmu-vmm asks /init (vpmu.kallsyms=snapshot, in
 /// host_quirks::KERNEL_OPTIONS) to read /proc/kallsyms once and bind-mount the copy over it: each
 /// read of the kernel's own file takes ~45 s there, and perf reads it several times per command.
@@ -454,6 +481,8 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
             &initrd,
             "--phase-secs",
             "20",
+            "--net-rx-pps",
+            "10",
             "--boot-timeout",
             &timeout_secs().to_string(),
         ],
@@ -484,6 +513,7 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
     }
     report_user_crashes(&console);
     check_kallsyms_snapshot(&console);
+    check_packet_gate(&run.stderr, profiler);
     let stdout = run.stdout;
     let read = |name: &str| common::compare_csv(dir.path(), name);
     let packets = read(&format!("packet-rx-{profiler}.csv"));

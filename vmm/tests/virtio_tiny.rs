@@ -24,6 +24,7 @@ fn tiny_driver_negotiates_and_answers_echo_requests() {
         c.net = Some(NetConfig {
             rx_pps: 50,
             access_cost_us: 0,
+            guest_gate: false,
         });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);

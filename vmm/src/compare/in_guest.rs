@@ -4,7 +4,8 @@
 //! guest's /init runs the `compare-perf` or `compare-oprofile` experiment
 //! (guest-image/initramfs/experiments.sh) once per accounting mode, switching through the vPMU
 //! control port: a system-wide profile while the VMM's pinger sends packets, and a profile of
-//! cpu_split (the CPU-bound control). The reports come back over COM2 as result frames
+//! cpu_split (the CPU-bound control). The pinger starts held; the guest opens the packet gate
+//! ([`crate::devices::packet_gate`]) for its system-wide windows only. The reports come back over COM2 as result frames
 //! ([`crate::guest_results`]) and are read with [`crate::guest_reports`].
 //!
 //! Runs on VT-x/SVM hosts and on hosts whose KVM emulates guest kernel code (kvm_pvm, this
@@ -103,6 +104,8 @@ pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     cfg.net = Some(NetConfig {
         rx_pps: s.pps,
         access_cost_us: s.access_cost_us,
+        // Only the guest knows when its system-wide window runs: it opens the gate for it.
+        guest_gate: true,
     });
     cfg.serial2 = Some(serial2.clone());
     cfg.console_out = Some(console.clone());

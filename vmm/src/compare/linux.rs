@@ -136,6 +136,8 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
     cfg.net = Some(NetConfig {
         rx_pps: s.pps,
         access_cost_us: s.access_cost_us,
+        // This controller gates the packets itself, between its phases.
+        guest_gate: false,
     });
     cfg.console_out = Some(console.clone());
     cfg.timeout = Some(s.boot_timeout + 4 * s.phase + Duration::from_secs(60));

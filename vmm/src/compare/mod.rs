@@ -162,8 +162,8 @@ fn print_packet_rx(
     eprintln!("[compare] done in {:.1} s", run.run_time.as_secs_f64());
     if let Some(n) = run.net.as_ref().and_then(|n| n.pinger.as_ref()) {
         eprintln!(
-            "[compare] network: {} echo requests, {} replies ok, {} bad",
-            n.requests_pushed, n.replies_ok, n.replies_bad
+            "[compare] network: {} echo requests, {} replies ok, {} bad; {} held back (control phase, or the guest's packet gate closed)",
+            n.requests_pushed, n.replies_ok, n.replies_bad, n.requests_held
         );
     }
     for c in [packets, control] {

@@ -6,6 +6,7 @@ pub mod acpi_shutdown;
 pub mod delay;
 pub mod i8042;
 pub mod mmio_bus;
+pub mod packet_gate;
 pub mod serial;
 pub mod virtio;
 pub mod vpmu_control;

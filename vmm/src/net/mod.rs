@@ -18,6 +18,9 @@ pub struct NetConfig {
     /// Device-model work per access to the card's registers, in microseconds (busy-waited on
     /// the vCPU thread). 0 = only what the VMM really does (microseconds).
     pub access_cost_us: u32,
+    /// The pinger holds its requests until the guest opens the packet gate port
+    /// ([`crate::devices::packet_gate`]); without it the requests start with the guest's driver.
+    pub guest_gate: bool,
 }
 
 /// The card's interrupt: IOAPIC pin (GSI) 5, free on this VMM (COM1 is 4, COM2 3).

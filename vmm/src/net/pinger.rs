@@ -37,6 +37,9 @@ pub struct NetStats {
     pub requests_no_buffer: u64,
     /// Requests skipped because the vCPU loop fell more than a few periods behind.
     pub requests_skipped_late: u64,
+    /// Requests due while held back (the pause flag: `compare`'s control phase, or the guest's
+    /// packet gate closed): not sent, and not lost.
+    pub requests_held: u64,
     /// Echo replies that matched a request in flight, byte for byte.
     pub replies_ok: u64,
     /// Frames from the guest that claimed to be an echo reply (or were malformed) but failed a check.
@@ -90,7 +93,8 @@ pub struct Pinger {
     /// Sequence number -> when it was sent, and whether after the first reply.
     in_flight: HashMap<u16, (Instant, bool)>,
     pub stats: NetStats,
-    /// Set by a run-time controller: while true no request falls due (compare's control phase).
+    /// While true no request falls due: compare's control phase, or the guest's packet gate
+    /// ([`crate::devices::packet_gate`]) closed.
     paused: Option<Arc<AtomicBool>>,
     /// Fired at the first good echo reply (the guest's network is up).
     first_reply: Option<Arc<crate::control::Latch>>,
@@ -160,6 +164,7 @@ impl Pinger {
             .as_ref()
             .is_some_and(|p| p.load(Ordering::Relaxed))
         {
+            self.stats.requests_held += expected.saturating_sub(self.generated);
             self.generated = self.generated.max(expected);
             return 0;
         }
@@ -318,6 +323,28 @@ mod tests {
         assert_eq!(p.stats.requests_skipped_late, 53 - 3 - MAX_BURST);
         assert_eq!(p.stats.requests_pushed, 2);
         assert_eq!(p.stats.requests_no_buffer, 1);
+    }
+
+    #[test]
+    fn paused_requests_are_held_not_sent_late_or_lost() {
+        let t0 = Instant::now();
+        let paused = Arc::new(AtomicBool::new(true));
+        let mut p = Pinger::new(10).with_handles(paused.clone(), Default::default());
+        p.start(t0);
+        // The gate starts closed: 30 s of requests fall due, none is sent or skipped.
+        assert_eq!(p.due(t0 + Duration::from_secs(30)), 0);
+        assert_eq!(p.stats.requests_held, 300);
+        // Opened: the rate starts from now, with no burst of the held ones.
+        paused.store(false, Ordering::Relaxed);
+        assert_eq!(p.due(t0 + Duration::from_millis(30_050)), 0);
+        assert_eq!(p.due(t0 + Duration::from_millis(30_150)), 1);
+        p.next_request(t0);
+        // Closed again, then a second of held requests.
+        paused.store(true, Ordering::Relaxed);
+        assert_eq!(p.due(t0 + Duration::from_millis(31_150)), 0);
+        assert_eq!(p.stats.requests_held, 300 + 10);
+        assert_eq!(p.stats.requests_skipped_late, 0);
+        assert_eq!(p.stats.requests_pushed, 1);
     }
 
     #[test]

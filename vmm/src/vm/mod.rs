@@ -26,7 +26,7 @@ use crate::devices::mmio_bus::MmioBus;
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
-    acpi_shutdown::AcpiShutdown, delay, i8042, serial, vpmu_control, PioBus, PioDevice,
+    acpi_shutdown::AcpiShutdown, delay, i8042, packet_gate, serial, vpmu_control, PioBus, PioDevice,
 };
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
@@ -266,6 +266,10 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         irq(serial::COM2_GSI)?,
         com2_out,
     )));
+    let net_up = Arc::new(Latch::default());
+    // Closed from the start when the guest gates the packets (the packet gate port below).
+    let gated = cfg.net.is_some_and(|n| n.guest_gate && n.rx_pps > 0);
+    let net_paused = Arc::new(AtomicBool::new(gated));
     let pio = PioBus::builder()
         .add(serial::COM1_BASE, serial::UART_LEN, com1.clone())
         .add(serial::COM2_BASE, serial::UART_LEN, com2)
@@ -302,13 +306,20 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         )
     } else {
         pio
+    };
+    let pio = if gated {
+        pio.add(
+            packet_gate::PACKET_GATE_PORT,
+            1,
+            Arc::new(Mutex::new(packet_gate::PacketGate::new(net_paused.clone()))),
+        )
+    } else {
+        pio
     }
     .build();
     if cfg.console_in {
         serial::spawn_stdin_reader(com1);
     }
-    let net_up = Arc::new(Latch::default());
-    let net_paused = Arc::new(AtomicBool::new(false));
     let net_card = match cfg.net {
         None => None,
         Some(n) => {
