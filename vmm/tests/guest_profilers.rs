@@ -350,8 +350,8 @@ fn check_boot(b: &Boot) {
 }
 
 /// `compare --profiler` starts the VMM's packets held (the packet gate port); the guest opens the
-/// gate for its two system-wide windows of 20 s (experiments.sh, vpmu_packets), so the requests
-/// sent are a few hundred, not the ten a second of the whole boot, and some were held back.
+/// gate for its two system-wide windows (experiments.sh, vpmu_packets), so most of the requests
+/// that fell due over the run were held back.
 fn check_packet_gate(stderr: &str, profiler: &str) {
     let line = stderr
         .lines()
@@ -368,10 +368,12 @@ fn check_packet_gate(stderr: &str, profiler: &str) {
         ok > 0 && bad == 0,
         "{profiler}: the guest answered no echo request, or a bad one: {line}"
     );
-    // 10 requests/s (--net-rx-pps) for two windows of 20 s (--phase-secs), with a minute of slack for
-    // each window's start and end on a loaded host.
+    // Two windows of 20 s (--phase-secs) in a run of twenty minutes or more: the gate is open
+    // longer than 20 s a window (the guest's helper processes start slowly on a loaded host: 1075
+    // sent, 15498 held beside two busy loops), but far less than a quarter of the run. Without
+    // the gate nothing is held; with a gate that never closes most requests are sent.
     assert!(
-        sent <= 2 * (20 + 60) * 10 && held > sent,
+        sent > 0 && held > 3 * sent,
         "{profiler}: the packets were not held outside the guest's windows: {line}"
     );
 }
