@@ -15,7 +15,7 @@
 #define SAMPLE_ON   0x530076 | (1 << 20)
 #define CTR_MAX     0x1000000000000
 #define PERIOD      400000
-#define ROUNDS      40
+#define ROUNDS      160
 #include "msr.inc"
 
 .macro BUSY n
