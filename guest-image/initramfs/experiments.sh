@@ -331,16 +331,26 @@ vpmu_mode_code() {
 	esac
 }
 
-# vpmu_read_mode: the mode the port reports (cpu-switch, domain-switch), or `-`.
-vpmu_read_mode() {
-	local b
-	[ -e "$VPMU_PORT_DEV" ] || { echo -; return 0; }
-	local try
-	for try in 1 2 3; do # (the known startup flake: see vpmu_step)
-		b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$VPMU_CONTROL_PORT" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
+# vpmu_port_put PORT CODE: write the byte CODE (0-7) to I/O port PORT.
+vpmu_port_put() {
+	printf "\\$2" | dd of="$VPMU_PORT_DEV" bs=1 seek="$1" count=1 conv=notrunc 2>/dev/null
+}
+
+# vpmu_port_get PORT: the byte at I/O port PORT, in decimal (empty if dd failed three times: the
+# known startup flake, see vpmu_step).
+vpmu_port_get() {
+	local b try
+	for try in 1 2 3; do
+		b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$1" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
 		[ -n "$b" ] && break
 	done
-	case "$b" in
+	echo "$b"
+}
+
+# vpmu_read_mode: the mode the port reports (cpu-switch, domain-switch), or `-`.
+vpmu_read_mode() {
+	[ -e "$VPMU_PORT_DEV" ] || { echo -; return 0; }
+	case "$(vpmu_port_get "$VPMU_CONTROL_PORT")" in
 	1) echo cpu-switch ;;
 	2) echo domain-switch ;;
 	*) echo - ;;
@@ -356,8 +366,7 @@ vpmu_set_mode() {
 	# Three tries: the switch is idempotent, and a dd that dies at startup (the known flake
 	# above vpmu_step) must not cost a whole mode's results.
 	for try in 1 2 3; do
-		printf "\\$code" | dd of="$VPMU_PORT_DEV" bs=1 seek="$VPMU_CONTROL_PORT" count=1 conv=notrunc 2>/dev/null &&
-			[ "$(vpmu_read_mode)" = "$1" ] && return 0
+		vpmu_port_put "$VPMU_CONTROL_PORT" "$code" && [ "$(vpmu_read_mode)" = "$1" ] && return 0
 	done
 	return 1
 }
@@ -376,8 +385,8 @@ vpmu_packets() {
 	local code=0 b
 	[ "$1" = on ] && code=1
 	[ -e "$VPMU_PORT_DEV" ] || return 0
-	printf "\\$code" | dd of="$VPMU_PORT_DEV" bs=1 seek="$VPMU_PACKET_PORT" count=1 conv=notrunc 2>/dev/null
-	b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$VPMU_PACKET_PORT" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
+	vpmu_port_put "$VPMU_PACKET_PORT" "$code"
+	b=$(vpmu_port_get "$VPMU_PACKET_PORT")
 	case "$b" in
 	0) echo "vpmu: packet gate closed: the VMM holds its echo requests" ;;
 	1) echo "vpmu: packet gate open: the VMM sends its echo requests" ;;
