@@ -1,7 +1,8 @@
 //! Tier 2: `vpmu-vmm compare --workload tiny` end to end on /dev/kvm (seconds). The guest's own
 //! NMI sampler, driven by the vPMU, must see the I/O function's share rise at least 3x when the
 //! VMM's emulation work is charged (domain-switch), while the CPU-bound control's top function
-//! moves by no more than sampling noise (3 sd, at least 3 percentage points). The command writes table, CSV and SVG.
+//! moves by no more than sampling noise (3 sd, at least 3 percentage points). The command writes
+//! table, CSV and SVG.
 
 mod common;
 
@@ -35,7 +36,7 @@ fn tiny_comparison_charges_io_only_in_domain_switch() {
     // The control makes no exits, so the modes must agree on it up to sampling noise: 3 standard
     // deviations of the difference of two sample shares, and at least 3 pp. (With 381 and 246
     // samples a run on a quiet host read 71.7% vs 76.4%; the guest now samples 160 rounds, not
-    // 40, so ~1000-1500 samples a mode and about 5 pp allowed.)
+    // 40, so ~900-2000 samples a mode and about 5-6 pp allowed.)
     let (n1, n2) = (t.control.cpu_total as f64, t.control.domain_total as f64);
     let p = a.cpu_percent / 100.0;
     let allowed = (300.0 * (p * (1.0 - p) * (1.0 / n1 + 1.0 / n2)).sqrt()).max(3.0);

@@ -5,8 +5,8 @@
 //! (guest-image/initramfs/experiments.sh) once per accounting mode, switching through the vPMU
 //! control port: a system-wide profile while the VMM's pinger sends packets, and a profile of
 //! cpu_split (the CPU-bound control). The pinger starts held; the guest opens the packet gate
-//! ([`crate::devices::packet_gate`]) for its system-wide windows only. The reports come back over COM2 as result frames
-//! ([`crate::guest_results`]) and are read with [`crate::guest_reports`].
+//! ([`crate::devices::packet_gate`]) for its system-wide windows only. The reports come back over
+//! COM2 as result frames ([`crate::guest_results`]) and are read with [`crate::guest_reports`].
 //!
 //! Runs on VT-x/SVM hosts and on hosts whose KVM emulates guest kernel code (kvm_pvm, this
 //! project's build machines), where the VMM's SYSCALL relay (`host_quirks::syscall_relay`) lets

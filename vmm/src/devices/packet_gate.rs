@@ -4,7 +4,7 @@
 //! network's pinger starts gated (`NetConfig::guest_gate`: `compare --profiler`), where the
 //! guest profiles itself and only it knows when its system-wide window runs; the gate starts
 //! closed, so the emulated boot, the profilers' start-up and the CPU-bound control run without
-//! packets (docs/virtio-net.md, "The packet gate").
+//! packets (docs/virtio-net.md, "Holding the packets back").
 //!
 //! The gate is the pinger's pause flag, the one `compare`'s host-side controller sets between its
 //! phases: a held request is not sent and not counted as lost.
