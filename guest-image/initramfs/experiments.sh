@@ -129,20 +129,6 @@ vpmu_step() {
 	t0=$(date +%s)
 	(cd "$dir" && "$@") >"$dir/$file" 2>&1
 	rc=$?
-	# KNOWN CRASH on hosts that emulate guest kernel code (docs/guest.md, "AVX state"; /init now
-	# keeps glibc off the AVX registers that caused it, but a program may use them itself): a freshly
-	# exec'd process dies at startup (SIGSEGV on a TLS read of 0 before main, or a GP fault). Run
-	# the step again, at most twice, and say so in status.txt, when it died of SIGSEGV (exit 139)
-	# or when operf/ocount lost the `sh -c ophelp` they start ("Error retrieving info for
-	# event"); a workload's own crash shows up as a third one.
-	local tries=0
-	while { [ "$rc" = 139 ] || { [ "$rc" != 0 ] && grep -q 'Error retrieving info for event' "$dir/$file"; }; } &&
-		[ "$tries" -lt 2 ]; do
-		tries=$((tries + 1))
-		printf 'retry=%d\tafter exit %d\t%s\n' "$tries" "$rc" "$*" >>"$dir/status.txt"
-		(cd "$dir" && "$@") >"$dir/$file" 2>&1
-		rc=$?
-	done
 	t1=$(date +%s)
 	printf 'exit=%d\tsecs=%d\t%s\n' "$rc" "$((t1 - t0))" "$*" >>"$dir/status.txt"
 	echo "vpmu: [$VPMU_MODE_TAG] $exp: $* -> exit $rc ($((t1 - t0)) s)"
@@ -234,7 +220,7 @@ exp_compare_perf() {
 # than SECS (a plain `timeout -s INT 20 operf ...` killed it before it profiled anything, exit
 # 130): the seconds count from its "Press Ctl-c" line (at most 20 minutes of waiting for it), then
 # SIGINT stops it as a user at the console would. Prints operf's output; returns its exit status
-# (an operf that died during its start-up is re-run by vpmu_step, as any step).
+# (an operf that died during its start-up fails its step: nothing runs a step twice).
 vpmu_operf_system_wide() {
 	local d=$1 secs=$2 log="$1.out" pid rc waited=0
 	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
@@ -336,15 +322,9 @@ vpmu_port_put() {
 	printf "\\$2" | dd of="$VPMU_PORT_DEV" bs=1 seek="$1" count=1 conv=notrunc 2>/dev/null
 }
 
-# vpmu_port_get PORT: the byte at I/O port PORT, in decimal (empty if dd failed three times: the
-# known startup flake, see vpmu_step).
+# vpmu_port_get PORT: the byte at I/O port PORT, in decimal (empty if dd failed).
 vpmu_port_get() {
-	local b try
-	for try in 1 2 3; do
-		b=$(dd if="$VPMU_PORT_DEV" bs=1 skip="$1" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n')
-		[ -n "$b" ] && break
-	done
-	echo "$b"
+	dd if="$VPMU_PORT_DEV" bs=1 skip="$1" count=1 2>/dev/null | od -An -tu1 | tr -d ' \n'
 }
 
 # vpmu_read_mode: the mode the port reports (cpu-switch, domain-switch), or `-`.
@@ -359,16 +339,11 @@ vpmu_read_mode() {
 
 # vpmu_set_mode MODE: ask the VMM to count in MODE; fails unless the port then reports MODE.
 vpmu_set_mode() {
-	local code try
+	local code
 	code=$(vpmu_mode_code "$1") || return 2
 	# (dd would create a missing device as a plain file, and then read our own byte back.)
 	[ -e "$VPMU_PORT_DEV" ] || return 1
-	# Three tries: the switch is idempotent, and a dd that dies at startup (the known flake
-	# above vpmu_step) must not cost a whole mode's results.
-	for try in 1 2 3; do
-		vpmu_port_put "$VPMU_CONTROL_PORT" "$code" && [ "$(vpmu_read_mode)" = "$1" ] && return 0
-	done
-	return 1
+	vpmu_port_put "$VPMU_CONTROL_PORT" "$code" && [ "$(vpmu_read_mode)" = "$1" ]
 }
 # --- end of HOOK ----------------------------------------------------------------------------------
 

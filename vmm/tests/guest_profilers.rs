@@ -296,7 +296,7 @@ fn check_mode(b: &Boot, mode: &str) {
 }
 
 /// The guest log's lines with `what` that are about the kernel: a user process's fault
-/// ([`common::is_user_fault`]) is counted by [`report_user_crashes`], not a kernel or vPMU fault.
+/// ([`common::is_user_fault`]) fails [`assert_no_user_crashes`] instead, with its own message.
 fn kernel_lines<'a>(console: &'a str, what: &str) -> Vec<&'a str> {
     console
         .lines()
@@ -304,19 +304,15 @@ fn kernel_lines<'a>(console: &'a str, what: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Says how many guest user processes died of a fault (the guest library re-runs the step). Since
-/// /init keeps glibc off AVX on hosts whose guest kernel keeps no AVX state (docs/guest.md, "AVX
-/// state") there should be none; the count is printed either way.
-fn report_user_crashes(console: &str) {
-    let n = console.lines().filter(|l| common::is_user_fault(l)).count();
-    if n > 0 {
-        eprintln!(
-            "note: {n} guest user process(es) died of a fault (docs/guest.md, \"AVX state\": a \
-             program using AVX on its own?; the guest library re-runs the step)"
-        );
-    } else {
-        eprintln!("guest user processes that died of a fault: 0");
-    }
+/// A guest user process that died of a fault fails the test, as in linux_boot: nothing in the
+/// guest re-runs a crashed step any more (docs/guest.md, "AVX state", says what used to crash).
+fn assert_no_user_crashes(console: &str, what: &str) {
+    let crashed = common::user_crashes(console);
+    assert!(
+        crashed.is_empty(),
+        "{what}: a guest process died of a fault (docs/guest.md, \"AVX state\"): {crashed:?}"
+    );
+    eprintln!("{what}: guest user processes that died of a fault: 0");
 }
 
 fn check_boot(b: &Boot) {
@@ -345,7 +341,7 @@ fn check_boot(b: &Boot) {
         .filter(|l| l.contains("BUG:") && !l.contains("soft lockup"))
         .collect();
     assert!(bugs.is_empty(), "guest log has {bugs:?}\n{}", dump(b));
-    report_user_crashes(&b.console);
+    assert_no_user_crashes(&b.console, "experiments boot");
     check_kallsyms_snapshot(&b.console);
 }
 
@@ -518,7 +514,7 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
             "{profiler}: guest log has {found:?}\n{console}"
         );
     }
-    report_user_crashes(&console);
+    assert_no_user_crashes(&console, profiler);
     check_kallsyms_snapshot(&console);
     check_packet_gate(&run.stderr, profiler);
     let stdout = run.stdout;

@@ -269,7 +269,7 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
     // A crashed process fails the test. On hosts that emulate guest kernel code it used to be
     // routine on 2 vCPUs (a process using AVX registers the guest kernel does not keep); the
     // VMM's GLIBC_TUNABLES now keep glibc off them (docs/guest.md, "AVX state").
-    let crashed: Vec<&str> = log.lines().filter(|l| common::is_user_fault(l)).collect();
+    let crashed = common::user_crashes(&log);
     assert!(
         crashed.is_empty(),
         "a guest process crashed (docs/guest.md, \"AVX state\"): {crashed:?}\n{}",

@@ -151,3 +151,8 @@ pub fn elf_exec(code: &[u8], paddr: u64, vaddr: u64, align: u64) -> Vec<u8> {
 pub fn is_user_fault(line: &str) -> bool {
     line.contains("traps: ") || line.contains("]: segfault at ")
 }
+
+/// The guest log's lines that say a user process died of a fault.
+pub fn user_crashes(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| is_user_fault(l)).collect()
+}
