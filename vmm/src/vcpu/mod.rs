@@ -19,8 +19,7 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
 use crate::control::VmControl;
-use crate::devices::mmio_bus::MmioBus;
-use crate::devices::PioBus;
+use crate::devices::{MmioBus, PioBus};
 use crate::end::VmEnd;
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
 use crate::host_quirks::{self, FixupCounts};

@@ -22,11 +22,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
-use crate::devices::mmio_bus::MmioBus;
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
-    acpi_shutdown::AcpiShutdown, delay, i8042, packet_gate, serial, vpmu_control, PioBus, PioDevice,
+    acpi_shutdown::AcpiShutdown, delay, i8042, lock_device, packet_gate, serial, vpmu_control,
+    BusError, MmioBus, PioBus, PioDevice,
 };
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
@@ -70,6 +70,8 @@ pub enum VmError {
     Unsupported(String),
     #[error(transparent)]
     Record(#[from] crate::trace::recorder::RecordError),
+    #[error("device bus: {0}")]
+    Bus(#[from] BusError),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
 }
@@ -270,53 +272,46 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     // Closed from the start when the guest gates the packets (the packet gate port below).
     let gated = cfg.net.is_some_and(|n| n.guest_gate && n.rx_pps > 0);
     let net_paused = Arc::new(AtomicBool::new(gated));
-    let pio = PioBus::builder()
-        .add(serial::COM1_BASE, serial::UART_LEN, com1.clone())
-        .add(serial::COM2_BASE, serial::UART_LEN, com2)
-        .add(
+    let mut pio = PioBus::builder();
+    pio.insert(serial::COM1_BASE, serial::UART_LEN, com1.clone())?
+        .insert(serial::COM2_BASE, serial::UART_LEN, com2)?
+        .insert(
             i8042::I8042_BASE,
             i8042::I8042_LEN,
             Arc::new(Mutex::new(i8042::I8042)),
-        )
-        .add(
+        )?
+        .insert(
             boot::acpi::SHUTDOWN_PORT,
             2,
             Arc::new(Mutex::new(AcpiShutdown)),
-        );
-    let pio = match &mode_switch {
-        Some(m) => {
-            let c = control.clone();
-            pio.add(
-                vpmu_control::VPMU_CONTROL_PORT,
-                1,
-                Arc::new(Mutex::new(vpmu_control::VpmuControl::new(
-                    m.clone(),
-                    Box::new(move || c.kick_all()),
-                ))),
-            )
-        }
-        None => pio,
-    };
-    let pio = if cfg.io_delay_us > 0 {
+        )?;
+    if let Some(m) = &mode_switch {
+        let c = control.clone();
+        pio.insert(
+            vpmu_control::VPMU_CONTROL_PORT,
+            1,
+            Arc::new(Mutex::new(vpmu_control::VpmuControl::new(
+                m.clone(),
+                Box::new(move || c.kick_all()),
+            ))),
+        )?;
+    }
+    if cfg.io_delay_us > 0 {
         let each = Duration::from_micros(u64::from(cfg.io_delay_us));
-        pio.add(
+        pio.insert(
             delay::DELAY_PORT,
             1,
             Arc::new(Mutex::new(delay::Delay::new(each))),
-        )
-    } else {
-        pio
-    };
-    let pio = if gated {
-        pio.add(
+        )?;
+    }
+    if gated {
+        pio.insert(
             packet_gate::PACKET_GATE_PORT,
             1,
             Arc::new(Mutex::new(packet_gate::PacketGate::new(net_paused.clone()))),
-        )
-    } else {
-        pio
+        )?;
     }
-    .build();
+    let pio = pio.build();
     if cfg.console_in {
         serial::spawn_stdin_reader(com1);
     }
@@ -332,12 +327,11 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
             )))
         }
     };
-    let mmio = match &net_card {
-        None => MmioBus::default(),
-        Some(card) => MmioBus::builder()
-            .add(layout::VIRTIO_NET_MMIO_BASE, MMIO_LEN, card.clone())
-            .build(),
-    };
+    let mut mmio = MmioBus::builder();
+    if let Some(card) = &net_card {
+        mmio.insert(layout::VIRTIO_NET_MMIO_BASE, MMIO_LEN, card.clone())?;
+    }
+    let mmio = mmio.build();
 
     // vCPUs.
     let supported = hv
@@ -590,7 +584,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
         end = VmEnd::GuestPanic(line.to_string());
     }
-    let net = net_card.map(|c| NetReport::from_card(&c.lock().unwrap_or_else(|e| e.into_inner())));
+    let net = net_card.map(|c| NetReport::from_card(&lock_device(&c)));
     Ok(RunReport {
         end,
         net,
