@@ -92,9 +92,8 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         &guest.code,
         &mode_switch,
     )?;
-    if vpmu.is_none() && !cfg.const_msrs.is_empty() {
-        let ranges: Vec<_> = cfg.const_msrs.iter().map(|&m| m..=m).collect();
-        pmu::setup::install_msr_filter(&vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+    if vpmu.is_none() {
+        filter_const_msrs(&vm, &cfg.const_msrs)?;
     }
     kick::install_handler().map_err(kvm("installing the vCPU kick signal handler"))?;
     let fixups = Arc::new(FixupCounts::default());
@@ -112,11 +111,8 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     };
     let vcpus = VcpuPlan {
         cfg,
-        cpuid: guest_cpuid(cfg.pmu_model, supported.as_slice()),
-        policy: cpuid::CpuidPolicy {
-            hide_cx16: quirks.is_some(),
-            hide_hypercall_features: quirks.is_some(),
-        },
+        supported: supported.as_slice(),
+        quirks: quirks.is_some(),
         entry: guest.entry,
         vpmu: vpmu.as_ref(),
         mode_switch: &mode_switch,
@@ -364,15 +360,8 @@ fn attach_devices(
     }
     let net_up = Arc::new(Latch::default());
     let net_card = match cfg.net {
+        Some(n) => Some(net_card(n, vm, mem, &net_paused, &net_up)?),
         None => None,
-        Some(n) => {
-            let pinger = (n.rx_pps > 0)
-                .then(|| Pinger::new(n.rx_pps).with_handles(net_paused.clone(), net_up.clone()));
-            let card = VirtioNet::new(net::pinger::GUEST_MAC, pinger);
-            let cost = Duration::from_micros(u64::from(n.access_cost_us));
-            let transport = MmioTransport::new(card, mem.clone(), irqfd(vm, net::NET_GSI)?);
-            Some(Arc::new(Mutex::new(transport.with_access_cost(cost))))
-        }
     };
     let mut mmio = MmioBus::builder();
     if let Some(card) = &net_card {
@@ -386,6 +375,22 @@ fn attach_devices(
         net_up,
         net_paused,
     })
+}
+
+/// The virtio-mmio network card, its pinger (if it sends) wired to the gate and the latch.
+fn net_card(
+    n: net::NetConfig,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    paused: &Arc<AtomicBool>,
+    up: &Arc<Latch>,
+) -> Result<NetCard, VmError> {
+    let pinger =
+        (n.rx_pps > 0).then(|| Pinger::new(n.rx_pps).with_handles(paused.clone(), up.clone()));
+    let card = VirtioNet::new(net::pinger::GUEST_MAC, pinger);
+    let cost = Duration::from_micros(u64::from(n.access_cost_us));
+    let transport = MmioTransport::new(card, mem.clone(), irqfd(vm, net::NET_GSI)?);
+    Ok(Arc::new(Mutex::new(transport.with_access_cost(cost))))
 }
 
 fn shared<D: PioDevice + 'static>(dev: D) -> Arc<Mutex<dyn PioDevice>> {
@@ -477,6 +482,15 @@ fn plan_vpmu(
     }))
 }
 
+/// `VmConfig::const_msrs` without a vPMU: these MSRs exit to user space (answered 0).
+fn filter_const_msrs(vm: &VmFd, msrs: &[u32]) -> Result<(), VmError> {
+    if msrs.is_empty() {
+        return Ok(());
+    }
+    let ranges: Vec<_> = msrs.iter().map(|&m| m..=m).collect();
+    pmu::setup::install_msr_filter(vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))
+}
+
 /// KVM's supported CPUID, or for `--pmu-model intel` on a host that is not Intel, a whole
 /// Intel CPU identity over it.
 fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
@@ -497,9 +511,10 @@ fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cp
 /// What the vCPUs are made from, besides what they share ([`VcpuShared`]).
 struct VcpuPlan<'a> {
     cfg: &'a VmConfig,
-    /// The guest's CPUID before the per-vCPU and vPMU edits.
-    cpuid: Vec<kvm_cpuid_entry2>,
-    policy: cpuid::CpuidPolicy,
+    /// KVM's supported CPUID.
+    supported: &'a [kvm_cpuid_entry2],
+    /// Host quirks detected before boot (CPUID hides what the host cannot run).
+    quirks: bool,
     /// vCPU 0's first instruction.
     entry: u64,
     vpmu: Option<&'a VpmuPlan>,
@@ -516,13 +531,18 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         None => vpmu::cpuid::hide_pmu(),
     };
     let cfg = plan.cfg;
+    let guest_cpuid = guest_cpuid(cfg.pmu_model, plan.supported);
+    let policy = cpuid::CpuidPolicy {
+        hide_cx16: plan.quirks,
+        hide_hypercall_features: plan.quirks,
+    };
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
         let fd = shared
             .vm
             .create_vcpu(u64::from(id))
             .map_err(kvm("KVM_CREATE_VCPU"))?;
-        let mut table = cpuid::for_vcpu(&plan.cpuid, id, cfg.vcpus, plan.policy);
+        let mut table = cpuid::for_vcpu(&guest_cpuid, id, cfg.vcpus, policy);
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let pmu = match plan.vpmu {
             Some(v) => Some(vcpu_pmu(cfg, v, &fd, plan.mode_switch)?),
@@ -622,5 +642,64 @@ mod tests {
         assert!(full.starts_with(DEFAULT_CMDLINE));
         assert!(quirks < net, "{full}");
         assert!(full.ends_with(" quiet"), "{full}");
+    }
+
+    #[test]
+    fn the_vpmu_setting_gives_the_initial_mode() {
+        let mut cfg = VmConfig::new(Boot::Flat {
+            image: vec![0xf4],
+            load_addr: 0x1000,
+            entry: 0x1000,
+            long_mode: false,
+        });
+        assert!(mode_switch(&cfg).is_none(), "--vpmu=off: no mode");
+        cfg.vpmu = VpmuSetting::CpuSwitch;
+        let m = mode_switch(&cfg).unwrap();
+        assert_eq!(m.get(), vpmu::AccountingMode::CpuSwitch);
+        cfg.vpmu = VpmuSetting::DomainSwitch;
+        let m = mode_switch(&cfg).unwrap();
+        assert_eq!(m.get(), vpmu::AccountingMode::DomainSwitch);
+    }
+
+    #[test]
+    fn a_flat_image_that_does_not_fit_is_a_typed_error() {
+        let mut cfg = VmConfig::new(Boot::Flat {
+            image: vec![0x90; 0x2000],
+            load_addr: 0,
+            entry: 0,
+            long_mode: false,
+        });
+        cfg.memory_mib = 1;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        match &mut cfg.boot {
+            Boot::Flat { load_addr, .. } => *load_addr = (1 << 20) - 0x1000,
+            Boot::Linux { .. } => unreachable!(),
+        }
+        let err = load_guest(&cfg, &mem, false).err().unwrap();
+        assert!(
+            matches!(err, VmError::ImageTooBig { len: 0x2000, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("does not fit"), "{err}");
+        match &mut cfg.boot {
+            Boot::Flat { load_addr, .. } => *load_addr = u64::MAX,
+            Boot::Linux { .. } => unreachable!(),
+        }
+        assert!(matches!(
+            load_guest(&cfg, &mem, false),
+            Err(VmError::ImageTooBig { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bus_overlap_is_a_vm_error() {
+        let mut pio = PioBus::builder();
+        let dev = shared(i8042::I8042);
+        pio.insert(0x60, 8, dev.clone()).unwrap();
+        let err = VmError::from(pio.insert(0x64, 1, dev).err().unwrap());
+        assert!(
+            err.to_string().starts_with("device bus: port range 0x64"),
+            "{err}"
+        );
     }
 }
