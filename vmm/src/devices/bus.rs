@@ -19,7 +19,8 @@ use super::{DeviceEvent, MmioDevice, PioDevice};
 pub trait BusAddress: Copy + Into<u64> + Sub<Output = Self> + fmt::Debug {
     /// The address space's name, for errors.
     const SPACE: &'static str;
-    /// One past the highest address.
+    /// One past the highest address a device range may cover (for MMIO, `u64::MAX`: the very
+    /// last byte of the address space is never a device's).
     const END: u64;
 }
 
