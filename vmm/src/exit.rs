@@ -4,8 +4,7 @@
 
 use kvm_ioctls::VcpuExit;
 
-use crate::devices::mmio_bus::MmioBus;
-use crate::devices::{DeviceEvent, PioBus, PioWrite};
+use crate::devices::{DeviceEvent, MmioBus, PioBus, PioWrite};
 use crate::end::VmEnd;
 
 /// The guest's MSR access faults: it takes #GP.
@@ -72,6 +71,8 @@ pub struct ExitCounts {
     pub io_out: u64,
     pub unclaimed_io: u64,
     pub mmio: u64,
+    /// MMIO exits at addresses no device claims (reads float high, writes are dropped).
+    pub unclaimed_mmio: u64,
     pub msr: u64,
     pub hlt: u64,
     pub interrupted: u64,
@@ -85,6 +86,7 @@ impl ExitCounts {
         self.io_out += o.io_out;
         self.unclaimed_io += o.unclaimed_io;
         self.mmio += o.mmio;
+        self.unclaimed_mmio += o.unclaimed_mmio;
         self.msr += o.msr;
         self.hlt += o.hlt;
         self.interrupted += o.interrupted;
@@ -162,12 +164,16 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
         VcpuExit::MmioRead(addr, data) => {
             // Addresses no device claims float high, as on a bus with nothing there.
             ctx.counts.mmio += 1;
-            ctx.mmio.read(addr, data);
+            if !ctx.mmio.read(addr, data) {
+                ctx.counts.unclaimed_mmio += 1;
+            }
             Outcome::Continue
         }
         VcpuExit::MmioWrite(addr, data) => {
             ctx.counts.mmio += 1;
-            ctx.mmio.write(addr, data);
+            if !ctx.mmio.write(addr, data) {
+                ctx.counts.unclaimed_mmio += 1;
+            }
             Outcome::Continue
         }
         VcpuExit::X86Rdmsr(exit) => {
@@ -223,7 +229,7 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
 mod tests {
     use super::*;
     use crate::devices::i8042::I8042;
-    use crate::devices::mmio_bus::MmioDevice;
+    use crate::devices::MmioDevice;
     use std::sync::{Arc, Mutex};
 
     struct Msrs(Vec<(u32, u64)>);
@@ -249,9 +255,9 @@ mod tests {
         msrs: &mut Msrs,
         counts: &mut ExitCounts,
     ) -> Outcome {
-        let pio = PioBus::builder()
-            .add(0x60, 5, Arc::new(Mutex::new(I8042)))
-            .build();
+        let mut pio = PioBus::builder();
+        pio.insert(0x60, 5, Arc::new(Mutex::new(I8042))).unwrap();
+        let pio = pio.build();
         let mmio = MmioBus::default();
         handle(
             exit,
@@ -315,11 +321,11 @@ mod tests {
     }
 
     #[test]
-    fn mmio_goes_to_the_bus_and_unclaimed_reads_float_high() {
+    fn mmio_goes_to_the_bus_and_unclaimed_accesses_float_high_and_count() {
         let dev = Arc::new(Mutex::new(Echo(0)));
-        let bus = MmioBus::builder()
-            .add(0xd000_0000, 0x1000, dev.clone())
-            .build();
+        let mut bus = MmioBus::builder();
+        bus.insert(0xd000_0000, 0x1000, dev.clone()).unwrap();
+        let bus = bus.build();
         let mut c = ExitCounts::default();
         let write = VcpuExit::MmioWrite(0xd000_0010, &[7, 0, 0, 0]);
         assert_eq!(mmio_exit(&bus, &mut c, write), Outcome::Continue);
@@ -336,7 +342,7 @@ mod tests {
         assert_eq!(data, [0xff; 4]);
         let write = VcpuExit::MmioWrite(0xc000_0000, &[1]);
         assert_eq!(mmio_exit(&bus, &mut c, write), Outcome::Continue);
-        assert_eq!(c.mmio, 4);
+        assert_eq!((c.mmio, c.unclaimed_mmio), (4, 2));
         assert_eq!(dev.lock().unwrap().0, 7, "the unclaimed write went nowhere");
     }
 

@@ -16,12 +16,13 @@ pub fn print(r: &RunReport) {
         r.end.exit_code()
     );
     eprintln!(
-        "[vpmu-vmm] exits: {} total: {} port in, {} port out ({} unclaimed), {} mmio, {} msr, {} interrupted, {} emulation failures",
+        "[vpmu-vmm] exits: {} total: {} port in, {} port out ({} unclaimed), {} mmio ({} unclaimed), {} msr, {} interrupted, {} emulation failures",
         total.total(),
         total.io_in,
         total.io_out,
         total.unclaimed_io,
         total.mmio,
+        total.unclaimed_mmio,
         total.msr,
         total.interrupted,
         total.internal_error

@@ -20,13 +20,12 @@ use proptest::test_runner::{Config, TestRunner};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm::devices::acpi_shutdown::AcpiShutdown;
 use vmm::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
-use vmm::devices::mmio_bus::MmioBus;
 use vmm::devices::packet_gate::{PacketGate, PACKET_GATE_PORT};
 use vmm::devices::serial::{Uart, COM1_BASE, UART_LEN};
 use vmm::devices::virtio::mmio::MmioTransport;
 use vmm::devices::virtio::net::VirtioNet;
 use vmm::devices::vpmu_control::{VpmuControl, VPMU_CONTROL_PORT};
-use vmm::devices::PioBus;
+use vmm::devices::{MmioBus, PioBus};
 use vmm::exit::{handle, ExitContext, ExitCounts, Outcome, VcpuView};
 use vmm::net::pinger::GUEST_MAC;
 use vmm::pmu::{mode::ModeSwitch, rdpmc, VcpuPmu};
@@ -115,36 +114,29 @@ impl VcpuView for View {
 fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
     let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let switch = Arc::new(ModeSwitch::new(AccountingMode::CpuSwitch));
-    let pio = PioBus::builder()
-        .add(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042)))
-        .add(
-            COM1_BASE,
-            UART_LEN,
-            Arc::new(Mutex::new(Uart::new(
-                irq.try_clone().unwrap(),
-                std::io::sink(),
-            ))),
-        )
-        .add(ACPI_PORT, 1, Arc::new(Mutex::new(AcpiShutdown)))
-        .add(
-            VPMU_CONTROL_PORT,
-            1,
-            Arc::new(Mutex::new(VpmuControl::new(
-                switch.clone(),
-                Box::new(|| {}),
-            ))),
-        )
-        .add(
-            PACKET_GATE_PORT,
-            1,
-            Arc::new(Mutex::new(PacketGate::new(Default::default()))),
-        )
-        .build();
+    let mut pio = PioBus::builder();
+    pio.insert(I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042)))
+        .and_then(|b| {
+            let uart = Uart::new(irq.try_clone().unwrap(), std::io::sink());
+            b.insert(COM1_BASE, UART_LEN, Arc::new(Mutex::new(uart)))
+        })
+        .and_then(|b| b.insert(ACPI_PORT, 1, Arc::new(Mutex::new(AcpiShutdown))))
+        .and_then(|b| {
+            let control = VpmuControl::new(switch.clone(), Box::new(|| {}));
+            b.insert(VPMU_CONTROL_PORT, 1, Arc::new(Mutex::new(control)))
+        })
+        .and_then(|b| {
+            let gate = PacketGate::new(Default::default());
+            b.insert(PACKET_GATE_PORT, 1, Arc::new(Mutex::new(gate)))
+        })
+        .expect("no overlaps");
+    let pio = pio.build();
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let net = MmioTransport::new(VirtioNet::new(GUEST_MAC, None), mem, irq);
-    let mmio = MmioBus::builder()
-        .add(VIRTIO_BASE, 0x1000, Arc::new(Mutex::new(net)))
-        .build();
+    let mut mmio = MmioBus::builder();
+    mmio.insert(VIRTIO_BASE, 0x1000, Arc::new(Mutex::new(net)))
+        .expect("an empty bus");
+    let mmio = mmio.build();
     let model = Pmu::new(PmuConfig::intel(), Box::new(FakeBackend::new())).unwrap();
     let site = rdpmc::Site {
         vaddr: SITE_RIP,
@@ -154,6 +146,7 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
     let sites = Arc::new(rdpmc::RdpmcSites::new(model.rdpmc_ranges(), &[site]));
     let mut msrs = VcpuPmu::new(model, 1000, sites.clone(), switch);
     let mut counts = ExitCounts::default();
+    let mut unclaimed_mmio = 0;
     for (i, e) in exits.iter().enumerate() {
         let view = View {
             rip: 0,
@@ -201,6 +194,11 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
             _ => prop_assert_eq!(&outcome, &Outcome::Continue, "{}", at),
         }
         prop_assert!(error <= 1, "{}", at);
+        if let Exit::MmioRead(a, _) | Exit::MmioWrite(a, _) = e {
+            // The card's registers end at VIRTIO_BASE + 0x1000; nothing is beyond.
+            unclaimed_mmio += u64::from(*a >= VIRTIO_BASE + 0x1000);
+        }
+        prop_assert_eq!(counts.unclaimed_mmio, unclaimed_mmio, "{}", at);
         if let Exit::Rdmsr(m, at_site) = e {
             // Only an RDPMC index outside a rewritten site goes to KVM's own copy.
             let to_kvm = sites.is_index(*m) && !*at_site;

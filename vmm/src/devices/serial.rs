@@ -83,7 +83,7 @@ pub fn spawn_stdin_reader<W: Write + Send + 'static>(uart: Arc<Mutex<Uart<W>>>) 
                 }
                 let mut rest = &buf[..n];
                 while !rest.is_empty() {
-                    let took = uart.lock().unwrap().enqueue_input(rest);
+                    let took = super::lock_device(&uart).enqueue_input(rest);
                     rest = &rest[took..];
                     if !rest.is_empty() {
                         std::thread::sleep(std::time::Duration::from_millis(5));

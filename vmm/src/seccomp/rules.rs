@@ -136,6 +136,13 @@ fn common() -> Rules {
     );
     r.insert(libc::SYS_mmap, no_exec(2));
     r.insert(libc::SYS_mprotect, no_exec(2));
+    // Closing an fd (a file, an eventfd) in a debug build: the standard library first checks
+    // the fd is open with fcntl(fd, F_GETFD). Kinds that need more fcntl replace this rule
+    // with [`fcntl_rules`], which includes it.
+    r.insert(
+        libc::SYS_fcntl,
+        vec![cond(1, Len::Dword, Op::Eq, libc::F_GETFD as u64)],
+    );
     r
 }
 

@@ -19,8 +19,7 @@ use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
 use crate::control::VmControl;
-use crate::devices::mmio_bus::MmioBus;
-use crate::devices::PioBus;
+use crate::devices::{MmioBus, PioBus};
 use crate::end::VmEnd;
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
 use crate::host_quirks::{self, FixupCounts};
@@ -53,6 +52,52 @@ pub struct VcpuRunner {
     /// The SYSCALL relay (host quirks only: guest user space on hosts that emulate guest
     /// kernel code).
     pub relay: Option<host_quirks::syscall_relay::VcpuRelay>,
+}
+
+/// What every vCPU of a VM shares, handed to [`VcpuRunner::new`] by the VM builder.
+#[derive(Clone)]
+pub struct VcpuShared {
+    pub mem: GuestMemoryMmap,
+    pub pio: PioBus,
+    pub mmio: MmioBus,
+    pub vm: Arc<VmFd>,
+    pub control: Arc<VmControl>,
+    pub fixups: Arc<FixupCounts>,
+    /// [`VcpuRunner::quirks_expected`].
+    pub quirks_expected: bool,
+    /// [`VcpuRunner::const_msrs`].
+    pub const_msrs: bool,
+}
+
+impl VcpuRunner {
+    /// vCPU `id` over `fd`; `pmu`, `ticker` and `relay` are its own (None: not in this run).
+    /// No recorder yet (the trace/profile streams are handed out after all vCPUs exist).
+    pub fn new(
+        id: u32,
+        fd: VcpuFd,
+        shared: VcpuShared,
+        pmu: Option<VcpuPmu>,
+        ticker: Option<ticker::Ticker>,
+        relay: Option<host_quirks::syscall_relay::VcpuRelay>,
+    ) -> Self {
+        VcpuRunner {
+            id,
+            fd,
+            mem: shared.mem,
+            pio: shared.pio,
+            mmio: shared.mmio,
+            ticker,
+            control: shared.control,
+            fixups: shared.fixups,
+            quirks_expected: shared.quirks_expected,
+            pmu,
+            vm: shared.vm,
+            const_msrs: shared.const_msrs,
+            recorder: None,
+            last_exits: Default::default(),
+            relay,
+        }
+    }
 }
 
 impl VcpuRunner {

@@ -73,7 +73,7 @@ impl Ticker {
         if now < self.next {
             return;
         }
-        self.dev.lock().unwrap().tick(now);
+        crate::devices::lock_device(&self.dev).tick(now);
         self.next += self.period;
         if self.next <= now {
             // Fell behind (the thread was not scheduled): the device catches up by its own clock.

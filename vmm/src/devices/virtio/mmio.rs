@@ -16,7 +16,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
-use crate::devices::mmio_bus::MmioDevice;
+use crate::devices::MmioDevice;
 use crate::devices::Tick;
 
 /// "virt" in little-endian ASCII.

@@ -1,0 +1,705 @@
+//! Building a VM, in named steps (the order [`build`] takes them in):
+//! [`create_vm`] (KVM, TSS, irqchip, PIT) -> [`create_memory`] -> [`load_guest`] (kernel or flat
+//! image, ACPI tables, command line) -> [`attach_devices`] (the port-I/O and MMIO buses and what
+//! is on them) -> [`plan_vpmu`] (model, backend, MSR filter, RDPMC sites: a [`VpmuPlan`]) ->
+//! [`make_vcpus`] (CPUID, boot registers, one [`VcpuRunner`] each) -> [`start_recording`].
+//! What comes out is a [`BuiltVm`], which `run.rs` runs.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvm_bindings::{
+    kvm_cpuid_entry2, kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::DEFAULT_CMDLINE;
+use super::{kvm, Boot, Latch, RdpmcSetting, VmConfig, VmControl, VmError, VpmuSetting};
+use crate::boot::{self, layout};
+use crate::console::{ConsoleLog, Tee};
+use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
+use crate::devices::virtio::net::VirtioNet;
+use crate::devices::{
+    acpi_shutdown::AcpiShutdown, delay, i8042, packet_gate, serial, vpmu_control, MmioBus, PioBus,
+    PioDevice,
+};
+use crate::host_quirks::{self, syscall_relay, FixupCounts};
+use crate::net::{self, pinger::Pinger};
+use crate::pmu::{
+    self, backend::PerfBackend, mode::ModeSwitch, perf::HostPerf, rdpmc::RdpmcSites, BackendChoice,
+    ModelChoice, VcpuPmu,
+};
+use crate::trace::recorder::Recording;
+use crate::vcpu::{cpuid, identity, kick, regs, ticker::Ticker, VcpuRunner, VcpuShared};
+
+/// The network card as the buses, the ticker and the end-of-run report see it.
+pub(super) type NetCard = Arc<Mutex<MmioTransport<VirtioNet>>>;
+
+/// A VM ready to run: its vCPUs (not started yet) and what the run's other threads and its
+/// report need.
+pub(super) struct BuiltVm {
+    pub runners: Vec<VcpuRunner>,
+    pub control: Arc<VmControl>,
+    /// The accounting mode (None with `--vpmu=off`).
+    pub mode_switch: Option<Arc<ModeSwitch>>,
+    pub devices: Devices,
+    pub fixups: Arc<FixupCounts>,
+    /// The SYSCALL relay (host quirks only).
+    pub relay: Option<Arc<syscall_relay::SyscallRelay>>,
+    /// Whether the vPMU is on (a [`VpmuPlan`] was made).
+    pub vpmu_on: bool,
+    /// The Linux kernel command line (None for a flat image).
+    pub cmdline: Option<String>,
+    /// `--trace` / `--host-profile`: the writers (each vCPU has its recorder already).
+    pub recording: Option<Recording>,
+    /// The vCPUs' TSC frequency, for the relay's cost in microseconds.
+    pub tsc_khz: Option<u64>,
+    // Dropped in this order, after the vCPU threads were joined: the VM (its last reference),
+    // then guest memory (see `create_memory`), then /dev/kvm.
+    _vm: Arc<VmFd>,
+    _mem: GuestMemoryMmap,
+    _kvm: Kvm,
+}
+
+/// Builds the VM `cfg` describes, up to the moment its vCPU threads may start.
+pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
+    let quirks = host_quirks::detect(cfg.host_quirks);
+    if let Some(why) = quirks {
+        log::info!("host quirks on: {why}");
+    }
+    let (hv, vm) = create_vm()?;
+    let mem = create_memory(&vm, cfg.memory_mib)?;
+    let guest = load_guest(cfg, &mem, quirks.is_some())?;
+    let control = Arc::new(VmControl::new(cfg.panic_vcpu_at_exit));
+    let mode_switch = mode_switch(cfg);
+    let devices = attach_devices(cfg, &vm, &mem, &control, mode_switch.as_ref())?;
+    let supported = hv
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+    let vpmu = plan_vpmu(
+        cfg,
+        &vm,
+        &mem,
+        supported.as_slice(),
+        &guest.code,
+        &mode_switch,
+    )?;
+    if vpmu.is_none() {
+        filter_const_msrs(&vm, &cfg.const_msrs)?;
+    }
+    kick::install_handler().map_err(kvm("installing the vCPU kick signal handler"))?;
+    let fixups = Arc::new(FixupCounts::default());
+    // Guest user space where the host leaves SYSCALL half done (host quirks only).
+    let relay = quirks.map(|_| syscall_relay::SyscallRelay::new(fixups.clone()));
+    let shared = VcpuShared {
+        mem: mem.clone(),
+        pio: devices.pio.clone(),
+        mmio: devices.mmio.clone(),
+        vm: vm.clone(),
+        control: control.clone(),
+        fixups: fixups.clone(),
+        quirks_expected: quirks.is_some(),
+        const_msrs: !cfg.const_msrs.is_empty(),
+    };
+    let vcpus = VcpuPlan {
+        cfg,
+        supported: supported.as_slice(),
+        quirks: quirks.is_some(),
+        entry: guest.entry,
+        vpmu: vpmu.as_ref(),
+        mode_switch: &mode_switch,
+        net_card: devices.net_card.as_ref(),
+        relay: relay.as_ref(),
+    };
+    let mut runners = make_vcpus(&vcpus, &shared)?;
+    // For the relay's cost in microseconds (the guest's TSC runs at the host's here).
+    let tsc_khz = runners
+        .first()
+        .and_then(|r| r.fd.get_tsc_khz().ok())
+        .map(u64::from)
+        .filter(|&k| k > 0);
+    let recording = start_recording(cfg, &mut runners, &mode_switch)?;
+    Ok(BuiltVm {
+        runners,
+        control,
+        mode_switch,
+        devices,
+        fixups,
+        relay,
+        vpmu_on: vpmu.is_some(),
+        cmdline: guest.cmdline,
+        recording,
+        tsc_khz,
+        _vm: vm,
+        _mem: mem,
+        _kvm: hv,
+    })
+}
+
+/// Opens KVM and creates the VM with its TSS, in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT.
+fn create_vm() -> Result<(Kvm, Arc<VmFd>), VmError> {
+    let hv = Kvm::new().map_err(VmError::OpenKvm)?;
+    let vm = Arc::new(hv.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
+    vm.set_tss_address(layout::KVM_TSS_ADDR as usize)
+        .map_err(kvm("KVM_SET_TSS_ADDR"))?;
+    vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
+    vm.create_pit2(kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    })
+    .map_err(kvm("KVM_CREATE_PIT2"))?;
+    Ok((hv, vm))
+}
+
+/// Maps `mib` MiB of guest RAM at guest-physical 0 (one region, below the 32-bit MMIO hole).
+fn create_memory(vm: &VmFd, mib: u64) -> Result<GuestMemoryMmap, VmError> {
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), (mib << 20) as usize)])
+        .map_err(VmError::Memory)?;
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().raw_value(),
+            memory_size: region.len(),
+            userspace_addr: mem.get_host_address(region.start_addr()).unwrap() as u64,
+            flags: 0,
+        };
+        // SAFETY: the region is a live mmap owned by `mem`. Its clones live as long as the VM:
+        // each vCPU thread holds one beside its VM reference, and `BuiltVm` drops its VM
+        // reference (the last) before its clone of `mem`.
+        unsafe { vm.set_user_memory_region(r) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    Ok(mem)
+}
+
+/// A guest in memory.
+struct LoadedGuest<'a> {
+    /// Where vCPU 0 starts.
+    entry: u64,
+    /// The Linux kernel command line (None for a flat image).
+    cmdline: Option<String>,
+    /// Where the RDPMC sites are looked for.
+    code: pmu::setup::GuestCode<'a>,
+}
+
+/// Loads the kernel (with ACPI tables and command line) or the flat image into `mem`.
+fn load_guest<'a>(
+    cfg: &'a VmConfig,
+    mem: &GuestMemoryMmap,
+    quirks: bool,
+) -> Result<LoadedGuest<'a>, VmError> {
+    match &cfg.boot {
+        Boot::Linux {
+            kernel,
+            initrd,
+            cmdline,
+        } => load_linux(cfg, mem, kernel, initrd.as_deref(), cmdline, quirks),
+        Boot::Flat {
+            image,
+            load_addr,
+            entry,
+            ..
+        } => {
+            let fits = load_addr
+                .checked_add(image.len() as u64)
+                .is_some_and(|end| end <= cfg.memory_mib << 20);
+            if !fits {
+                return Err(VmError::ImageTooBig {
+                    len: image.len(),
+                    load_addr: *load_addr,
+                });
+            }
+            mem.write_slice(image, GuestAddress(*load_addr))
+                .map_err(VmError::LoadImage)?;
+            Ok(LoadedGuest {
+                entry: *entry,
+                cmdline: None,
+                code: pmu::setup::GuestCode::Flat {
+                    image,
+                    base: *load_addr,
+                },
+            })
+        }
+    }
+}
+
+fn load_linux<'a>(
+    cfg: &VmConfig,
+    mem: &GuestMemoryMmap,
+    kernel: &Path,
+    initrd: Option<&Path>,
+    user_cmdline: &str,
+    quirks: bool,
+) -> Result<LoadedGuest<'a>, VmError> {
+    let virtio: Vec<_> = cfg
+        .net
+        .iter()
+        .map(|_| boot::acpi::VirtioMmioAcpi {
+            base: layout::VIRTIO_NET_MMIO_BASE as u32,
+            len: MMIO_LEN as u32,
+            gsi: net::NET_GSI,
+        })
+        .collect();
+    let rsdp = boot::acpi::create_acpi_tables_with(
+        mem,
+        cfg.vcpus as u8,
+        layout::IOAPIC_ADDR,
+        layout::LAPIC_ADDR,
+        &virtio,
+    )?;
+    let full = kernel_cmdline(quirks, cfg.net.is_some(), user_cmdline);
+    let loaded = boot::kernel::load(mem, kernel, initrd, &full, Some(rsdp))?;
+    log::info!(
+        "kernel {} entry {:#x}, ends {:#x}{}",
+        kernel.display(),
+        loaded.entry.raw_value(),
+        loaded.kernel_end,
+        loaded
+            .initrd
+            .map(|(a, s)| format!(", initrd {s} bytes at {:#x}", a.raw_value()))
+            .unwrap_or_default()
+    );
+    log::info!("kernel command line: {full}");
+    Ok(LoadedGuest {
+        entry: loaded.entry.raw_value(),
+        cmdline: Some(full),
+        code: pmu::setup::GuestCode::Elf(loaded.elf),
+    })
+}
+
+/// [`DEFAULT_CMDLINE`], then the host-quirk options, the network options, the user's.
+fn kernel_cmdline(quirks: bool, net: bool, user: &str) -> String {
+    let mut full = DEFAULT_CMDLINE.to_string();
+    let net_options = net.then(net::kernel_cmdline);
+    let parts = [
+        quirks.then_some(host_quirks::KERNEL_OPTIONS),
+        net_options.as_deref(),
+        Some(user.trim()).filter(|u| !u.is_empty()),
+    ];
+    for part in parts.into_iter().flatten() {
+        full.push(' ');
+        full.push_str(part);
+    }
+    full
+}
+
+/// The accounting mode (switchable at run time: `--vpmu-schedule`, the vPMU control port).
+fn mode_switch(cfg: &VmConfig) -> Option<Arc<ModeSwitch>> {
+    let initial = match (cfg.vpmu, &cfg.vpmu_schedule) {
+        (VpmuSetting::Off, _) => return None,
+        (_, Some(s)) => s.first(),
+        (VpmuSetting::CpuSwitch, None) => vpmu::AccountingMode::CpuSwitch,
+        (_, None) => vpmu::AccountingMode::DomainSwitch,
+    };
+    Some(Arc::new(ModeSwitch::new(initial)))
+}
+
+/// The devices and the two buses they hang on, and what else of them the run keeps.
+pub(super) struct Devices {
+    pub pio: PioBus,
+    pub mmio: MmioBus,
+    /// The guest console's log (last lines, panic detection).
+    pub console: Arc<Mutex<ConsoleLog>>,
+    /// With `--net`: the virtio-mmio network card.
+    pub net_card: Option<NetCard>,
+    /// The guest's network is up (the pinger saw a reply).
+    pub net_up: Arc<Latch>,
+    /// The pinger's packets are held back (the packet gate, compare's controller).
+    pub net_paused: Arc<AtomicBool>,
+}
+
+/// Creates the devices and puts them on the buses: COM1, COM2, i8042, the ACPI sleep register,
+/// the vPMU control port, the delay port and the packet gate on port I/O; the network card on
+/// MMIO. Starts the stdin reader with `--console-in`.
+fn attach_devices(
+    cfg: &VmConfig,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    control: &Arc<VmControl>,
+    mode_switch: Option<&Arc<ModeSwitch>>,
+) -> Result<Devices, VmError> {
+    let console = Arc::new(Mutex::new(ConsoleLog::default()));
+    let console_out = open_output(cfg.console_out.as_deref(), std::io::stdout)?;
+    let com2_out = open_output(cfg.serial2.as_deref(), std::io::sink)?;
+    let com1 = Arc::new(Mutex::new(serial::Uart::new(
+        irqfd(vm, serial::COM1_GSI)?,
+        Tee::new(console_out, console.clone()),
+    )));
+    let com2 = serial::Uart::new(irqfd(vm, serial::COM2_GSI)?, com2_out);
+    // Closed from the start when the guest gates the packets (the packet gate port).
+    let gated = cfg.net.is_some_and(|n| n.guest_gate && n.rx_pps > 0);
+    let net_paused = Arc::new(AtomicBool::new(gated));
+    let mut pio = PioBus::builder();
+    pio.insert(serial::COM1_BASE, serial::UART_LEN, com1.clone())?
+        .insert(serial::COM2_BASE, serial::UART_LEN, shared(com2))?
+        .insert(i8042::I8042_BASE, i8042::I8042_LEN, shared(i8042::I8042))?
+        .insert(boot::acpi::SHUTDOWN_PORT, 2, shared(AcpiShutdown))?;
+    if let Some(m) = mode_switch {
+        let c = control.clone();
+        let kick_all = Box::new(move || c.kick_all());
+        let port = vpmu_control::VpmuControl::new(m.clone(), kick_all);
+        pio.insert(vpmu_control::VPMU_CONTROL_PORT, 1, shared(port))?;
+    }
+    if cfg.io_delay_us > 0 {
+        let each = Duration::from_micros(u64::from(cfg.io_delay_us));
+        pio.insert(delay::DELAY_PORT, 1, shared(delay::Delay::new(each)))?;
+    }
+    if gated {
+        let gate = packet_gate::PacketGate::new(net_paused.clone());
+        pio.insert(packet_gate::PACKET_GATE_PORT, 1, shared(gate))?;
+    }
+    if cfg.console_in {
+        serial::spawn_stdin_reader(com1);
+    }
+    let net_up = Arc::new(Latch::default());
+    let net_card = match cfg.net {
+        Some(n) => Some(net_card(n, vm, mem, &net_paused, &net_up)?),
+        None => None,
+    };
+    let mut mmio = MmioBus::builder();
+    if let Some(card) = &net_card {
+        mmio.insert(layout::VIRTIO_NET_MMIO_BASE, MMIO_LEN, card.clone())?;
+    }
+    Ok(Devices {
+        pio: pio.build(),
+        mmio: mmio.build(),
+        console,
+        net_card,
+        net_up,
+        net_paused,
+    })
+}
+
+/// The virtio-mmio network card, its pinger (if it sends) wired to the gate and the latch.
+fn net_card(
+    n: net::NetConfig,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    paused: &Arc<AtomicBool>,
+    up: &Arc<Latch>,
+) -> Result<NetCard, VmError> {
+    let pinger =
+        (n.rx_pps > 0).then(|| Pinger::new(n.rx_pps).with_handles(paused.clone(), up.clone()));
+    let card = VirtioNet::new(net::pinger::GUEST_MAC, pinger);
+    let cost = Duration::from_micros(u64::from(n.access_cost_us));
+    let transport = MmioTransport::new(card, mem.clone(), irqfd(vm, net::NET_GSI)?);
+    Ok(Arc::new(Mutex::new(transport.with_access_cost(cost))))
+}
+
+fn shared<D: PioDevice + 'static>(dev: D) -> Arc<Mutex<dyn PioDevice>> {
+    Arc::new(Mutex::new(dev))
+}
+
+/// A file created at `path`, or `default()` (stdout, a sink) without one.
+fn open_output<W: std::io::Write + Send + 'static>(
+    path: Option<&Path>,
+    default: fn() -> W,
+) -> Result<Box<dyn std::io::Write + Send>, VmError> {
+    Ok(match path {
+        Some(p) => Box::new(File::create(p).map_err(|source| VmError::Output {
+            path: p.to_path_buf(),
+            source,
+        })?),
+        None => Box::new(default()),
+    })
+}
+
+/// An eventfd that raises `gsi` on the in-kernel irqchip when written.
+fn irqfd(vm: &VmFd, gsi: u32) -> Result<EventFd, VmError> {
+    let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmError::EventFd)?;
+    vm.register_irqfd(&evt, gsi).map_err(kvm("KVM_IRQFD"))?;
+    Ok(evt)
+}
+
+/// What every vCPU's vPMU is made from (the vPMU on): the same for every vCPU.
+pub(super) struct VpmuPlan {
+    pub config: vpmu::PmuConfig,
+    /// `--vpmu-backend`, `auto` resolved.
+    pub backend: BackendChoice,
+    /// The initial accounting mode.
+    pub mode: vpmu::AccountingMode,
+    /// The model's CPUID edits.
+    pub cpuid_edits: Vec<vpmu::cpuid::CpuidEdit>,
+    /// The guest's RDPMC sites, rewritten to RDMSR (empty with `--rdpmc off`).
+    pub rdpmc: Arc<RdpmcSites>,
+}
+
+/// Chooses the vPMU's model and backend, rewrites the guest's RDPMCs and installs the MSR filter
+/// over the model's ranges. None with `--vpmu=off`.
+fn plan_vpmu(
+    cfg: &VmConfig,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    supported: &[kvm_cpuid_entry2],
+    code: &pmu::setup::GuestCode<'_>,
+    mode_switch: &Option<Arc<ModeSwitch>>,
+) -> Result<Option<VpmuPlan>, VmError> {
+    let Some(mode) = mode_switch.as_ref().map(|m| m.get()) else {
+        return Ok(None);
+    };
+    let config = pmu::setup::model_config(cfg.pmu_model, supported);
+    let backend = pmu::setup::resolve_backend(cfg.pmu_backend);
+    // A throwaway model gives the MSR ranges and CPUID edits (the same for every vCPU).
+    let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))?;
+    let mut ranges = probe.msr_ranges();
+    ranges.sort_by_key(|r| *r.start());
+    let rdpmc = match cfg.rdpmc {
+        RdpmcSetting::Patch => {
+            let sites = pmu::setup::patch_rdpmc(mem, code)?;
+            RdpmcSites::new(probe.rdpmc_ranges(), &sites)
+        }
+        RdpmcSetting::Off => RdpmcSites::default(),
+    };
+    let rdpmc_ranges = if rdpmc.is_empty() {
+        Vec::new()
+    } else {
+        probe.rdpmc_ranges()
+    };
+    pmu::setup::install_msr_filter(vm, &ranges, &rdpmc_ranges)
+        .map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+    log::info!(
+        "vPMU: {:?} model, {mode:?} accounting, {backend:?} backend, PMI limit {}/s per vCPU; {} MSR ranges to user space",
+        config.vendor(),
+        cfg.pmi_limit,
+        ranges.len()
+    );
+    if let Some(f) = &cfg.pmu_event_filter {
+        log::info!("vPMU event filter: {f}");
+    }
+    Ok(Some(VpmuPlan {
+        config,
+        backend,
+        mode,
+        cpuid_edits: probe.cpuid_edits(),
+        rdpmc: Arc::new(rdpmc),
+    }))
+}
+
+/// `VmConfig::const_msrs` without a vPMU: these MSRs exit to user space (answered 0).
+fn filter_const_msrs(vm: &VmFd, msrs: &[u32]) -> Result<(), VmError> {
+    if msrs.is_empty() {
+        return Ok(());
+    }
+    let ranges: Vec<_> = msrs.iter().map(|&m| m..=m).collect();
+    pmu::setup::install_msr_filter(vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))
+}
+
+/// KVM's supported CPUID, or for `--pmu-model intel` on a host that is not Intel, a whole
+/// Intel CPU identity over it.
+fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
+    match model {
+        ModelChoice::Intel if !identity::is_intel(supported) => {
+            log::info!(
+                "guest CPU identity: GenuineIntel family {} model {:#x} (\"{}\"), for --pmu-model intel",
+                identity::INTEL_FAMILY,
+                identity::INTEL_MODEL,
+                identity::INTEL_BRAND
+            );
+            identity::intel(supported)
+        }
+        _ => supported.to_vec(),
+    }
+}
+
+/// What the vCPUs are made from, besides what they share ([`VcpuShared`]).
+struct VcpuPlan<'a> {
+    cfg: &'a VmConfig,
+    /// KVM's supported CPUID.
+    supported: &'a [kvm_cpuid_entry2],
+    /// Host quirks detected before boot (CPUID hides what the host cannot run).
+    quirks: bool,
+    /// vCPU 0's first instruction.
+    entry: u64,
+    vpmu: Option<&'a VpmuPlan>,
+    mode_switch: &'a Option<Arc<ModeSwitch>>,
+    net_card: Option<&'a NetCard>,
+    relay: Option<&'a Arc<syscall_relay::SyscallRelay>>,
+}
+
+/// Creates the vCPUs: each with its CPUID, vPMU and boot state (vCPU 0 starts at the entry, the
+/// others wait in KVM for INIT/SIPI).
+fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner>, VmError> {
+    let pmu_edits = match plan.vpmu {
+        Some(v) => v.cpuid_edits.clone(),
+        None => vpmu::cpuid::hide_pmu(),
+    };
+    let cfg = plan.cfg;
+    let guest_cpuid = guest_cpuid(cfg.pmu_model, plan.supported);
+    let policy = cpuid::CpuidPolicy {
+        hide_cx16: plan.quirks,
+        hide_hypercall_features: plan.quirks,
+    };
+    let mut runners = Vec::new();
+    for id in 0..cfg.vcpus {
+        let fd = shared
+            .vm
+            .create_vcpu(u64::from(id))
+            .map_err(kvm("KVM_CREATE_VCPU"))?;
+        let mut table = cpuid::for_vcpu(&guest_cpuid, id, cfg.vcpus, policy);
+        pmu::setup::apply_cpuid(&mut table, &pmu_edits);
+        let pmu = match plan.vpmu {
+            Some(v) => Some(vcpu_pmu(cfg, v, &fd, plan.mode_switch)?),
+            None => None,
+        };
+        let table = CpuId::from_entries(&table).map_err(VmError::CpuidTable)?;
+        fd.set_cpuid2(&table).map_err(kvm("KVM_SET_CPUID2"))?;
+        regs::setup_common(&fd)?;
+        if id == 0 {
+            match &cfg.boot {
+                Boot::Flat {
+                    long_mode: false, ..
+                } => regs::setup_real_mode(&fd, plan.entry)?,
+                _ => regs::setup_boot_vcpu(&fd, &shared.mem, plan.entry)?,
+            }
+        }
+        // The pinger's clock runs on vCPU 0's thread: its work is charged to that vCPU.
+        let ticker = match (plan.net_card, cfg.net) {
+            (Some(card), Some(n)) if id == 0 && n.rx_pps > 0 => {
+                Some(Ticker::new(card.clone(), net::tick_period(n.rx_pps)))
+            }
+            _ => None,
+        };
+        let relay = plan.relay.cloned().map(syscall_relay::VcpuRelay::new);
+        runners.push(VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay));
+    }
+    Ok(runners)
+}
+
+/// One vCPU's vPMU: the model over a perf backend on this vCPU's thread.
+fn vcpu_pmu(
+    cfg: &VmConfig,
+    plan: &VpmuPlan,
+    fd: &VcpuFd,
+    mode_switch: &Option<Arc<ModeSwitch>>,
+) -> Result<VcpuPmu, VmError> {
+    let source = match plan.backend {
+        BackendChoice::Hw => pmu::backend::Source::Hw,
+        _ => pmu::backend::Source::Soft {
+            tsc_khz: u64::from(fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?),
+        },
+    };
+    let perf = Box::new(HostPerf {
+        signal: kick::kick_signal(),
+    });
+    let backend = PerfBackend::new(source, plan.mode, perf);
+    let mut model = vpmu::Pmu::new(plan.config, Box::new(backend))?;
+    model.set_event_filter(cfg.pmu_event_filter.clone());
+    Ok(VcpuPmu::new(
+        model,
+        cfg.pmi_limit,
+        plan.rdpmc.clone(),
+        mode_switch.clone().expect("a vPMU has a mode"),
+    ))
+}
+
+/// `--trace` / `--host-profile`: starts the writers and gives each vCPU its recorder.
+fn start_recording(
+    cfg: &VmConfig,
+    runners: &mut [VcpuRunner],
+    mode_switch: &Option<Arc<ModeSwitch>>,
+) -> Result<Option<Recording>, VmError> {
+    let Some(first) = runners.first().filter(|_| cfg.record.is_on()) else {
+        return Ok(None);
+    };
+    let tsc_khz = first.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
+    let kernel = match &cfg.boot {
+        Boot::Linux { kernel, .. } => Some(kernel.as_path()),
+        Boot::Flat { .. } => None,
+    };
+    let mut recording = Recording::start(
+        &cfg.record,
+        cfg.vcpus,
+        tsc_khz,
+        cfg.vpmu,
+        kernel,
+        mode_switch.clone(),
+    )?;
+    if let Some(rec) = recording.as_mut() {
+        for r in runners.iter_mut() {
+            r.recorder = rec.take_vcpu();
+        }
+    }
+    Ok(recording)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_cmdline_appends_in_order() {
+        assert_eq!(kernel_cmdline(false, false, "  "), DEFAULT_CMDLINE);
+        let full = kernel_cmdline(true, true, " quiet ");
+        let quirks = full.find(host_quirks::KERNEL_OPTIONS).unwrap();
+        let net = full.find(&net::kernel_cmdline()).unwrap();
+        assert!(full.starts_with(DEFAULT_CMDLINE));
+        assert!(quirks < net, "{full}");
+        assert!(full.ends_with(" quiet"), "{full}");
+    }
+
+    #[test]
+    fn the_vpmu_setting_gives_the_initial_mode() {
+        let mut cfg = VmConfig::new(Boot::Flat {
+            image: vec![0xf4],
+            load_addr: 0x1000,
+            entry: 0x1000,
+            long_mode: false,
+        });
+        assert!(mode_switch(&cfg).is_none(), "--vpmu=off: no mode");
+        cfg.vpmu = VpmuSetting::CpuSwitch;
+        let m = mode_switch(&cfg).unwrap();
+        assert_eq!(m.get(), vpmu::AccountingMode::CpuSwitch);
+        cfg.vpmu = VpmuSetting::DomainSwitch;
+        let m = mode_switch(&cfg).unwrap();
+        assert_eq!(m.get(), vpmu::AccountingMode::DomainSwitch);
+    }
+
+    #[test]
+    fn a_flat_image_that_does_not_fit_is_a_typed_error() {
+        let mut cfg = VmConfig::new(Boot::Flat {
+            image: vec![0x90; 0x2000],
+            load_addr: 0,
+            entry: 0,
+            long_mode: false,
+        });
+        cfg.memory_mib = 1;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        match &mut cfg.boot {
+            Boot::Flat { load_addr, .. } => *load_addr = (1 << 20) - 0x1000,
+            Boot::Linux { .. } => unreachable!(),
+        }
+        let err = load_guest(&cfg, &mem, false).err().unwrap();
+        assert!(
+            matches!(err, VmError::ImageTooBig { len: 0x2000, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("does not fit"), "{err}");
+        match &mut cfg.boot {
+            Boot::Flat { load_addr, .. } => *load_addr = u64::MAX,
+            Boot::Linux { .. } => unreachable!(),
+        }
+        assert!(matches!(
+            load_guest(&cfg, &mem, false),
+            Err(VmError::ImageTooBig { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bus_overlap_is_a_vm_error() {
+        let mut pio = PioBus::builder();
+        let dev = shared(i8042::I8042);
+        pio.insert(0x60, 8, dev.clone()).unwrap();
+        let err = VmError::from(pio.insert(0x64, 1, dev).err().unwrap());
+        assert!(
+            err.to_string().starts_with("device bus: port range 0x64"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Running a built VM: start the vCPU threads (and `--vpmu-schedule`'s and compare's controller
+//! threads), confine the calling thread, wait for the end, join the vCPUs and collect the
+//! [`RunReport`].
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::builder::BuiltVm;
+use super::{RunReport, VmConfig, VmError, VmHandles};
+use crate::devices::lock_device;
+use crate::end::VmEnd;
+use crate::exit::ExitCounts;
+use crate::net::NetReport;
+use crate::pmu::PmuStats;
+use crate::seccomp::{self, ThreadKind};
+use crate::trace::recorder::Recording;
+use crate::vcpu::VcpuRunner;
+
+/// Runs `vm` to its end; `setup_time` is how long building it took.
+pub(super) fn run(
+    cfg: &VmConfig,
+    mut vm: BuiltVm,
+    seccomp: seccomp::Scope,
+    setup_time: Duration,
+) -> Result<RunReport, VmError> {
+    let t1 = Instant::now();
+    let handles = spawn_vcpus(std::mem::take(&mut vm.runners))?;
+    if let (Some(schedule), Some(m)) = (cfg.vpmu_schedule.clone(), &vm.mode_switch) {
+        let (kick, stop) = (vm.control.clone(), vm.control.clone());
+        schedule.spawn(m.clone(), move || kick.kick_all(), move || stop.stopping());
+    }
+    spawn_controller(cfg, &vm)?;
+    seccomp.confine_caller();
+    let end = vm.control.wait(cfg.timeout);
+    let (exits, pmu) = join_vcpus(handles);
+    let run_time = t1.elapsed();
+    if let Some(rec) = vm.recording.take() {
+        finish_recording(rec)?;
+    }
+    Ok(report(cfg, vm, end, exits, pmu, setup_time, run_time))
+}
+
+/// One thread per vCPU, confined first thing, running [`VcpuRunner::run_catching_panics`].
+fn spawn_vcpus(
+    runners: Vec<VcpuRunner>,
+) -> Result<Vec<JoinHandle<(ExitCounts, PmuStats)>>, VmError> {
+    let mut handles = Vec::new();
+    for r in runners {
+        let name = format!("vcpu{}", r.id);
+        let confine = seccomp::for_new_thread(ThreadKind::Vcpu);
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                confine.apply();
+                r.run_catching_panics()
+            })
+            .map_err(|source| VmError::SpawnThread { name, source })?;
+        handles.push(handle);
+    }
+    Ok(handles)
+}
+
+/// `compare`'s experiment: its controller thread, given the run's handles.
+fn spawn_controller(cfg: &VmConfig, vm: &BuiltVm) -> Result<(), VmError> {
+    let Some(c) = cfg.controller.clone() else {
+        return Ok(());
+    };
+    let handles = VmHandles {
+        mode: vm.mode_switch.clone(),
+        control: vm.control.clone(),
+        net_up: vm.devices.net_up.clone(),
+        net_paused: vm.devices.net_paused.clone(),
+        console: vm.devices.console.clone(),
+    };
+    let confine = seccomp::for_new_thread(ThreadKind::Controller);
+    let name = "vm-controller".to_string();
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            confine.apply();
+            (c.0)(handles)
+        })
+        .map_err(|source| VmError::SpawnThread { name, source })?;
+    Ok(())
+}
+
+/// Each vCPU's exit counts, and the vPMU statistics summed (a thread that panicked counts as
+/// zero: its panic is already the run's end).
+fn join_vcpus(handles: Vec<JoinHandle<(ExitCounts, PmuStats)>>) -> (Vec<ExitCounts>, PmuStats) {
+    let mut exits = Vec::new();
+    let mut pmu = PmuStats::default();
+    for h in handles {
+        let (counts, stats) = h.join().unwrap_or_default();
+        exits.push(counts);
+        pmu.add(&stats);
+    }
+    (exits, pmu)
+}
+
+/// Waits for the trace/profile writers and logs what each wrote.
+fn finish_recording(rec: Recording) -> Result<(), VmError> {
+    for (path, st) in rec.finish()? {
+        let dropped = if st.dropped > 0 {
+            format!(", {} RECORDS DROPPED (the writer fell behind)", st.dropped)
+        } else {
+            String::new()
+        };
+        log::info!(
+            "trace {}: {} records in {} blocks, {} bytes{dropped}",
+            path.display(),
+            st.records,
+            st.blocks,
+            st.bytes,
+        );
+    }
+    Ok(())
+}
+
+fn report(
+    cfg: &VmConfig,
+    vm: BuiltVm,
+    mut end: VmEnd,
+    exits: Vec<ExitCounts>,
+    pmu: PmuStats,
+    setup_time: Duration,
+    run_time: Duration,
+) -> RunReport {
+    // (A vCPU thread that panicked may have poisoned these locks: the data is still whole.)
+    let log = lock_device(&vm.devices.console);
+    if let (Some(line), VmEnd::Reboot | VmEnd::PowerOff) = (log.panic_line(), &end) {
+        end = VmEnd::GuestPanic(line.to_string());
+    }
+    let net = vm
+        .devices
+        .net_card
+        .as_ref()
+        .map(|c| NetReport::from_card(&lock_device(c)));
+    let syscall_relay = vm.relay.as_ref().and_then(|r| {
+        let (n, cycles) = r.syscall_cost();
+        let khz = vm.tsc_khz?;
+        (n > 0).then(|| (n, cycles as f64 * 1000.0 / khz as f64 / n as f64))
+    });
+    RunReport {
+        end,
+        net,
+        exits,
+        pmu,
+        vpmu: cfg.vpmu,
+        pmu_event_filter: cfg.pmu_event_filter.clone().filter(|_| vm.vpmu_on),
+        mode_history: vm
+            .mode_switch
+            .as_ref()
+            .map(|m| m.history())
+            .unwrap_or_default(),
+        fixups: vm.fixups.snapshot(),
+        syscall_relay,
+        console_tail: log.tail(15),
+        vcpu_states: vm.control.vcpu_states(),
+        cmdline: vm.cmdline.clone(),
+        setup_time,
+        run_time,
+    }
+}
