@@ -168,10 +168,16 @@ impl SourceBackend for Hw {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::*;
-    use super::super::Source;
+    use super::super::sim::{Ctx, Sim};
+    use super::super::testutil::event;
+    use super::super::{PerfBackend, Source};
     use super::*;
     use vpmu::{CounterBackend, CounterId};
+
+    fn backend(mode: AccountingMode) -> (PerfBackend, Sim) {
+        let sim = Sim::new();
+        (PerfBackend::new(Source::Hw, mode, sim.perf()), sim)
+    }
 
     #[test]
     fn hw_maps_event_select_and_modes() {
@@ -179,73 +185,210 @@ mod tests {
         let mut e = event(Vendor::Intel, 0x2e, 0x41, true, false);
         e.edge = true;
         e.cmask = 2;
-        let (mut b, log) = backend(Source::Hw, AccountingMode::CpuSwitch);
+        let (mut b, sim) = backend(AccountingMode::CpuSwitch);
         b.program(CounterId::gp(0), &e, None).unwrap();
-        let r = log.lock().unwrap().opened[0];
+        let r = sim.state().opened[0];
         assert_eq!(
             r.event,
             PerfEvent::Raw(0x2e | 0x41 << 8 | 1 << 18 | 2 << 24)
         );
         assert!(r.exclude_kernel && !r.exclude_user && r.exclude_host && !r.exclude_guest);
         // AMD event code bits 11:8 go to config 35:32.
-        let (mut b, log) = backend(Source::Hw, AccountingMode::CpuSwitch);
+        let (mut b, sim) = backend(AccountingMode::CpuSwitch);
         b.program(
             CounterId::gp(0),
             &event(Vendor::Amd, 0x1c0, 0, true, true),
             None,
         )
         .unwrap();
-        assert_eq!(
-            log.lock().unwrap().opened[0].event,
-            PerfEvent::Raw(0xc0 | 1 << 32)
-        );
+        assert_eq!(sim.state().opened[0].event, PerfEvent::Raw(0xc0 | 1 << 32));
         // Fixed counters use generic hardware events.
-        let (mut b, log) = backend(Source::Hw, AccountingMode::CpuSwitch);
-        b.program(
-            CounterId::fixed(0),
-            &Event {
-                fixed: Some(0),
-                ..e
-            },
-            None,
-        )
-        .unwrap();
-        assert_eq!(log.lock().unwrap().opened[0].event, PerfEvent::Hardware(1));
-        // domain-switch adds a host-side event and sums both.
-        let (mut b, log) = backend(Source::Hw, AccountingMode::DomainSwitch);
-        b.program(
-            CounterId::gp(2),
-            &event(Vendor::Amd, 0x76, 0, false, true),
-            None,
-        )
-        .unwrap();
-        {
-            let mut l = log.lock().unwrap();
-            assert_eq!(l.opened.len(), 2);
-            assert!(l.opened[0].exclude_host && l.opened[0].exclude_user);
-            assert!(
-                l.opened[1].exclude_guest && !l.opened[1].exclude_user && !l.opened[1].exclude_host
-            );
-            l.counts.insert(101, 7);
-            l.counts.insert(102, 5);
+        let (mut b, sim) = backend(AccountingMode::CpuSwitch);
+        let fixed0 = Event {
+            fixed: Some(0),
+            ..e
+        };
+        b.program(CounterId::fixed(0), &fixed0, None).unwrap();
+        assert_eq!(sim.state().opened[0].event, PerfEvent::Hardware(1));
+    }
+
+    /// What the model wants counter 0 to count of `n` events in `ctx`: the guest's rings in
+    /// guest mode, plus everything in host mode in domain-switch.
+    fn wanted(mode: AccountingMode, e: &Event, ctx: Ctx) -> bool {
+        if ctx.guest {
+            if ctx.user {
+                e.usr
+            } else {
+                e.os
+            }
+        } else {
+            mode == AccountingMode::DomainSwitch
         }
-        assert_eq!(b.read(CounterId::gp(2)), 12);
-        b.stop(CounterId::gp(2));
-        assert_eq!(log.lock().unwrap().closed, vec![101, 102]);
+    }
+
+    const EVERY_RING: [(Ctx, u64); 4] = [
+        (Ctx::GUEST_USER, 10),
+        (Ctx::GUEST_KERNEL, 200),
+        (Ctx::HOST_USER, 3000),
+        (Ctx::HOST_KERNEL, 40_000),
+    ];
+
+    #[test]
+    fn hw_counts_per_mode_and_ring() {
+        let cases = [
+            (AccountingMode::CpuSwitch, true, true, 210),
+            (AccountingMode::CpuSwitch, true, false, 10),
+            (AccountingMode::CpuSwitch, false, true, 200),
+            (AccountingMode::DomainSwitch, true, true, 43_210),
+            (AccountingMode::DomainSwitch, true, false, 43_010),
+            (AccountingMode::DomainSwitch, false, true, 43_200),
+        ];
+        for (mode, usr, os, want) in cases {
+            let e = event(Vendor::Amd, 0x76, 0, usr, os);
+            let (mut b, sim) = backend(mode);
+            b.program(CounterId::gp(2), &e, None).unwrap();
+            for (ctx, n) in EVERY_RING {
+                sim.run(ctx, n);
+            }
+            let wanted_by_model: u64 = EVERY_RING
+                .iter()
+                .filter(|(c, _)| wanted(mode, &e, *c))
+                .map(|(_, n)| n)
+                .sum();
+            assert_eq!(wanted_by_model, want);
+            assert_eq!(b.read(CounterId::gp(2)), want, "{mode:?} usr {usr} os {os}");
+            b.stop(CounterId::gp(2));
+            assert!(sim.open_fds().is_empty());
+            assert!(sim.state().refused.is_empty(), "{:?}", sim.state().refused);
+        }
+    }
+
+    /// PMI timing: the guest arms counter 0 to overflow after `period` and re-arms it at each
+    /// overflow, `pmis` times, while the thread runs `pattern` over and over, in steps of at
+    /// most `STEP` events; after each step the loop takes the overflows, as the vCPU loop does
+    /// after every exit. Returns, per PMI, how many counts past the overflow point (by the
+    /// model's rules) it was reported.
+    fn pmi_lateness(
+        mode: AccountingMode,
+        e: &Event,
+        pattern: &[(Ctx, u64)],
+        period: u64,
+    ) -> Vec<u64> {
+        const STEP: u64 = 500;
+        let pmis = 20;
+        let (mut b, sim) = backend(mode);
+        let ctr = CounterId::gp(0);
+        b.program(ctr, e, Some(period)).unwrap();
+        let (mut truth, mut late) = (0u64, Vec::new());
+        'run: for (ctx, n) in pattern.iter().copied().cycle() {
+            let mut left = n;
+            while left > 0 {
+                let step = left.min(STEP);
+                left -= step;
+                sim.run(ctx, step);
+                if wanted(mode, e, ctx) {
+                    truth += step;
+                }
+                if b.take_overflows() & ctr.mask() != 0 {
+                    assert_eq!(b.read(ctr), truth, "the count at the PMI");
+                    late.push(truth - period);
+                    if late.len() == pmis {
+                        break 'run;
+                    }
+                    b.program(ctr, e, Some(period)).unwrap();
+                    truth = 0;
+                }
+                assert!(truth < 4 * period, "no PMI after {truth} counts");
+            }
+        }
+        assert!(sim.state().refused.is_empty(), "{:?}", sim.state().refused);
+        late
+    }
+
+    /// The conformance issue's bug: in domain-switch the guest-mode and the host-mode event
+    /// each got the whole sample period, while the overflow is due when their sum reaches it,
+    /// so PMIs came late by whatever the other event had counted. Lateness must stay within
+    /// the hw minimum period (plus the test's step), in every mode and split.
+    #[test]
+    fn hw_pmis_come_when_the_sum_reaches_the_period() {
+        let period = 1_000_000;
+        let all = event(Vendor::Amd, 0x76, 0, true, true);
+        let usr = event(Vendor::Amd, 0x76, 0, true, false);
+        let half = [(Ctx::GUEST_USER, 3000), (Ctx::HOST_KERNEL, 3000)];
+        let guest_most = [
+            (Ctx::GUEST_USER, 6000),
+            (Ctx::GUEST_KERNEL, 2000),
+            (Ctx::HOST_KERNEL, 1500),
+            (Ctx::HOST_USER, 500),
+        ];
+        let host_most = [(Ctx::GUEST_USER, 1000), (Ctx::HOST_KERNEL, 9000)];
+        let cases: [(&str, AccountingMode, &Event, &[(Ctx, u64)]); 6] = [
+            (
+                "cpu-switch, all rings",
+                AccountingMode::CpuSwitch,
+                &all,
+                &guest_most,
+            ),
+            (
+                "cpu-switch, user only",
+                AccountingMode::CpuSwitch,
+                &usr,
+                &guest_most,
+            ),
+            (
+                "domain-switch, all rings, 50/50",
+                AccountingMode::DomainSwitch,
+                &all,
+                &half,
+            ),
+            (
+                "domain-switch, user only, 75/25",
+                AccountingMode::DomainSwitch,
+                &usr,
+                &guest_most,
+            ),
+            (
+                "domain-switch, user only, 50/50",
+                AccountingMode::DomainSwitch,
+                &usr,
+                &half,
+            ),
+            (
+                "domain-switch, user only, 10/90",
+                AccountingMode::DomainSwitch,
+                &usr,
+                &host_most,
+            ),
+        ];
+        let bound = 2 * MIN_HW_PERIOD + 500;
+        let mut worst = 0;
+        for (name, mode, e, pattern) in cases {
+            let late = pmi_lateness(mode, e, pattern, period);
+            let max = *late.iter().max().unwrap();
+            let mean = late.iter().sum::<u64>() / late.len() as u64;
+            println!(
+                "hw PMI timing, {name}: {} PMIs, late by mean {mean} / max {max} counts \
+                 ({:.2} % of the {period} period)",
+                late.len(),
+                max as f64 * 100.0 / period as f64
+            );
+            worst = worst.max(max);
+        }
+        assert!(
+            worst <= bound,
+            "a PMI came {worst} counts late (bound {bound})"
+        );
     }
 
     #[test]
     fn tiny_hw_periods_are_clamped() {
-        let (mut b, log) = backend(Source::Hw, AccountingMode::CpuSwitch);
+        let (mut b, sim) = backend(AccountingMode::CpuSwitch);
         b.program(
             CounterId::gp(1),
             &event(Vendor::Amd, 0x76, 0, true, true),
             Some(1),
         )
         .unwrap();
-        assert_eq!(
-            log.lock().unwrap().opened[0].sample_period,
-            Some(MIN_HW_PERIOD)
-        );
+        assert_eq!(sim.state().opened[0].sample_period, Some(MIN_HW_PERIOD));
     }
 }

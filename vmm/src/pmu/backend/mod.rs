@@ -16,6 +16,8 @@
 
 mod gate;
 mod hw;
+#[cfg(test)]
+mod sim;
 mod soft;
 #[cfg(test)]
 mod testutil;
