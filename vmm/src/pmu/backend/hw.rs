@@ -1,10 +1,25 @@
 //! The hw source: perf *raw hardware* events built from the guest's event select, USR/OS mapped
 //! to exclude_user/exclude_kernel. **Hardware-only**: needs a host PMU and VT-x/SVM; checked
-//! here only against fakes of [`PerfSys`].
+//! here only against fakes of [`PerfSys`] (the counting one: `sim.rs`).
 //!
-//! cpu-switch: one guest-mode event (`exclude_host=1`: the hardware stops it on VM exit).
-//! domain-switch: a guest-mode event with the guest's filters plus a host-mode event
-//! (`exclude_guest=1`) for the work done on the guest's behalf, summed.
+//! Which events implement one guest counter (perf's x86 ABI: an event with neither
+//! `exclude_host` nor `exclude_guest` counts in both modes — AMD leaves the event select's
+//! HostOnly/GuestOnly bits clear, Intel puts it in neither of the masks it switches on VM
+//! entry/exit — and exclude_user/exclude_kernel apply to the ring that runs, the guest's in
+//! guest mode):
+//! * cpu-switch: one guest-mode event (`exclude_host=1`, the guest's USR/OS), as KVM's own
+//!   vPMU does (`pmc_reprogram_counter` in arch/x86/kvm/pmu.c). Its period is the guest's.
+//! * domain-switch, guest counting both rings (USR and OS): one event counting both modes and
+//!   every ring, with the guest's period: the hardware sums guest and host for us.
+//! * domain-switch, guest filtering a ring: the guest-mode event (with the filter) plus a
+//!   host-mode event (`exclude_guest=1`, every ring: the work done on the guest's behalf);
+//!   one event cannot filter the guest's rings without filtering the host's. The overflow is
+//!   due when their SUM reaches the guest's period, so the period is split between them
+//!   (the two parts add up to the rest of the period: neither can overflow before the sum is
+//!   due). At each early signal the rest is split again, by the share each event counted
+//!   since the last split, and both periods restart (PERF_EVENT_IOC_PERIOD). Giving each the
+//!   whole period made PMIs late by whatever the other event had counted (up to a whole
+//!   period at an even split: `hw_pmis_come_when_the_sum_reaches_the_period`).
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
@@ -18,17 +33,39 @@ use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
 /// counter to overflow after 1 event must not turn into a signal storm on the host.
 pub const MIN_HW_PERIOD: u64 = 10_000;
 
+/// A split period's guest share is kept within [SHARE_MIN, SHARE_ONE - SHARE_MIN] / SHARE_ONE:
+/// each re-split then takes at least an eighth off the rest, whatever the split turns into.
+const SHARE_ONE: u64 = 64;
+const SHARE_MIN: u64 = 8;
+
+/// A domain-switch counter over a guest-mode and a host-mode event (`fds` = [guest, host]).
+#[derive(Clone, Copy)]
+struct Split {
+    /// Each event's count when the period was last split.
+    at_split: [u64; 2],
+    /// The guest event's share of the next split, in 1/SHARE_ONE.
+    share: u64,
+}
+
 struct HwCounter {
     fds: Vec<RawFd>,
     /// Backend units at which to report an overflow.
     armed: Option<u64>,
     /// The last value `count` returned (reads never go backwards).
     last: u64,
+    split: Option<Split>,
 }
 
 pub(super) struct Hw {
     mode: AccountingMode,
     counters: BTreeMap<u8, HwCounter>,
+}
+
+/// `rest` split into the guest event's and the host event's periods at `share`.
+fn split_period(rest: u64, share: u64) -> [u64; 2] {
+    let g =
+        u64::try_from(u128::from(rest) * u128::from(share) / u128::from(SHARE_ONE)).unwrap_or(rest);
+    [g.max(MIN_HW_PERIOD), (rest - g).max(MIN_HW_PERIOD)]
 }
 
 impl Hw {
@@ -39,8 +76,9 @@ impl Hw {
         }
     }
 
-    /// The perf events that implement one guest counter.
-    fn requests(&self, e: &Event, period: Option<u64>) -> Vec<PerfRequest> {
+    /// The perf events that implement one guest counter (see the module docs), and whether
+    /// they are a split guest + host pair.
+    fn requests(&self, e: &Event, period: Option<u64>, share: u64) -> (Vec<PerfRequest>, bool) {
         let guest = PerfRequest {
             event: hw_event(e),
             sample_period: period.map(|p| p.max(MIN_HW_PERIOD)),
@@ -49,17 +87,27 @@ impl Hw {
             exclude_host: true,
             ..PerfRequest::counting(PerfEvent::TaskClock)
         };
+        let every_ring = PerfRequest {
+            exclude_user: false,
+            exclude_kernel: false,
+            exclude_host: false,
+            ..guest
+        };
         match self.mode {
-            AccountingMode::CpuSwitch => vec![guest],
+            AccountingMode::CpuSwitch => (vec![guest], false),
+            AccountingMode::DomainSwitch if e.usr && e.os => (vec![every_ring], false),
             AccountingMode::DomainSwitch => {
-                let host = PerfRequest {
-                    exclude_user: false,
-                    exclude_kernel: false,
-                    exclude_host: false,
-                    exclude_guest: true,
+                let p = period.map(|p| split_period(p, share));
+                let guest = PerfRequest {
+                    sample_period: p.map(|p| p[0]),
                     ..guest
                 };
-                vec![guest, host]
+                let host = PerfRequest {
+                    sample_period: p.map(|p| p[1]),
+                    exclude_guest: true,
+                    ..every_ring
+                };
+                (vec![guest, host], true)
             }
         }
     }
@@ -71,6 +119,36 @@ impl Hw {
         let raw: u64 = c.fds.iter().map(|&fd| sys.read(fd)).sum();
         c.last = raw.max(c.last);
         c.last
+    }
+
+    /// An overflow signal for split counter `bit`, armed at `at`: whether it is due; if not,
+    /// the rest of the period is split again from the share each event counted since the
+    /// last split, and both periods restart.
+    fn check_split(&mut self, sys: &mut dyn PerfSys, bit: u8, at: u64) -> bool {
+        let Some(c) = self.counters.get_mut(&bit) else {
+            return false;
+        };
+        let (Some(sp), &[g_fd, h_fd]) = (c.split.as_mut(), &c.fds[..]) else {
+            return false;
+        };
+        let now = [sys.read(g_fd), sys.read(h_fd)];
+        let d = [
+            now[0].saturating_sub(sp.at_split[0]),
+            now[1].saturating_sub(sp.at_split[1]),
+        ];
+        if let Some(share) = (d[0] * SHARE_ONE).checked_div(d[0] + d[1]) {
+            sp.share = share.clamp(SHARE_MIN, SHARE_ONE - SHARE_MIN);
+        }
+        sp.at_split = now;
+        let sum = now[0] + now[1];
+        c.last = sum.max(c.last);
+        if c.last >= at {
+            return true;
+        }
+        let p = split_period(at - c.last, sp.share);
+        sys.set_period(g_fd, p[0]);
+        sys.set_period(h_fd, p[1]);
+        false
     }
 }
 
@@ -116,12 +194,23 @@ impl SourceBackend for Hw {
         e: &Event,
         overflow_after: Option<u64>,
     ) -> Result<(), BackendError> {
+        // A re-armed split counter starts from the share its events last counted.
+        let share = self
+            .counters
+            .get(&bit)
+            .and_then(|c| c.split)
+            .map_or(SHARE_ONE / 2, |s| s.share);
         self.stop(sys, bit);
-        let fds = open_events(sys, &self.requests(e, overflow_after))?;
+        let (reqs, split) = self.requests(e, overflow_after, share);
+        let fds = open_events(sys, &reqs)?;
         let c = HwCounter {
             fds,
             armed: overflow_after,
             last: 0,
+            split: split.then_some(Split {
+                at_split: [0, 0],
+                share,
+            }),
         };
         self.counters.insert(bit, c);
         Ok(())
@@ -145,7 +234,12 @@ impl SourceBackend for Hw {
             .collect();
         let mut bits = 0;
         for (bit, at) in armed {
-            if self.count(sys, bit) >= at {
+            let due = if self.counters[&bit].split.is_some() {
+                self.check_split(sys, bit, at)
+            } else {
+                self.count(sys, bit) >= at
+            };
+            if due {
                 bits |= 1 << bit;
             }
         }
@@ -247,6 +341,10 @@ mod tests {
             let e = event(Vendor::Amd, 0x76, 0, usr, os);
             let (mut b, sim) = backend(mode);
             b.program(CounterId::gp(2), &e, None).unwrap();
+            // One event, but a guest-mode + host-mode pair where the guest filters a ring in
+            // domain-switch.
+            let split = mode == AccountingMode::DomainSwitch && !(usr && os);
+            assert_eq!(sim.open_fds().len(), 1 + usize::from(split));
             for (ctx, n) in EVERY_RING {
                 sim.run(ctx, n);
             }
@@ -267,13 +365,13 @@ mod tests {
     /// overflow, `pmis` times, while the thread runs `pattern` over and over, in steps of at
     /// most `STEP` events; after each step the loop takes the overflows, as the vCPU loop does
     /// after every exit. Returns, per PMI, how many counts past the overflow point (by the
-    /// model's rules) it was reported.
+    /// model's rules) it was reported, and the overflow signals the host sent in all.
     fn pmi_lateness(
         mode: AccountingMode,
         e: &Event,
         pattern: &[(Ctx, u64)],
         period: u64,
-    ) -> Vec<u64> {
+    ) -> (Vec<u64>, u64) {
         const STEP: u64 = 500;
         let pmis = 20;
         let (mut b, sim) = backend(mode);
@@ -301,8 +399,9 @@ mod tests {
                 assert!(truth < 4 * period, "no PMI after {truth} counts");
             }
         }
-        assert!(sim.state().refused.is_empty(), "{:?}", sim.state().refused);
-        late
+        let st = sim.state();
+        assert!(st.refused.is_empty(), "{:?}", st.refused);
+        (late, st.notifications.values().sum())
     }
 
     /// The conformance issue's bug: in domain-switch the guest-mode and the host-mode event
@@ -322,7 +421,8 @@ mod tests {
             (Ctx::HOST_USER, 500),
         ];
         let host_most = [(Ctx::GUEST_USER, 1000), (Ctx::HOST_KERNEL, 9000)];
-        let cases: [(&str, AccountingMode, &Event, &[(Ctx, u64)]); 6] = [
+        type Case<'a> = (&'a str, AccountingMode, &'a Event, &'a [(Ctx, u64)]);
+        let cases: [Case; 6] = [
             (
                 "cpu-switch, all rings",
                 AccountingMode::CpuSwitch,
@@ -363,12 +463,12 @@ mod tests {
         let bound = 2 * MIN_HW_PERIOD + 500;
         let mut worst = 0;
         for (name, mode, e, pattern) in cases {
-            let late = pmi_lateness(mode, e, pattern, period);
+            let (late, signals) = pmi_lateness(mode, e, pattern, period);
             let max = *late.iter().max().unwrap();
             let mean = late.iter().sum::<u64>() / late.len() as u64;
             println!(
                 "hw PMI timing, {name}: {} PMIs, late by mean {mean} / max {max} counts \
-                 ({:.2} % of the {period} period)",
+                 ({:.2} % of the {period} period); {signals} host signals",
                 late.len(),
                 max as f64 * 100.0 / period as f64
             );
