@@ -59,6 +59,8 @@ struct HwCounter {
 pub(super) struct Hw {
     mode: AccountingMode,
     counters: BTreeMap<u8, HwCounter>,
+    /// Counters (bits) whose events the host was seen multiplexing (warned once each).
+    pub(super) multiplexed: u64,
 }
 
 /// `rest` split into the guest event's and the host event's periods at `share`.
@@ -73,6 +75,7 @@ impl Hw {
         Hw {
             mode,
             counters: BTreeMap::new(),
+            multiplexed: 0,
         }
     }
 
@@ -85,6 +88,7 @@ impl Hw {
             exclude_user: !e.usr,
             exclude_kernel: !e.os,
             exclude_host: true,
+            read_times: true,
             ..PerfRequest::counting(PerfEvent::TaskClock)
         };
         let every_ring = PerfRequest {
@@ -112,11 +116,30 @@ impl Hw {
         }
     }
 
+    /// One event of counter `bit`, scaled if the host multiplexed it (noticed, never silent).
+    fn read_fd(&mut self, sys: &mut dyn PerfSys, bit: u8, fd: RawFd) -> u64 {
+        let c = sys.read_count(fd);
+        if c.multiplexed() && self.multiplexed & (1 << bit) == 0 {
+            self.multiplexed |= 1 << bit;
+            let pct = c.time_running as f64 * 100.0 / c.time_enabled as f64;
+            log::warn!(
+                "vpmu: hw {}: the host multiplexed its perf event (on a hardware counter {pct:.0} % \
+                 of the time it was enabled: more events than counters); its count is scaled by \
+                 time enabled / time running, an estimate, and its overflows come late",
+                counter_name(bit)
+            );
+        }
+        c.scaled()
+    }
+
     fn count(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+        let Some(fds) = self.counters.get(&bit).map(|c| c.fds.clone()) else {
+            return 0;
+        };
+        let raw: u64 = fds.iter().map(|&fd| self.read_fd(sys, bit, fd)).sum();
         let Some(c) = self.counters.get_mut(&bit) else {
             return 0;
         };
-        let raw: u64 = c.fds.iter().map(|&fd| sys.read(fd)).sum();
         c.last = raw.max(c.last);
         c.last
     }
@@ -125,13 +148,19 @@ impl Hw {
     /// the rest of the period is split again from the share each event counted since the
     /// last split, and both periods restart.
     fn check_split(&mut self, sys: &mut dyn PerfSys, bit: u8, at: u64) -> bool {
+        let Some((g_fd, h_fd)) = self.counters.get(&bit).and_then(|c| match c.fds[..] {
+            [g, h] if c.split.is_some() => Some((g, h)),
+            _ => None,
+        }) else {
+            return false;
+        };
+        let now = [self.read_fd(sys, bit, g_fd), self.read_fd(sys, bit, h_fd)];
         let Some(c) = self.counters.get_mut(&bit) else {
             return false;
         };
-        let (Some(sp), &[g_fd, h_fd]) = (c.split.as_mut(), &c.fds[..]) else {
+        let Some(sp) = c.split.as_mut() else {
             return false;
         };
-        let now = [sys.read(g_fd), sys.read(h_fd)];
         let d = [
             now[0].saturating_sub(sp.at_split[0]),
             now[1].saturating_sub(sp.at_split[1]),
@@ -140,8 +169,7 @@ impl Hw {
             sp.share = share.clamp(SHARE_MIN, SHARE_ONE - SHARE_MIN);
         }
         sp.at_split = now;
-        let sum = now[0] + now[1];
-        c.last = sum.max(c.last);
+        c.last = (now[0] + now[1]).max(c.last);
         if c.last >= at {
             return true;
         }
@@ -149,6 +177,14 @@ impl Hw {
         sys.set_period(g_fd, p[0]);
         sys.set_period(h_fd, p[1]);
         false
+    }
+}
+
+/// A counter's name in messages (`bit` = [`vpmu::CounterId::bit`]).
+fn counter_name(bit: u8) -> String {
+    match bit.checked_sub(32) {
+        Some(i) => format!("fixed counter {i}"),
+        None => format!("PMC{bit}"),
     }
 }
 
@@ -490,5 +526,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(sim.state().opened[0].sample_period, Some(MIN_HW_PERIOD));
+    }
+
+    /// Two guest counters on a host with one hardware counter: perf multiplexes them, each
+    /// counts half the time; the backend scales the counts (enabled / running) and says so.
+    #[test]
+    fn multiplexed_events_are_scaled_and_reported() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        for (counters, multiplexed) in [(2, false), (1, true)] {
+            let sim = Sim::with_counters(counters, 1000);
+            let mut b = PerfBackend::new(Source::Hw, AccountingMode::CpuSwitch, sim.perf());
+            b.program(CounterId::gp(0), &e, None).unwrap();
+            b.program(CounterId::gp(1), &e, None).unwrap();
+            sim.run(Ctx::GUEST_USER, 100_000);
+            let mut host = sim.perf();
+            for fd in sim.open_fds() {
+                let c = host.read_count(fd);
+                let ran = if multiplexed { 50_000 } else { 100_000 };
+                assert_eq!(
+                    (c.value, c.time_enabled, c.time_running),
+                    (ran, 100_000, ran)
+                );
+            }
+            for i in 0..2 {
+                // Scaled from the 50,000 each counted: exact for an even rate.
+                assert_eq!(b.read(CounterId::gp(i)), 100_000, "PMC{i}");
+            }
+            let want = if multiplexed { 0b11 } else { 0 };
+            assert_eq!(b.multiplexed_counters(), want);
+        }
     }
 }

@@ -125,6 +125,16 @@ impl PerfBackend {
         self.gate().map_or(0, |g| g.switched_intervals)
     }
 
+    /// Counters (a bitmap of [`CounterId::bit`]s) whose host events perf was seen
+    /// multiplexing (more events than the host has counters): their counts are scaled by time
+    /// enabled / time running, and each was warned about once. hw source only.
+    pub fn multiplexed_counters(&self) -> u64 {
+        match &self.imp {
+            Imp::Hw(h) => h.multiplexed,
+            Imp::Soft(_) => 0,
+        }
+    }
+
     /// `read(2)`s of the gate's thread clock (soft cpu-switch; for reports and tests).
     pub fn clock_reads(&self) -> u64 {
         self.gate().map_or(0, |g| g.clock_reads)

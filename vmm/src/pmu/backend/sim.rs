@@ -17,7 +17,12 @@
 //!   refused (EINVAL) on a counting-only event, for 0 and for bit 63; IOC_ENABLE/DISABLE stop
 //!   and start counting and keep the period's progress; IOC_RESET ([`Sim::reset`]: the trait
 //!   has no caller for it) zeroes the count, not the period;
-//! * `read(2)` gives the count (the default read format).
+//! * `read(2)` gives the count; with `read_times` also perf's time_enabled and time_running;
+//! * with a counter budget ([`Sim::with_counters`]) more enabled hardware events than counters
+//!   are multiplexed as perf's rotation does: every `interval` time units the next `budget` of
+//!   them (in opening order, round robin) hold the counters; the others count nothing and only
+//!   their time_enabled advances. Time is the timeline's event count (1 event = 1 unit: a
+//!   cycles-like event).
 //!
 //! Software events (task-clock, switch records) count nothing here.
 
@@ -26,7 +31,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 
-use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys, SwitchSeq};
+use crate::pmu::perf::{PerfCount, PerfEvent, PerfRequest, PerfSys, SwitchSeq};
 
 /// Where the vCPU thread is when the events of a [`Sim::run`] happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,12 +67,18 @@ struct SimEvent {
     count: u64,
     /// Counts left until the next overflow (sampling events).
     period_left: u64,
+    time_enabled: u64,
+    time_running: u64,
 }
 
 impl SimEvent {
+    fn is_hw(&self) -> bool {
+        matches!(self.req.event, PerfEvent::Hardware(_) | PerfEvent::Raw(_))
+    }
+
     fn counts_in(&self, ctx: Ctx) -> bool {
         let r = &self.req;
-        let hw = matches!(r.event, PerfEvent::Hardware(_) | PerfEvent::Raw(_));
+        let hw = self.is_hw();
         let mode_ok = if ctx.guest {
             !r.exclude_guest
         } else {
@@ -110,6 +121,55 @@ pub(super) struct SimState {
     /// Overflow notifications sent, per fd.
     pub notifications: BTreeMap<RawFd, u64>,
     events: BTreeMap<RawFd, SimEvent>,
+    /// Hardware counters (None: as many as events) and the rotation interval.
+    budget: Option<(usize, u64)>,
+    /// Time units run so far.
+    clock: u64,
+}
+
+impl SimState {
+    /// The events on a hardware counter now: all of them, or `budget` of the enabled ones
+    /// from a start that moves by one each interval.
+    fn scheduled(&self) -> Vec<RawFd> {
+        let hw: Vec<RawFd> = self
+            .events
+            .iter()
+            .filter(|(_, e)| e.is_hw() && e.enabled)
+            .map(|(fd, _)| *fd)
+            .collect();
+        match self.budget {
+            Some((n, interval)) if hw.len() > n => {
+                let start = (self.clock / interval) as usize % hw.len();
+                hw.iter().cycle().skip(start).take(n).copied().collect()
+            }
+            _ => hw,
+        }
+    }
+
+    /// `n` events in `ctx` with no rotation in between; returns the overflows.
+    fn step(&mut self, ctx: Ctx, n: u64) -> u64 {
+        let on = self.scheduled();
+        let mut signals = 0;
+        for (fd, e) in self.events.iter_mut() {
+            if !(e.is_hw() && e.enabled) {
+                continue;
+            }
+            e.time_enabled += n;
+            if !on.contains(fd) {
+                continue;
+            }
+            e.time_running += n;
+            if e.counts_in(ctx) {
+                let o = e.add(n);
+                if o > 0 {
+                    *self.notifications.entry(*fd).or_default() += o;
+                    signals += o;
+                }
+            }
+        }
+        self.clock += n;
+        signals
+    }
 }
 
 /// The simulated host (shared by the test and the backend's [`PerfSys`]).
@@ -132,20 +192,27 @@ impl Sim {
         self.0.lock().unwrap()
     }
 
+    /// A host with `counters` hardware counters, rotating multiplexed events every
+    /// `interval` time units.
+    pub fn with_counters(counters: usize, interval: u64) -> Sim {
+        let sim = Sim::new();
+        sim.state().budget = Some((counters, interval.max(1)));
+        sim
+    }
+
     /// The event happens `n` times in `ctx`; overflowing events notify.
     pub fn run(&self, ctx: Ctx, n: u64) {
         let mut signals = 0;
         {
             let mut s = self.state();
-            let st = &mut *s;
-            for (fd, e) in st.events.iter_mut() {
-                if e.counts_in(ctx) {
-                    let o = e.add(n);
-                    if o > 0 {
-                        *st.notifications.entry(*fd).or_default() += o;
-                        signals += o;
-                    }
-                }
+            let mut left = n;
+            while left > 0 {
+                let chunk = match s.budget {
+                    Some((_, interval)) => left.min(interval - s.clock % interval),
+                    None => left,
+                };
+                signals += s.step(ctx, chunk);
+                left -= chunk;
             }
         }
         for _ in 0..signals.min(4) {
@@ -186,6 +253,8 @@ impl PerfSys for SimPerf {
             enabled: !req.disabled,
             count: 0,
             period_left: req.sample_period.unwrap_or(0),
+            time_enabled: 0,
+            time_running: 0,
         };
         s.events.insert(fd, e);
         Ok(fd)
@@ -211,6 +280,21 @@ impl PerfSys for SimPerf {
                 s.refused.push(format!("read({fd}): not open (EBADF)"));
                 0
             }
+        }
+    }
+
+    fn read_count(&mut self, fd: RawFd) -> PerfCount {
+        let value = self.read(fd);
+        match self.0.state().events.get(&fd) {
+            Some(e) if e.req.read_times => PerfCount {
+                value,
+                time_enabled: e.time_enabled,
+                time_running: e.time_running,
+            },
+            _ => PerfCount {
+                value,
+                ..PerfCount::default()
+            },
         }
     }
 
@@ -307,5 +391,24 @@ mod tests {
         let c = p.open(&raw(false, false, false)).unwrap();
         p.set_period(c, 10);
         assert_eq!(sim.state().refused.len(), 1);
+    }
+
+    #[test]
+    fn more_events_than_counters_are_multiplexed_with_times() {
+        let sim = Sim::with_counters(2, 100);
+        let mut p = sim.perf();
+        let req = PerfRequest {
+            read_times: true,
+            ..raw(false, false, false)
+        };
+        let fds: Vec<RawFd> = (0..3).map(|_| p.open(&req).unwrap()).collect();
+        sim.run(Ctx::GUEST_USER, 3000);
+        for fd in fds {
+            let c = p.read_count(fd);
+            assert_eq!((c.time_enabled, c.time_running), (3000, 2000), "fd {fd}");
+            assert_eq!(c.value, 2000);
+            assert!(c.multiplexed());
+            assert_eq!(c.scaled(), 3000);
+        }
     }
 }
