@@ -45,6 +45,38 @@ pub struct PerfRequest {
     pub exclude_guest: bool,
     /// Open disabled (enable later).
     pub disabled: bool,
+    /// Read with perf's time totals (PERF_FORMAT_TOTAL_TIME_ENABLED | _RUNNING), so a
+    /// multiplexed event can be noticed and scaled ([`PerfSys::read_count`]).
+    pub read_times: bool,
+}
+
+/// One `read(2)` of an event: its count and, if it was opened with
+/// [`PerfRequest::read_times`], how long it was enabled and how long it really had a hardware
+/// counter (ns; both 0 otherwise). When events outnumber the host's counters perf multiplexes
+/// them: each counts only part of the time (`time_running < time_enabled`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PerfCount {
+    pub value: u64,
+    pub time_enabled: u64,
+    pub time_running: u64,
+}
+
+impl PerfCount {
+    /// Whether the event missed part of its enabled time.
+    pub fn multiplexed(&self) -> bool {
+        self.time_running < self.time_enabled
+    }
+
+    /// The count extrapolated to the whole enabled time (perf's own estimate, as `perf stat`
+    /// prints it); the count itself if it was not multiplexed or never ran.
+    pub fn scaled(&self) -> u64 {
+        if !self.multiplexed() || self.time_running == 0 {
+            return self.value;
+        }
+        let v =
+            u128::from(self.value) * u128::from(self.time_enabled) / u128::from(self.time_running);
+        u64::try_from(v).unwrap_or(u64::MAX)
+    }
 }
 
 impl PerfRequest {
@@ -58,6 +90,7 @@ impl PerfRequest {
             exclude_host: false,
             exclude_guest: false,
             disabled: false,
+            read_times: false,
         }
     }
 }
@@ -70,6 +103,14 @@ pub trait PerfSys: Send {
     fn enable(&mut self, fd: RawFd);
     fn disable(&mut self, fd: RawFd);
     fn read(&mut self, fd: RawFd) -> u64;
+    /// `read(2)` with the time totals, for an event opened with [`PerfRequest::read_times`]
+    /// (the default: the count alone, times 0).
+    fn read_count(&mut self, fd: RawFd) -> PerfCount {
+        PerfCount {
+            value: self.read(fd),
+            ..PerfCount::default()
+        }
+    }
     fn close(&mut self, fd: RawFd);
     /// Sets a sampling event's period; the next notification comes `period` counts from now
     /// (PERF_EVENT_IOC_PERIOD restarts the event's period).
@@ -147,6 +188,12 @@ impl PerfSys for HostPerf {
         attr.set_exclude_hv(1);
         attr.set_exclude_host(u64::from(req.exclude_host));
         attr.set_exclude_guest(u64::from(req.exclude_guest));
+        if req.read_times {
+            attr.read_format = u64::from(
+                sys::bindings::PERF_FORMAT_TOTAL_TIME_ENABLED
+                    | sys::bindings::PERF_FORMAT_TOTAL_TIME_RUNNING,
+            );
+        }
         if let Some(p) = req.sample_period {
             attr.__bindgen_anon_1.sample_period = p;
             attr.__bindgen_anon_2.wakeup_events = 1;
@@ -195,13 +242,25 @@ impl PerfSys for HostPerf {
     }
 
     fn read(&mut self, fd: RawFd) -> u64 {
-        let mut v = 0u64;
-        // SAFETY: reading 8 bytes (the default read_format) into a u64.
-        let n = unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
-        if n == 8 {
-            v
-        } else {
-            0
+        self.read_count(fd).value
+    }
+
+    fn read_count(&mut self, fd: RawFd) -> PerfCount {
+        // The default read_format gives 8 bytes, with read_times 24 (value, enabled, running).
+        let mut v = [0u64; 3];
+        // SAFETY: reading at most 24 bytes into a [u64; 3].
+        let n = unsafe { libc::read(fd, v.as_mut_ptr().cast::<libc::c_void>(), 24) };
+        match n {
+            24 => PerfCount {
+                value: v[0],
+                time_enabled: v[1],
+                time_running: v[2],
+            },
+            8 => PerfCount {
+                value: v[0],
+                ..PerfCount::default()
+            },
+            _ => PerfCount::default(),
         }
     }
 

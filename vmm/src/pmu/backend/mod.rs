@@ -1,0 +1,229 @@
+//! Counter backends: the vPMU model's counters over host perf events on the vCPU thread.
+//!
+//! [`PerfBackend`] is the model's [`CounterBackend`]; it holds the perf layer ([`PerfSys`]) and
+//! the overflow-signal watch, and hands each call to its source:
+//! * `soft` ([`Source::Soft`], soft.rs) — perf software task-clock x TSC frequency, cycle
+//!   events only; cpu-switch charges the thread's CPU time inside KVM_RUN through the
+//!   [`Gate`] (gate.rs: RDTSC on each side of KVM_RUN, a `read(2)` of a thread clock only
+//!   after the host switched the thread out).
+//! * `hw` ([`Source::Hw`], hw.rs) — perf raw hardware events from the guest's event select.
+//!   **Hardware-only**: needs a host PMU and VT-x/SVM.
+//!
+//! Accounting modes, the same meaning on both:
+//! * cpu-switch — count only inside KVM_RUN (hw: `exclude_host=1`; soft: the gate).
+//! * domain-switch — count whenever the vCPU thread runs (KVM and the VMM's exit handling on
+//!   that thread included): the host kernel's per-task perf context switch is the save/restore.
+
+mod gate;
+mod hw;
+#[cfg(test)]
+mod sim;
+mod soft;
+#[cfg(test)]
+mod testutil;
+
+use std::os::fd::RawFd;
+
+use vpmu::{AccountingMode, BackendError, CounterBackend, CounterId, Event, Scale};
+
+use super::perf::{PerfRequest, PerfSys};
+
+pub use gate::Gate;
+pub use hw::MIN_HW_PERIOD;
+pub use soft::MIN_SOFT_PERIOD_NS;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// perf task-clock, scaled to cycles at `tsc_khz`.
+    Soft { tsc_khz: u64 },
+    /// perf raw hardware events.
+    Hw,
+}
+
+/// What one source does for the guest's counters (`bit` = [`CounterId::bit`]). The perf layer
+/// is passed in: [`PerfBackend`] owns it.
+trait SourceBackend: Send {
+    fn supports(&self, e: &Event) -> bool;
+    fn scale(&self, e: &Event) -> Scale;
+    /// See [`CounterBackend::program`].
+    fn program(
+        &mut self,
+        sys: &mut dyn PerfSys,
+        bit: u8,
+        e: &Event,
+        overflow_after: Option<u64>,
+    ) -> Result<(), BackendError>;
+    fn read(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64;
+    fn stop(&mut self, sys: &mut dyn PerfSys, bit: u8);
+    /// After an overflow signal: the counters whose armed point was reached (a bitmap).
+    fn overflows(&mut self, sys: &mut dyn PerfSys) -> u64;
+    fn enter_guest(&mut self, _sys: &mut dyn PerfSys) {}
+    fn leave_guest(&mut self, _sys: &mut dyn PerfSys) {}
+    fn set_mode(&mut self, mode: AccountingMode);
+    /// Closes every event (the backend is dropped).
+    fn close_all(&mut self, sys: &mut dyn PerfSys);
+}
+
+enum Imp {
+    Soft(soft::Soft),
+    Hw(hw::Hw),
+}
+
+pub struct PerfBackend {
+    imp: Imp,
+    sys: Box<dyn PerfSys>,
+    signals: crate::vcpu::kick::SignalWatch,
+}
+
+impl PerfBackend {
+    pub fn new(source: Source, mode: AccountingMode, sys: Box<dyn PerfSys>) -> Self {
+        let imp = match source {
+            Source::Soft { tsc_khz } => Imp::Soft(soft::Soft::new(tsc_khz, mode)),
+            Source::Hw => Imp::Hw(hw::Hw::new(mode)),
+        };
+        PerfBackend {
+            imp,
+            sys,
+            signals: Default::default(),
+        }
+    }
+
+    /// The source and the perf layer, borrowed apart.
+    fn parts(&mut self) -> (&mut dyn SourceBackend, &mut dyn PerfSys) {
+        let src: &mut dyn SourceBackend = match &mut self.imp {
+            Imp::Soft(s) => s,
+            Imp::Hw(h) => h,
+        };
+        (src, self.sys.as_mut())
+    }
+
+    fn source(&self) -> &dyn SourceBackend {
+        match &self.imp {
+            Imp::Soft(s) => s,
+            Imp::Hw(h) => h,
+        }
+    }
+
+    /// For a sampler on the host's side (profile::sampler): the next perf notification when
+    /// counter `ctr` reaches `at`, counted from now. Soft cpu-switch only (see
+    /// `soft::Soft::notify_at`); nothing elsewhere.
+    pub fn notify_at(&mut self, ctr: CounterId, at: u64) {
+        if let Imp::Soft(s) = &mut self.imp {
+            s.notify_at(self.sys.as_mut(), ctr, at);
+        }
+    }
+
+    fn gate(&self) -> Option<&Gate> {
+        match &self.imp {
+            Imp::Soft(s) => Some(&s.gate),
+            Imp::Hw(_) => None,
+        }
+    }
+
+    /// Host-thread switches seen during outside intervals (soft cpu-switch; for reports).
+    pub fn switched_intervals(&self) -> u64 {
+        self.gate().map_or(0, |g| g.switched_intervals)
+    }
+
+    /// Counters (a bitmap of [`CounterId::bit`]s) whose host events perf was seen
+    /// multiplexing (more events than the host has counters): their counts are scaled by time
+    /// enabled / time running, and each was warned about once. hw source only.
+    pub fn multiplexed_counters(&self) -> u64 {
+        match &self.imp {
+            Imp::Hw(h) => h.multiplexed,
+            Imp::Soft(_) => 0,
+        }
+    }
+
+    /// `read(2)`s of the gate's thread clock (soft cpu-switch; for reports and tests).
+    pub fn clock_reads(&self) -> u64 {
+        self.gate().map_or(0, |g| g.clock_reads)
+    }
+}
+
+/// Opens `reqs` in order; on a failure closes those already open.
+fn open_events(sys: &mut dyn PerfSys, reqs: &[PerfRequest]) -> Result<Vec<RawFd>, BackendError> {
+    let mut fds = Vec::new();
+    for req in reqs {
+        match sys.open(req) {
+            Ok(fd) => fds.push(fd),
+            Err(err) => {
+                close_events(sys, &fds);
+                return Err(BackendError::Host(format!(
+                    "perf_event_open({:?}): {err}",
+                    req.event
+                )));
+            }
+        }
+    }
+    Ok(fds)
+}
+
+fn close_events(sys: &mut dyn PerfSys, fds: &[RawFd]) {
+    for &fd in fds {
+        sys.close(fd);
+    }
+}
+
+impl CounterBackend for PerfBackend {
+    fn supports(&self, e: &Event) -> bool {
+        self.source().supports(e)
+    }
+
+    fn scale(&self, e: &Event) -> Scale {
+        self.source().scale(e)
+    }
+
+    fn program(
+        &mut self,
+        ctr: CounterId,
+        e: &Event,
+        overflow_after: Option<u64>,
+    ) -> Result<(), BackendError> {
+        if !self.supports(e) {
+            return Err(BackendError::Unsupported(*e));
+        }
+        let (src, sys) = self.parts();
+        src.program(sys, ctr.bit(), e, overflow_after)
+    }
+
+    fn read(&mut self, ctr: CounterId) -> u64 {
+        let (src, sys) = self.parts();
+        src.read(sys, ctr.bit())
+    }
+
+    fn stop(&mut self, ctr: CounterId) {
+        let (src, sys) = self.parts();
+        src.stop(sys, ctr.bit());
+    }
+
+    fn take_overflows(&mut self) -> u64 {
+        if !self.signals.take() {
+            return 0;
+        }
+        let (src, sys) = self.parts();
+        src.overflows(sys)
+    }
+
+    fn enter_guest(&mut self) {
+        let (src, sys) = self.parts();
+        src.enter_guest(sys);
+    }
+
+    fn set_mode(&mut self, mode: AccountingMode) {
+        let (src, _) = self.parts();
+        src.set_mode(mode);
+    }
+
+    fn leave_guest(&mut self) {
+        let (src, sys) = self.parts();
+        src.leave_guest(sys);
+    }
+}
+
+impl Drop for PerfBackend {
+    fn drop(&mut self) {
+        let (src, sys) = self.parts();
+        src.close_all(sys);
+    }
+}

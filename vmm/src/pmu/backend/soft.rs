@@ -1,0 +1,484 @@
+//! The soft source: one perf *software* task-clock event (thread CPU time, ns) per counter;
+//! cycle events (Intel 0x3C and fixed counters 1/2, AMD 0x76) count time x TSC frequency. Runs
+//! on any Linux host, including those without a PMU. The guest's USR/OS filter cannot be
+//! honoured (thread CPU time does not say which guest ring ran) and is ignored.
+//!
+//! Both modes run the events all the time (for their overflow signals). cpu-switch charges
+//! only the thread's CPU time inside KVM_RUN ([`Gate`]); a counter armed to overflow gets its
+//! host period fixed when perf's signal comes early (the host also counted VMM time).
+//! Toggling the events instead (two ioctls per counter per exit) charged the guest for its own
+//! gating: more than domain-switch counted for the same work (issue 12).
+//!
+//! Keeping off system calls (costs in docs/vpmu.md): a read makes one `read(2)` and then
+//! extrapolates with the TSC while the thread has not been switched out ([`Anchor`]), and
+//! re-programming keeps the host event (a new base, and a PERF_EVENT_IOC_PERIOD for a sampling
+//! one) instead of closing and reopening it.
+
+use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+
+use vpmu::{AccountingMode, ArchEvent, BackendError, CounterId, Event, Scale};
+
+use super::gate::{Anchor, Gate};
+use super::{close_events, open_events, SourceBackend};
+use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
+
+/// Shortest host sample period a soft counter is armed with (ns of thread CPU time): a guest
+/// that arms a counter to overflow after 1 cycle must not turn into a signal storm on the host.
+pub const MIN_SOFT_PERIOD_NS: u64 = 50_000;
+
+struct SoftCounter {
+    fd: RawFd,
+    /// Backend units at which to report an overflow.
+    armed: Option<u64>,
+    /// The last value `count` returned (reads never go backwards).
+    last: u64,
+    /// The count when the counter was last programmed: of its host event (reused: see
+    /// `reprogram`), or of the gate's guest time in cpu-switch.
+    base: u64,
+    /// The host count, TSC and switch sequence of the last `read(2)` of the event.
+    anchor: Option<Anchor>,
+}
+
+pub(super) struct Soft {
+    tsc_khz: u64,
+    mode: AccountingMode,
+    counters: BTreeMap<u8, SoftCounter>,
+    pub(super) gate: Gate,
+}
+
+impl Soft {
+    #[cfg(test)]
+    pub(super) fn tsc_khz(&self) -> u64 {
+        self.tsc_khz
+    }
+
+    pub(super) fn new(tsc_khz: u64, mode: AccountingMode) -> Soft {
+        // Tests and users compare a guest's cycles / task-clock with this (docs/vpmu.md).
+        log::info!(
+            "soft counter backend: cycle events count thread CPU time at the TSC rate, {tsc_khz} kHz \
+             (nominal frequency); only cycle events count"
+        );
+        Soft {
+            tsc_khz,
+            mode,
+            counters: BTreeMap::new(),
+            gate: Gate::new(crate::tsc::now, tsc_khz),
+        }
+    }
+
+    /// Whether the gate charges (cpu-switch).
+    fn gates(&self) -> bool {
+        self.mode == AccountingMode::CpuSwitch
+    }
+
+    /// What counter `bit` counts now, from its zero (`base`): the gate's guest time in
+    /// cpu-switch, else its host event.
+    fn source_now(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+        if self.gates() {
+            self.gate.guest_ns(sys)
+        } else {
+            self.raw(sys, bit)
+        }
+    }
+
+    /// What the host event of counter `bit` has counted since it was opened.
+    fn raw(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+        let (now, seq) = (self.gate.now(), self.gate.seq());
+        let Some(c) = self.counters.get(&bit) else {
+            return 0;
+        };
+        if let Some(v) = self.gate.extrapolate(c.anchor, now, seq) {
+            return v;
+        }
+        let v = sys.read(c.fd);
+        if self.gate.watching() {
+            if let Some(c) = self.counters.get_mut(&bit) {
+                c.anchor = Some(Anchor {
+                    count: v,
+                    tsc: now,
+                    seq,
+                });
+            }
+        }
+        v
+    }
+
+    fn count(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+        if !self.counters.contains_key(&bit) {
+            return 0;
+        }
+        let now = self.source_now(sys, bit);
+        let Some(c) = self.counters.get_mut(&bit) else {
+            return 0;
+        };
+        c.last = now.saturating_sub(c.base).max(c.last);
+        c.last
+    }
+
+    /// Re-programs an open counter in place when the host event can stay (every soft counter
+    /// is the same task-clock event): it counts from a new base, and a sampling event gets its
+    /// new period (PERF_EVENT_IOC_PERIOD, which restarts it). Closing and opening the event
+    /// instead costs a perf_event_open, three fcntls and a close (~15-30 us here) on every
+    /// re-arm after an overflow and every counter write. Returns false if the event must be
+    /// (re)opened: none yet, or counting-only vs sampling changes.
+    fn reprogram(&mut self, sys: &mut dyn PerfSys, bit: u8, overflow_after: Option<u64>) -> bool {
+        let fd = match self.counters.get(&bit) {
+            Some(c) if c.armed.is_some() == overflow_after.is_some() => c.fd,
+            _ => return false,
+        };
+        if self.gates() {
+            self.gate.open_clock(sys);
+        }
+        let base = self.source_now(sys, bit);
+        if let Some(p) = overflow_after {
+            sys.set_period(fd, p.max(MIN_SOFT_PERIOD_NS));
+        }
+        if let Some(c) = self.counters.get_mut(&bit) {
+            c.base = base;
+            c.armed = overflow_after;
+            c.last = 0;
+        }
+        true
+    }
+
+    /// For a sampler on the host's side (profile::sampler): the next perf notification when
+    /// counter `ctr` reaches `at`, counted from now. cpu-switch only, where perf's own period
+    /// also runs outside KVM_RUN: without this, a notification due during the VMM's work on an
+    /// exit would take its sample there, at the instruction that caused the exit, and charge
+    /// VMM work to that instruction in the mode that must not count it. With it, the
+    /// notification comes when the guest itself has run the rest of the period, inside
+    /// KVM_RUN, as a hardware counter's would.
+    pub(super) fn notify_at(&mut self, sys: &mut dyn PerfSys, ctr: CounterId, at: u64) {
+        if !self.gates() {
+            return;
+        }
+        let v = self.count(sys, ctr.bit());
+        if let Some(c) = self.counters.get(&ctr.bit()) {
+            sys.set_period(c.fd, at.saturating_sub(v).max(MIN_SOFT_PERIOD_NS));
+        }
+    }
+}
+
+fn soft_counts(e: &Event) -> bool {
+    matches!(
+        e.arch_event(),
+        Some(ArchEvent::CoreCycles | ArchEvent::RefCycles)
+    )
+}
+
+impl SourceBackend for Soft {
+    fn supports(&self, e: &Event) -> bool {
+        soft_counts(e)
+    }
+
+    fn scale(&self, _e: &Event) -> Scale {
+        // ns of thread CPU time -> cycles at the TSC rate.
+        Scale::new(self.tsc_khz.max(1), 1_000_000)
+    }
+
+    fn program(
+        &mut self,
+        sys: &mut dyn PerfSys,
+        bit: u8,
+        _e: &Event,
+        overflow_after: Option<u64>,
+    ) -> Result<(), BackendError> {
+        if self.reprogram(sys, bit, overflow_after) {
+            return Ok(());
+        }
+        self.stop(sys, bit);
+        self.gate.watch_switches(sys);
+        if self.gates() {
+            self.gate.open_clock(sys);
+        }
+        let req = PerfRequest {
+            sample_period: overflow_after.map(|p| p.max(MIN_SOFT_PERIOD_NS)),
+            ..PerfRequest::counting(PerfEvent::TaskClock)
+        };
+        let fd = open_events(sys, &[req])?[0];
+        // A new host event counts from 0; the gate's guest time from where it stands.
+        let base = if self.gates() {
+            self.gate.guest_ns(sys)
+        } else {
+            0
+        };
+        let c = SoftCounter {
+            fd,
+            armed: overflow_after,
+            last: 0,
+            base,
+            anchor: None,
+        };
+        self.counters.insert(bit, c);
+        Ok(())
+    }
+
+    fn read(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+        self.count(sys, bit)
+    }
+
+    fn stop(&mut self, sys: &mut dyn PerfSys, bit: u8) {
+        if let Some(c) = self.counters.remove(&bit) {
+            close_events(sys, &[c.fd]);
+        }
+    }
+
+    fn overflows(&mut self, sys: &mut dyn PerfSys) -> u64 {
+        let armed: Vec<(u8, u64)> = self
+            .counters
+            .iter()
+            .filter_map(|(b, c)| c.armed.map(|a| (*b, a)))
+            .collect();
+        let mut bits = 0;
+        for (bit, at) in armed {
+            let v = self.count(sys, bit);
+            if v >= at {
+                bits |= 1 << bit;
+            } else if self.gates() {
+                // Early: the host also counted time outside KVM_RUN. Ask for a notification
+                // when the rest of the guest's period has run (perf restarts the period now).
+                sys.set_period(self.counters[&bit].fd, (at - v).max(MIN_SOFT_PERIOD_NS));
+            }
+        }
+        bits
+    }
+
+    fn enter_guest(&mut self, sys: &mut dyn PerfSys) {
+        if self.gates() {
+            self.gate.enter(sys);
+        }
+    }
+
+    fn leave_guest(&mut self, sys: &mut dyn PerfSys) {
+        if self.gates() {
+            self.gate.leave(sys);
+        }
+    }
+
+    fn set_mode(&mut self, mode: AccountingMode) {
+        // The model re-programs every running counter right after this; cpu-switch charges
+        // from the next KVM_RUN (we are outside it).
+        if mode != self.mode {
+            self.gate.restart();
+        }
+        self.mode = mode;
+    }
+
+    fn close_all(&mut self, sys: &mut dyn PerfSys) {
+        let bits: Vec<u8> = self.counters.keys().copied().collect();
+        for b in bits {
+            self.stop(sys, b);
+        }
+        self.gate.close(sys);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::gate::MAX_ANCHOR_AGE_TSC;
+    use super::super::testutil::*;
+    use super::super::{PerfBackend, Source};
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use vpmu::{CounterBackend, Vendor};
+
+    #[test]
+    fn soft_counts_only_cycles_and_scales_to_tsc() {
+        let (b, _) = backend(
+            Source::Soft { tsc_khz: 2_600_000 },
+            AccountingMode::DomainSwitch,
+        );
+        assert!(b.supports(&event(Vendor::Amd, 0x76, 0, true, true)));
+        assert!(b.supports(&event(Vendor::Intel, 0x3c, 0, true, true)));
+        assert!(b.supports(&event(Vendor::Intel, 0x3c, 1, true, true)));
+        assert!(!b.supports(&event(Vendor::Intel, 0xc0, 0, true, true)));
+        assert!(!b.supports(&event(Vendor::Amd, 0xc0, 0, true, true)));
+        let fixed_cycles = Event {
+            fixed: Some(1),
+            ..event(Vendor::Intel, 0, 0, true, true)
+        };
+        assert!(b.supports(&fixed_cycles));
+        assert_eq!(b.scale(&fixed_cycles).to_guest(1_000_000), 2_600_000);
+    }
+
+    #[test]
+    fn soft_cpu_switch_counts_time_inside_kvm_run_without_syscalls_per_exit() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::CpuSwitch,
+        );
+        b.leave_guest();
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        // The switch-recording event, the gate's thread clock, then the counter; all run from
+        // the start.
+        {
+            let l = log.lock().unwrap();
+            assert_eq!(l.opened.len(), 3);
+            assert!(l.opened.iter().all(|r| !r.disabled));
+            assert_eq!(l.opened[0].event, PerfEvent::SwitchRecords);
+            assert_eq!(l.opened[1].event, PerfEvent::TaskClock);
+            assert_eq!(l.opened[2].event, PerfEvent::TaskClock);
+        }
+        for _ in 0..100 {
+            exit_cycle(&mut b, &log, 1000, 300);
+        }
+        // Read outside KVM_RUN, 300 ns into the current exit: the guest's 100 x 1000 ns only.
+        assert_eq!(b.read(CounterId::gp(0)), 100_000);
+        {
+            let l = log.lock().unwrap();
+            assert!(
+                l.enabled.is_empty() && l.disabled.is_empty(),
+                "no ioctls per exit"
+            );
+        }
+        assert_eq!(b.clock_reads(), 1, "one read(2) of the clock, then the TSC");
+
+        // domain-switch charges everything.
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        for _ in 0..100 {
+            exit_cycle(&mut b, &log, 1000, 300);
+        }
+        assert_eq!(b.read(CounterId::gp(0)), 130_000);
+    }
+
+    #[test]
+    fn soft_reads_extrapolate_with_the_tsc_until_the_thread_is_switched_out() {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let reads = Arc::new(Mutex::new(0));
+        let mut b = PerfBackend::new(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+            Box::new(CountingReads(FakePerf(log.clone()), reads.clone())),
+        );
+        with_fake_tsc(&mut b);
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        for i in 1..=10 {
+            exit_cycle(&mut b, &log, 1000, 300);
+            assert_eq!(b.read(CounterId::gp(0)), i * 1300);
+        }
+        assert_eq!(*reads.lock().unwrap(), 1, "one read(2), then the TSC");
+        // Switched out for 5 ms (not counted by the host event): read(2) again.
+        wait(&log, 5_000_000, false);
+        assert_eq!(b.read(CounterId::gp(0)), 13_000);
+        assert_eq!(*reads.lock().unwrap(), 2);
+        // And after MAX_ANCHOR_AGE_TSC, even without a switch.
+        run(&log, MAX_ANCHOR_AGE_TSC);
+        assert_eq!(b.read(CounterId::gp(0)), 13_000 + MAX_ANCHOR_AGE_TSC);
+        assert_eq!(*reads.lock().unwrap(), 3);
+    }
+
+    #[test]
+    fn soft_cpu_switch_rearms_an_early_overflow_signal_for_the_rest_of_the_period() {
+        crate::vcpu::kick::install_handler().unwrap();
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::CpuSwitch,
+        );
+        b.leave_guest();
+        b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
+        assert_eq!(log.lock().unwrap().opened[2].sample_period, Some(1_000_000));
+        // perf's period ran out on host time: 800 us in the guest, 200 us outside.
+        for _ in 0..800 {
+            exit_cycle(&mut b, &log, 1000, 250);
+        }
+        // (the fake count: 800 x 1250 = 1 ms of host time)
+        // SAFETY: raising the kick signal on this thread, whose handler is installed.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        assert_eq!(b.take_overflows(), 0, "not yet in guest time");
+        assert_eq!(log.lock().unwrap().periods, vec![(103, 200_000)]);
+        for _ in 0..200 {
+            exit_cycle(&mut b, &log, 1000, 250);
+        }
+        // SAFETY: as above.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        assert_eq!(b.take_overflows(), 1);
+        assert_eq!(log.lock().unwrap().periods.len(), 1);
+    }
+
+    #[test]
+    fn switching_to_cpu_switch_starts_gating_from_there() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        exit_cycle(&mut b, &log, 1000, 300);
+        assert_eq!(b.read(CounterId::gp(0)), 1300);
+        b.set_mode(AccountingMode::CpuSwitch);
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        for _ in 0..10 {
+            exit_cycle(&mut b, &log, 1000, 300);
+        }
+        assert_eq!(b.read(CounterId::gp(0)), 10_000);
+        // And back: domain-switch counts the host event from its re-programming.
+        b.set_mode(AccountingMode::DomainSwitch);
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        exit_cycle(&mut b, &log, 1000, 300);
+        assert_eq!(b.read(CounterId::gp(0)), 1300);
+    }
+
+    #[test]
+    fn soft_reprogramming_keeps_the_host_event() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
+        exit_cycle(&mut b, &log, 1000, 300);
+        assert_eq!(b.read(CounterId::gp(0)), 1300);
+        // Re-armed after an overflow: same fd, new period, counts from 0 again.
+        b.program(CounterId::gp(0), &e, Some(7)).unwrap();
+        assert_eq!(b.read(CounterId::gp(0)), 0);
+        exit_cycle(&mut b, &log, 1000, 300);
+        assert_eq!(b.read(CounterId::gp(0)), 1300);
+        {
+            let l = log.lock().unwrap();
+            assert_eq!(l.opened.len(), 2, "switch records + one task-clock");
+            assert!(l.closed.is_empty());
+            assert_eq!(l.periods, vec![(102, MIN_SOFT_PERIOD_NS)]);
+        }
+        // Counting-only cannot become sampling in place (perf refuses a period): reopened.
+        b.program(CounterId::gp(0), &e, None).unwrap();
+        let l = log.lock().unwrap();
+        assert_eq!((l.opened.len(), l.closed.clone()), (3, vec![102]));
+    }
+
+    #[test]
+    fn tiny_periods_are_clamped() {
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(
+            CounterId::gp(1),
+            &event(Vendor::Amd, 0x76, 0, true, true),
+            Some(1),
+        )
+        .unwrap();
+        assert_eq!(
+            log.lock().unwrap().opened.last().unwrap().sample_period,
+            Some(MIN_SOFT_PERIOD_NS)
+        );
+    }
+
+    #[test]
+    fn unsupported_events_are_refused() {
+        let (mut b, log) = backend(Source::Soft { tsc_khz: 1 }, AccountingMode::CpuSwitch);
+        let e = event(Vendor::Intel, 0xc0, 0, true, true);
+        assert!(matches!(
+            b.program(CounterId::gp(0), &e, None),
+            Err(BackendError::Unsupported(_))
+        ));
+        assert!(log.lock().unwrap().opened.is_empty());
+    }
+}
