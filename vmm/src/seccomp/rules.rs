@@ -136,6 +136,13 @@ fn common() -> Rules {
     );
     r.insert(libc::SYS_mmap, no_exec(2));
     r.insert(libc::SYS_mprotect, no_exec(2));
+    // fcntl(fd, F_GETFD) only: in debug builds (Rust 1.9x) the standard library checks that a
+    // descriptor is open when a `File` is dropped (`debug_assert_fd_is_open`), e.g. the trace
+    // writer closing its file. The vCPU and main threads get the wider `fcntl_rules`.
+    r.insert(
+        libc::SYS_fcntl,
+        vec![cond(1, Len::Dword, Op::Eq, libc::F_GETFD as u64)],
+    );
     r
 }
 
