@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::kvm_error::{AccessError, KvmVcpuError};
+
 /// Exit codes of `vpmu-vmm run`.
 pub mod code {
     /// The guest powered off or rebooted.
@@ -29,6 +31,60 @@ pub mod code {
     pub const SECCOMP: i32 = 9;
 }
 
+/// Why KVM failed the run (exit code 5): typed, so a caller can tell the cases apart; the text
+/// is what `VmEnd`'s Display prints after "KVM failure: ".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvmFailure {
+    /// A vCPU ioctl failed (KVM_RUN included); `vcpu` when the caller knew which vCPU.
+    Vcpu {
+        vcpu: Option<u32>,
+        error: KvmVcpuError,
+    },
+    /// Reading or writing a vCPU's guest state failed while `what` was being done.
+    GuestState {
+        vcpu: u32,
+        what: String,
+        error: AccessError,
+    },
+    /// KVM_EXIT_INTERNAL_ERROR other than an emulation failure.
+    InternalError { suberror: u32, data: Vec<u64> },
+    /// KVM_EXIT_FAIL_ENTRY.
+    FailEntry { reason: u64, cpu: u32 },
+    /// KVM_EXIT_SYSTEM_EVENT of a type the VMM does not know.
+    UnknownSystemEvent(u32),
+    /// An exit the VMM does not handle (its debug text).
+    UnexpectedExit(String),
+    /// Periodic device work on a vCPU thread could not start.
+    DeviceTicker(String),
+}
+
+impl std::fmt::Display for KvmFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvmFailure::Vcpu { vcpu: None, error } => write!(f, "{error}"),
+            KvmFailure::Vcpu {
+                vcpu: Some(v),
+                error,
+            } => write!(f, "vCPU {v}: {error}"),
+            KvmFailure::GuestState { vcpu, what, error } => {
+                write!(f, "vCPU {vcpu}: {what}: {error}")
+            }
+            KvmFailure::InternalError { suberror, data } => {
+                write!(f, "internal error, suberror {suberror} data {data:x?}")
+            }
+            KvmFailure::FailEntry { reason, cpu } => {
+                write!(
+                    f,
+                    "VM entry failed: hardware reason {reason:#x} on CPU {cpu}"
+                )
+            }
+            KvmFailure::UnknownSystemEvent(k) => write!(f, "unknown KVM system event {k}"),
+            KvmFailure::UnexpectedExit(e) => write!(f, "unexpected VM exit {e}"),
+            KvmFailure::DeviceTicker(e) => write!(f, "device ticker: {e}"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VmEnd {
     PowerOff,
@@ -36,7 +92,7 @@ pub enum VmEnd {
     /// The kernel's panic line.
     GuestPanic(String),
     TripleFault,
-    KvmFailure(String),
+    KvmFailure(KvmFailure),
     EmulationFailure(String),
     Timeout(Duration),
     /// A run-time controller (e.g. `vpmu-vmm compare`) ended the run when its experiment was done.

@@ -6,37 +6,19 @@ use kvm_ioctls::VcpuExit;
 
 use crate::devices::mmio_bus::MmioBus;
 use crate::devices::{DeviceEvent, PioBus, PioWrite};
-use crate::end::VmEnd;
+use crate::end::{KvmFailure, VmEnd};
+use crate::kvm_error::KvmVcpuError;
+use crate::vcpu::access::VcpuAccess;
 
 /// The guest's MSR access faults: it takes #GP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpFault;
 
-/// What an MSR handler may ask about the vCPU that exited. Each answer costs an ioctl, so
-/// handlers ask only when they must (the RDPMC service's RIP check).
-pub trait VcpuView {
-    /// The guest RIP of the exiting instruction.
-    fn rip(&self) -> Option<u64>;
-    /// The MSR as KVM itself holds it (KVM_GET_MSRS, which the MSR filter does not apply to);
-    /// None if KVM does not know it (a guest RDMSR of it would take #GP).
-    fn kvm_msr(&self, index: u32) -> Option<u64>;
-}
-
-/// A vCPU with no state to show (tests, and handlers that never ask).
-pub struct NoView;
-
-impl VcpuView for NoView {
-    fn rip(&self) -> Option<u64> {
-        None
-    }
-    fn kvm_msr(&self, _index: u32) -> Option<u64> {
-        None
-    }
-}
-
 /// Answers the MSR accesses that KVM sends to user space (through the MSR filter).
 pub trait MsrHandler {
-    fn rdmsr(&mut self, index: u32, cpu: &dyn VcpuView) -> Result<u64, GpFault>;
+    /// `cpu` is the exiting vCPU (each question costs an ioctl the first time in an exit, so
+    /// handlers ask only when they must: the RDPMC service's RIP check).
+    fn rdmsr(&mut self, index: u32, cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault>;
     fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault>;
 }
 
@@ -44,7 +26,7 @@ pub trait MsrHandler {
 pub struct NoMsrs;
 
 impl MsrHandler for NoMsrs {
-    fn rdmsr(&mut self, _index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, _index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
         Err(GpFault)
     }
     fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
@@ -57,7 +39,7 @@ impl MsrHandler for NoMsrs {
 pub struct ConstMsrs;
 
 impl MsrHandler for ConstMsrs {
-    fn rdmsr(&mut self, _index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, _index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
         Ok(0)
     }
     fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
@@ -120,7 +102,7 @@ pub struct ExitContext<'a> {
     pub pio: &'a PioBus,
     pub mmio: &'a MmioBus,
     pub msrs: &'a mut dyn MsrHandler,
-    pub cpu: &'a dyn VcpuView,
+    pub cpu: &'a mut dyn VcpuAccess,
     pub counts: &'a mut ExitCounts,
 }
 
@@ -138,7 +120,12 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             ctx.counts.interrupted += 1;
             return Outcome::Interrupted;
         }
-        Err(e) => return Outcome::Stop(VmEnd::KvmFailure(format!("KVM_RUN: {e}"))),
+        Err(e) => {
+            return Outcome::Stop(VmEnd::KvmFailure(KvmFailure::Vcpu {
+                vcpu: None,
+                error: KvmVcpuError::Run(e),
+            }))
+        }
     };
     match exit {
         VcpuExit::IoIn(port, data) => {
@@ -198,15 +185,15 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             kvm_bindings::KVM_SYSTEM_EVENT_CRASH => {
                 Outcome::Stop(VmEnd::GuestPanic("KVM system event: crash".into()))
             }
-            k => Outcome::Stop(VmEnd::KvmFailure(format!("unknown KVM system event {k}"))),
+            k => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnknownSystemEvent(k))),
         },
         VcpuExit::InternalError => {
             ctx.counts.internal_error += 1;
             Outcome::InternalError
         }
-        VcpuExit::FailEntry(reason, cpu) => Outcome::Stop(VmEnd::KvmFailure(format!(
-            "VM entry failed: hardware reason {reason:#x} on CPU {cpu}"
-        ))),
+        VcpuExit::FailEntry(reason, cpu) => {
+            Outcome::Stop(VmEnd::KvmFailure(KvmFailure::FailEntry { reason, cpu }))
+        }
         VcpuExit::Intr => {
             ctx.counts.interrupted += 1;
             Outcome::Interrupted
@@ -215,7 +202,9 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             ctx.counts.other += 1;
             Outcome::Continue
         }
-        other => Outcome::Stop(VmEnd::KvmFailure(format!("unexpected VM exit {other:?}"))),
+        other => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnexpectedExit(format!(
+            "{other:?}"
+        )))),
     }
 }
 
@@ -224,11 +213,12 @@ mod tests {
     use super::*;
     use crate::devices::i8042::I8042;
     use crate::devices::mmio_bus::MmioDevice;
+    use crate::vcpu::access::fake::FakeVcpu;
     use std::sync::{Arc, Mutex};
 
     struct Msrs(Vec<(u32, u64)>);
     impl MsrHandler for Msrs {
-        fn rdmsr(&mut self, index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+        fn rdmsr(&mut self, index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
             self.0
                 .iter()
                 .find(|(i, _)| *i == index)
@@ -259,7 +249,7 @@ mod tests {
                 pio: &pio,
                 mmio: &mmio,
                 msrs,
-                cpu: &NoView,
+                cpu: &mut FakeVcpu::default(),
                 counts,
             },
         )
@@ -308,7 +298,7 @@ mod tests {
                 pio: &PioBus::default(),
                 mmio,
                 msrs: &mut Msrs(vec![]),
-                cpu: &NoView,
+                cpu: &mut FakeVcpu::default(),
                 counts,
             },
         )

@@ -38,20 +38,27 @@ use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::FixupCounts;
+use crate::arch::x86::{
+    CR0_PG, CR4_SMEP, EFER_LMA, EFER_NXE, MSR_LSTAR, MSR_SFMASK, MSR_STAR, PF_ERR_FETCH,
+    PF_ERR_PRESENT, PF_ERR_USER, RFLAGS_AC, RFLAGS_FIXED as RFLAGS_RESERVED_1, RFLAGS_IF,
+    RFLAGS_RF,
+};
+use crate::kvm_error::KvmVcpuError;
+use crate::vcpu::access::{AccessError, VcpuAccess};
 
-pub const MSR_STAR: u32 = 0xc000_0081;
-pub const MSR_LSTAR: u32 = 0xc000_0082;
-pub const MSR_SFMASK: u32 = 0xc000_0084;
-
-const VECTOR_PF: u64 = 14;
+const VECTOR_PF: u64 = crate::arch::x86::VECTOR_PF as u64;
 /// #PF error code of an instruction fetch from a present supervisor page at CPL3: P | U/S | I/D.
-pub const PF_ERR_SYSCALL: u64 = 0x15;
-/// The I/D bit: the CPU reports it only with EFER.NXE or CR4.SMEP set.
-const PF_ERR_FETCH: u64 = 0x10;
-const RFLAGS_RESERVED_1: u64 = 1 << 1;
-const RFLAGS_AC: u64 = 1 << 18;
-const RFLAGS_RF: u64 = 1 << 16;
+pub const PF_ERR_SYSCALL: u64 = PF_ERR_PRESENT | PF_ERR_USER | PF_ERR_FETCH;
 const INT3: u8 = 0xcc;
+
+/// Why the relay could not finish with an exception that reached it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    #[error("syscall relay: {0}")]
+    Access(#[from] AccessError),
+    #[error("syscall relay: cannot read the #PF frame at RSP {rsp:#x}: {source}")]
+    Frame { rsp: u64, source: AccessError },
+}
 
 /// The fix-up report's names for what the relay did.
 pub mod kinds {
@@ -131,8 +138,6 @@ impl PfKind {
 /// The error code the CPU gives the #PF of a CPL3 fetch from a present supervisor page: the I/D
 /// bit is there only when the guest has EFER.NXE or CR4.SMEP set (Linux has NXE).
 pub fn syscall_error_code(sregs: &kvm_sregs) -> u64 {
-    const EFER_NXE: u64 = 1 << 11;
-    const CR4_SMEP: u64 = 1 << 20;
     if sregs.efer & EFER_NXE != 0 || sregs.cr4 & CR4_SMEP != 0 {
         PF_ERR_SYSCALL
     } else {
@@ -170,7 +175,7 @@ pub fn classify(
 /// Whether a fault that did not match the cached MSRs looks enough like a system call that the
 /// MSRs may have changed (a user fetch fault at CR2 = RIP, with IF clear).
 fn syscall_shaped(frame: &PfFrame, cr2: u64, fetch_error: u64) -> bool {
-    frame.user() && frame.error == fetch_error && frame.rip == cr2 && frame.rflags & 0x200 == 0
+    frame.user() && frame.error == fetch_error && frame.rip == cr2 && frame.rflags & RFLAGS_IF == 0
 }
 
 /// CS and SS as SYSCALL loads them from STAR[47:32].
@@ -286,62 +291,18 @@ pub fn idt_gate_target(gate: &[u8; 16]) -> Option<u64> {
     Some(lo | (mid << 16) | (hi << 32))
 }
 
-/// Guest-virtual to guest-physical through the guest's own page tables (4- or 5-level, 4 KiB,
-/// 2 MiB and 1 GiB pages), reading them straight from guest memory: no ioctl. None if the
-/// address is not mapped (or a table is outside guest memory).
-pub fn translate(mem: &GuestMemoryMmap, cr3: u64, la57: bool, va: u64) -> Option<u64> {
-    const PRESENT: u64 = 1;
-    const HUGE: u64 = 1 << 7;
-    const ADDR: u64 = 0x000f_ffff_ffff_f000;
-    let levels: u32 = if la57 { 5 } else { 4 };
-    let mut table = cr3 & ADDR;
-    for level in (1..=levels).rev() {
-        let shift = 12 + 9 * (level - 1);
-        let index = (va >> shift) & 0x1ff;
-        let entry: u64 = mem.read_obj(GuestAddress(table + index * 8)).ok()?;
-        if entry & PRESENT == 0 {
-            return None;
-        }
-        if level == 1 || (entry & HUGE != 0 && level <= 3) {
-            let page_mask = (1u64 << shift) - 1;
-            return Some((entry & ADDR & !page_mask) | (va & page_mask));
-        }
-        table = entry & ADDR;
+/// The guest's SYSCALL MSRs as KVM holds them (one KVM_GET_MSRS).
+pub fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError> {
+    let mut v = [0u64; 3];
+    let n = cpu.msrs(&[MSR_STAR, MSR_LSTAR, MSR_SFMASK], &mut v)?;
+    if n != 3 {
+        return Err(KvmVcpuError::GetMsrsShort { read: n, asked: 3 }.into());
     }
-    None
-}
-
-/// Reads guest-virtual memory through [`translate`], page by page.
-pub fn read_virt(mem: &GuestMemoryMmap, cr3: u64, la57: bool, va: u64, buf: &mut [u8]) -> bool {
-    let mut done = 0;
-    while done < buf.len() {
-        let a = va.wrapping_add(done as u64);
-        let n = ((0x1000 - (a & 0xfff)) as usize).min(buf.len() - done);
-        let Some(pa) = translate(mem, cr3, la57, a) else {
-            return false;
-        };
-        if mem
-            .read_slice(&mut buf[done..done + n], GuestAddress(pa))
-            .is_err()
-        {
-            return false;
-        }
-        done += n;
-    }
-    true
-}
-
-const CR4_LA57: u64 = 1 << 12;
-const CR0_PG: u64 = 1 << 31;
-const EFER_LMA: u64 = 1 << 10;
-
-/// What the relay needs from a KVM vCPU (a fake in tests).
-pub trait RelayVcpu {
-    fn get_regs(&self) -> Result<kvm_regs, String>;
-    fn set_regs(&self, regs: &kvm_regs) -> Result<(), String>;
-    fn get_sregs(&self) -> Result<kvm_sregs, String>;
-    fn set_sregs(&self, sregs: &kvm_sregs) -> Result<(), String>;
-    fn syscall_msrs(&self) -> Result<SyscallMsrs, String>;
+    Ok(SyscallMsrs {
+        star: v[0],
+        lstar: v[1],
+        sfmask: v[2],
+    })
 }
 
 /// Where the int3 sits (shared by all vCPUs: the handler is in the guest's shared kernel text).
@@ -443,20 +404,20 @@ impl SyscallRelay {
 
     /// Installs the int3 once the guest has an LSTAR and a #PF gate (called after exits until it
     /// is installed or refused). Returns whether it is installed now.
-    pub fn try_install(&self, cpu: &dyn RelayVcpu, mem: &GuestMemoryMmap) -> bool {
+    pub fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
         if self.installed_at().is_some() {
             return true;
         }
         if self.refused.load(Ordering::Acquire) {
             return false;
         }
-        let Ok(msrs) = cpu.syscall_msrs() else {
+        let Ok(msrs) = syscall_msrs(cpu) else {
             return false;
         };
         if msrs.lstar == 0 {
             return false;
         }
-        let Ok(sregs) = cpu.get_sregs() else {
+        let Ok(sregs) = cpu.sregs() else {
             return false;
         };
         if sregs.cr0 & CR0_PG == 0 || sregs.efer & EFER_LMA == 0 {
@@ -465,23 +426,20 @@ impl SyscallRelay {
         if u64::from(sregs.idt.limit) < VECTOR_PF * 16 + 15 {
             return false;
         }
-        let la57 = sregs.cr4 & CR4_LA57 != 0;
         let mut gate = [0u8; 16];
-        if !read_virt(
-            mem,
-            sregs.cr3,
-            la57,
-            sregs.idt.base + VECTOR_PF * 16,
-            &mut gate,
-        ) {
+        if cpu
+            .read_virt(sregs.idt.base + VECTOR_PF * 16, &mut gate)
+            .is_err()
+        {
             return false;
         }
         let Some(handler) = idt_gate_target(&gate) else {
             return false;
         };
-        let Some(gpa) = translate(mem, sregs.cr3, la57, handler) else {
+        let Ok(gpa) = cpu.translate(handler) else {
             return false;
         };
+        let mem = cpu.memory();
         let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
         if self.installed_at().is_some() {
             return true;
@@ -504,14 +462,15 @@ impl SyscallRelay {
 
     /// After every exit: installs the relay when the guest is ready, and puts the int3 back if
     /// the guest rewrote the handler's first bytes. Costs one memory read once installed.
-    pub fn after_exit(&self, cpu: &dyn RelayVcpu, mem: &GuestMemoryMmap) {
+    pub fn after_exit(&self, cpu: &mut dyn VcpuAccess) {
         let gva = self.patch.gva.load(Ordering::Acquire);
         if gva == 0 {
             if !self.refused.load(Ordering::Relaxed) {
-                self.try_install(cpu, mem);
+                self.try_install(cpu);
             }
             return;
         }
+        let mem = cpu.memory();
         let gpa = self.patch.gpa.load(Ordering::Acquire);
         if mem.read_obj::<u8>(GuestAddress(gpa)).ok() == Some(INT3) {
             return;
@@ -558,7 +517,7 @@ impl VcpuRelay {
 
     /// After every exit: one memory read once installed; before that, a look at the guest's
     /// LSTAR and IDT at most every [`POLL_INTERVAL_TSC`].
-    pub fn after_exit(&mut self, cpu: &dyn RelayVcpu, mem: &GuestMemoryMmap) {
+    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
         if self.shared.installed_at().is_none() {
             let now = crate::tsc::now();
             if now < self.next_poll {
@@ -566,43 +525,40 @@ impl VcpuRelay {
             }
             self.next_poll = now.saturating_add(POLL_INTERVAL_TSC);
         }
-        self.shared.after_exit(cpu, mem);
+        self.shared.after_exit(cpu);
     }
 
     /// An emulation failure: if the vCPU stopped on the patched handler, relay the system call
     /// or step over the displaced instruction.
     pub fn on_emulation_failure(
         &mut self,
-        cpu: &dyn RelayVcpu,
-        mem: &GuestMemoryMmap,
-    ) -> Result<Handled, String> {
+        cpu: &mut dyn VcpuAccess,
+    ) -> Result<Handled, RelayError> {
         let Some(handler) = self.shared.installed_at() else {
             return Ok(Handled::NotOurs);
         };
         let start = crate::tsc::now();
-        let mut regs = cpu.get_regs()?;
+        let mut regs = cpu.regs()?;
         if regs.rip != handler {
             return Ok(Handled::NotOurs);
         }
-        let mut sregs = cpu.get_sregs()?;
-        let la57 = sregs.cr4 & CR4_LA57 != 0;
+        let mut sregs = cpu.sregs()?;
         let mut raw = [0u8; PfFrame::LEN];
-        if !read_virt(mem, sregs.cr3, la57, regs.rsp, &mut raw) {
-            return Err(format!(
-                "syscall relay: cannot read the #PF frame at RSP {:#x}",
-                regs.rsp
-            ));
-        }
+        cpu.read_virt(regs.rsp, &mut raw)
+            .map_err(|source| RelayError::Frame {
+                rsp: regs.rsp,
+                source,
+            })?;
         let frame = PfFrame::from_bytes(&raw);
         let msrs = match self.msrs {
             Some(m) => m,
-            None => *self.msrs.insert(cpu.syscall_msrs()?),
+            None => *self.msrs.insert(syscall_msrs(cpu)?),
         };
         let fetch_error = syscall_error_code(&sregs);
         let mut kind = classify(&frame, sregs.cr2, regs.r11, &msrs, fetch_error);
         if kind != PfKind::SystemCall && syscall_shaped(&frame, sregs.cr2, fetch_error) {
             // Looks like a system call against MSRs we may hold stale: read them again.
-            let fresh = cpu.syscall_msrs()?;
+            let fresh = syscall_msrs(cpu)?;
             if fresh != msrs {
                 self.msrs = Some(fresh);
                 self.shared.fixups.record(kinds::MSR_REFRESH);
@@ -616,6 +572,8 @@ impl VcpuRelay {
                     cpu.set_sregs(&sregs)?;
                 }
                 cpu.set_regs(&regs)?;
+                // Written now (not at the loop's commit) so the cost below includes it.
+                cpu.commit()?;
                 let spent = crate::tsc::now().wrapping_sub(start);
                 self.shared.syscall_tsc.fetch_add(spent, Ordering::Relaxed);
                 self.shared.syscalls.fetch_add(1, Ordering::Relaxed);
@@ -645,7 +603,20 @@ impl VcpuRelay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
+    use crate::arch::x86::{translate as walk, Paging};
+    use crate::vcpu::access::fake::FakeVcpu;
+
+    fn set_msrs(cpu: &mut FakeVcpu, m: SyscallMsrs) {
+        cpu.msrs.insert(MSR_STAR, m.star);
+        cpu.msrs.insert(MSR_LSTAR, m.lstar);
+        cpu.msrs.insert(MSR_SFMASK, m.sfmask);
+    }
+
+    fn translate(mem: &GuestMemoryMmap, cr3: u64, la57: bool, va: u64) -> Option<u64> {
+        walk(Paging::Long { la57 }, cr3, va, |pa| {
+            mem.read_obj(GuestAddress(pa)).ok()
+        })
+    }
 
     const STAR: u64 = 0x0023_0010_0000_0000;
     const LSTAR: u64 = 0xffff_ffff_8140_0040;
@@ -917,38 +888,6 @@ mod tests {
         assert_eq!(translate(&mem, CR3, false, 1 << 39), None);
     }
 
-    /// A fake vCPU sitting at the patched #PF handler with a frame on its stack.
-    struct Fake {
-        regs: RefCell<kvm_regs>,
-        sregs: RefCell<kvm_sregs>,
-        msrs: RefCell<SyscallMsrs>,
-        msr_reads: RefCell<u32>,
-        sets: RefCell<u32>,
-    }
-
-    impl RelayVcpu for Fake {
-        fn get_regs(&self) -> Result<kvm_regs, String> {
-            Ok(*self.regs.borrow())
-        }
-        fn set_regs(&self, r: &kvm_regs) -> Result<(), String> {
-            *self.sets.borrow_mut() += 1;
-            *self.regs.borrow_mut() = *r;
-            Ok(())
-        }
-        fn get_sregs(&self) -> Result<kvm_sregs, String> {
-            Ok(*self.sregs.borrow())
-        }
-        fn set_sregs(&self, s: &kvm_sregs) -> Result<(), String> {
-            *self.sets.borrow_mut() += 1;
-            *self.sregs.borrow_mut() = *s;
-            Ok(())
-        }
-        fn syscall_msrs(&self) -> Result<SyscallMsrs, String> {
-            *self.msr_reads.borrow_mut() += 1;
-            Ok(*self.msrs.borrow())
-        }
-    }
-
     const HANDLER: u64 = 0xffff_ffff_8160_0b20;
     const HANDLER_PA: u64 = 0x31_0b20;
     const IDT: u64 = 0xffff_fe00_0000_0000;
@@ -958,7 +897,7 @@ mod tests {
 
     /// Guest memory with an IDT whose #PF gate points at a handler starting with `entry`, a
     /// kernel stack holding `frame`, and a vCPU stopped at the handler.
-    fn guest(entry: &[u8], frame: &PfFrame, cr2: u64) -> (GuestMemoryMmap, Fake) {
+    fn guest(entry: &[u8], frame: &PfFrame, cr2: u64) -> FakeVcpu {
         let mem = memory();
         let mut next = CR3;
         map_4k(&mem, HANDLER & !0xfff, HANDLER_PA & !0xfff, &mut next);
@@ -1003,14 +942,11 @@ mod tests {
             r11: 0x646,
             ..Default::default()
         };
-        let cpu = Fake {
-            regs: RefCell::new(regs),
-            sregs: RefCell::new(sregs),
-            msrs: RefCell::new(MSRS),
-            msr_reads: RefCell::new(0),
-            sets: RefCell::new(0),
-        };
-        (mem, cpu)
+        let mut cpu = FakeVcpu::new(mem);
+        cpu.regs = regs;
+        cpu.sregs = sregs;
+        set_msrs(&mut cpu, MSRS);
+        cpu
     }
 
     fn relay() -> (Arc<SyscallRelay>, Arc<FixupCounts>) {
@@ -1020,40 +956,43 @@ mod tests {
 
     #[test]
     fn installs_over_the_handler_and_relays_a_system_call() {
-        let (mem, cpu) = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
+        let mut cpu = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
         let (shared, fixups) = relay();
         let mut v = VcpuRelay::new(shared.clone());
         // Not installed yet: the failure is not the relay's.
-        assert_eq!(v.on_emulation_failure(&cpu, &mem), Ok(Handled::NotOurs));
-        v.after_exit(&cpu, &mem);
+        assert_eq!(v.on_emulation_failure(&mut cpu), Ok(Handled::NotOurs));
+        v.after_exit(&mut cpu);
         assert_eq!(shared.installed_at(), Some(HANDLER));
-        assert_eq!(mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(), INT3);
         assert_eq!(
-            v.on_emulation_failure(&cpu, &mem),
+            cpu.mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(),
+            INT3
+        );
+        assert_eq!(
+            v.on_emulation_failure(&mut cpu),
             Ok(Handled::Done(PfKind::SystemCall))
         );
-        let r = *cpu.regs.borrow();
-        let s = *cpu.sregs.borrow();
+        let r = cpu.regs;
+        let s = cpu.sregs;
         assert_eq!((r.rip, r.rsp, r.rflags), (LSTAR, 0x7ffd_0000_1000, 0x46));
         assert_eq!((r.rcx, r.r11), (0x40_102e, 0x646));
         assert_eq!((s.cs.selector, s.cs.dpl, s.ss.selector), (0x10, 0, 0x18));
         // The fake's gate CS (selector 0x10 but not a full 64-bit code segment) needed sregs.
         // Second system call: the MSRs are not read again; one sregs + one regs write each.
-        *cpu.regs.borrow_mut() = kvm_regs {
+        cpu.regs = kvm_regs {
             rip: HANDLER,
             rsp: STACK,
             r11: 0x646,
             ..Default::default()
         };
-        let reads = *cpu.msr_reads.borrow();
-        *cpu.sets.borrow_mut() = 0;
+        let reads = cpu.msr_reads;
+        (cpu.regs_sets, cpu.sregs_sets) = (0, 0);
         assert_eq!(
-            v.on_emulation_failure(&cpu, &mem),
+            v.on_emulation_failure(&mut cpu),
             Ok(Handled::Done(PfKind::SystemCall))
         );
-        assert_eq!(*cpu.msr_reads.borrow(), reads);
+        assert_eq!(cpu.msr_reads, reads);
         assert_eq!(
-            *cpu.sets.borrow(),
+            cpu.regs_sets + cpu.sregs_sets,
             1,
             "CS is already the kernel's: one KVM_SET_REGS only"
         );
@@ -1072,37 +1011,37 @@ mod tests {
             rflags: 0x10246,
             ..syscall_frame()
         };
-        let (mem, cpu) = guest(&[0x0f, 0x01, 0xca, 0x90], &user, 0x50_0000);
-        cpu.regs.borrow_mut().rflags |= RFLAGS_AC;
+        let mut cpu = guest(&[0x0f, 0x01, 0xca, 0x90], &user, 0x50_0000);
+        cpu.regs.rflags |= RFLAGS_AC;
         let (shared, fixups) = relay();
         let mut v = VcpuRelay::new(shared.clone());
-        v.after_exit(&cpu, &mem);
+        v.after_exit(&mut cpu);
         assert_eq!(
-            v.on_emulation_failure(&cpu, &mem),
+            v.on_emulation_failure(&mut cpu),
             Ok(Handled::Done(PfKind::UserFault))
         );
-        let r = *cpu.regs.borrow();
+        let r = cpu.regs;
         assert_eq!(r.rip, HANDLER + 3, "CLAC stepped over");
         assert_eq!(r.rflags & RFLAGS_AC, 0, "and done");
-        assert_eq!(cpu.sregs.borrow().cs.selector, 0x10, "segments untouched");
+        assert_eq!(cpu.sregs.cs.selector, 0x10, "segments untouched");
         // Elsewhere in the kernel: not the relay's.
-        cpu.regs.borrow_mut().rip = HANDLER + 0x40;
-        assert_eq!(v.on_emulation_failure(&cpu, &mem), Ok(Handled::NotOurs));
+        cpu.regs.rip = HANDLER + 0x40;
+        assert_eq!(v.on_emulation_failure(&mut cpu), Ok(Handled::NotOurs));
         assert_eq!(fixups.snapshot(), vec![(kinds::USER_PF, 1)]);
     }
 
     #[test]
     fn changed_msrs_are_read_again() {
-        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
+        let mut cpu = guest(&[0x90], &syscall_frame(), LSTAR);
         let (shared, _) = relay();
         let mut v = VcpuRelay::new(shared);
-        v.after_exit(&cpu, &mem);
+        v.after_exit(&mut cpu);
         v.msrs = Some(SyscallMsrs {
             lstar: 0xffff_ffff_8100_0000,
             ..MSRS
         });
         assert_eq!(
-            v.on_emulation_failure(&cpu, &mem),
+            v.on_emulation_failure(&mut cpu),
             Ok(Handled::Done(PfKind::SystemCall))
         );
         assert_eq!(v.msrs, Some(MSRS));
@@ -1110,78 +1049,81 @@ mod tests {
 
     #[test]
     fn unknown_handler_entry_refuses_once_and_leaves_memory_alone() {
-        let (mem, cpu) = guest(&[0x55, 0x48, 0x89, 0xe5], &syscall_frame(), LSTAR);
+        let mut cpu = guest(&[0x55, 0x48, 0x89, 0xe5], &syscall_frame(), LSTAR);
         let (shared, _) = relay();
         let mut v = VcpuRelay::new(shared.clone());
-        v.after_exit(&cpu, &mem);
+        v.after_exit(&mut cpu);
         assert_eq!(shared.installed_at(), None);
         assert!(shared.refused.load(Ordering::Acquire));
-        assert_eq!(mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(), 0x55);
+        assert_eq!(
+            cpu.mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(),
+            0x55
+        );
     }
 
     #[test]
     fn not_ready_before_lstar_or_the_idt() {
-        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
+        let mut cpu = guest(&[0x90], &syscall_frame(), LSTAR);
         let (shared, _) = relay();
-        cpu.msrs.borrow_mut().lstar = 0;
-        assert!(!shared.try_install(&cpu, &mem));
-        cpu.msrs.borrow_mut().lstar = LSTAR;
-        cpu.sregs.borrow_mut().idt.limit = 14 * 16;
-        assert!(!shared.try_install(&cpu, &mem));
+        cpu.msrs.insert(MSR_LSTAR, 0);
+        assert!(!shared.try_install(&mut cpu));
+        cpu.msrs.insert(MSR_LSTAR, LSTAR);
+        cpu.sregs.idt.limit = 14 * 16;
+        assert!(!shared.try_install(&mut cpu));
         assert!(!shared.refused.load(Ordering::Acquire), "tries again later");
-        cpu.sregs.borrow_mut().idt.limit = 0xfff;
-        assert!(shared.try_install(&cpu, &mem));
+        cpu.sregs.idt.limit = 0xfff;
+        assert!(shared.try_install(&mut cpu));
     }
 
     #[test]
     fn before_install_the_guest_is_looked_at_only_now_and_then() {
-        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
-        cpu.msrs.borrow_mut().lstar = 0; // not ready
+        let mut cpu = guest(&[0x90], &syscall_frame(), LSTAR);
+        cpu.msrs.insert(MSR_LSTAR, 0); // not ready
         let (shared, _) = relay();
         let mut v = VcpuRelay::new(shared);
-        v.after_exit(&cpu, &mem);
-        v.after_exit(&cpu, &mem);
-        v.after_exit(&cpu, &mem);
-        assert_eq!(
-            *cpu.msr_reads.borrow(),
-            1,
-            "one look per poll interval, not per exit"
-        );
+        v.after_exit(&mut cpu);
+        v.after_exit(&mut cpu);
+        v.after_exit(&mut cpu);
+        assert_eq!(cpu.msr_reads, 1, "one look per poll interval, not per exit");
         v.next_poll = 0;
-        cpu.msrs.borrow_mut().lstar = LSTAR;
-        v.after_exit(&cpu, &mem);
+        cpu.msrs.insert(MSR_LSTAR, LSTAR);
+        v.after_exit(&mut cpu);
         assert_eq!(v.shared.installed_at(), Some(HANDLER));
     }
 
     #[test]
     fn a_rewritten_entry_is_patched_again() {
-        let (mem, cpu) = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
+        let mut cpu = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
         let (shared, fixups) = relay();
         let mut v = VcpuRelay::new(shared.clone());
-        v.after_exit(&cpu, &mem);
+        v.after_exit(&mut cpu);
         // Alternatives patching turns the three NOPs into one 3-byte NOP.
-        mem.write_slice(&[0x0f, 0x1f, 0x00], GuestAddress(HANDLER_PA))
+        cpu.mem
+            .write_slice(&[0x0f, 0x1f, 0x00], GuestAddress(HANDLER_PA))
             .unwrap();
-        v.after_exit(&cpu, &mem);
-        assert_eq!(mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(), INT3);
+        v.after_exit(&mut cpu);
+        assert_eq!(
+            cpu.mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(),
+            INT3
+        );
         assert_eq!(fixups.snapshot(), vec![(kinds::REINSTALLED, 1)]);
         // A fault now steps over the 3-byte NOP.
         assert_eq!(shared.displaced(), Displaced::Nop(3));
-        mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap(); // error: user read
+        cpu.mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap(); // error: user read
         assert_eq!(
-            v.on_emulation_failure(&cpu, &mem),
+            v.on_emulation_failure(&mut cpu),
             Ok(Handled::Done(PfKind::UserFault))
         );
-        assert_eq!(cpu.regs.borrow().rip, HANDLER + 3);
+        assert_eq!(cpu.regs.rip, HANDLER + 3);
     }
 
     #[test]
     fn an_unreadable_frame_is_an_error_not_a_panic() {
-        let (mem, cpu) = guest(&[0x90], &syscall_frame(), LSTAR);
+        let mut cpu = guest(&[0x90], &syscall_frame(), LSTAR);
         let (shared, _) = relay();
         let mut v = VcpuRelay::new(shared);
-        v.after_exit(&cpu, &mem);
-        cpu.regs.borrow_mut().rsp = 0xffff_8888_0000_0000;
-        assert!(v.on_emulation_failure(&cpu, &mem).is_err());
+        v.after_exit(&mut cpu);
+        cpu.regs.rsp = 0xffff_8888_0000_0000;
+        assert!(v.on_emulation_failure(&mut cpu).is_err());
     }
 }

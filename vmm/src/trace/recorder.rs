@@ -1,6 +1,7 @@
 //! Recording on the vCPU thread: what `run --trace` and `run --host-profile` add to the KVM_RUN
 //! loop. Per exit: two RDTSCs and a `Vec` push (the record is completed with the re-entry TSC
-//! just before the next KVM_RUN). Per sample: KVM_GET_REGS + KVM_GET_SREGS. A clock record
+//! just before the next KVM_RUN). Per sample: RIP and CPL through the vCPU access layer (KVM_GET_REGS + KVM_GET_SREGS, or
+//! nothing if the exit path already read them). A clock record
 //! (thread CPU time) at most every [`CLOCK_EVERY_MS`] ms of TSC time, and on both sides of
 //! each interrupted exit.
 
@@ -8,7 +9,7 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use kvm_ioctls::{VcpuExit, VcpuFd};
+use kvm_ioctls::VcpuExit;
 
 use super::event::classify;
 use super::format::{
@@ -16,6 +17,7 @@ use super::format::{
 };
 use super::writer::{PoolConfig, TraceWriter, VcpuSink, WriterStats};
 use crate::profile::sampler::Sampler;
+use crate::vcpu::access::VcpuAccess;
 
 /// At most one clock record per this many ms (one `clock_gettime` of thread CPU time).
 pub const CLOCK_EVERY_MS: u64 = 1;
@@ -173,7 +175,7 @@ impl VcpuRecorder {
     }
 
     /// After the exit was handled, before re-entering: takes a profile sample if one is due.
-    pub fn after_exit(&mut self, fd: &VcpuFd) {
+    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
         let Some(s) = &mut self.sampler else { return };
         let n = match s.due() {
             Ok(0) => return,
@@ -181,18 +183,8 @@ impl VcpuRecorder {
             Err(e) => return self.stop_sampling(e),
         };
         let tsc = crate::tsc::now();
-        let (rip, cpl) = match (fd.get_regs(), fd.get_sregs()) {
-            (Ok(r), Ok(s)) => {
-                let protected = s.cr0 & 1 == 1;
-                (
-                    r.rip,
-                    if protected {
-                        (s.cs.selector & 3) as u8
-                    } else {
-                        0
-                    },
-                )
-            }
+        let (rip, cpl) = match (cpu.rip(), cpu.cpl()) {
+            (Ok(rip), Ok(cpl)) => (rip, cpl),
             (Err(e), _) | (_, Err(e)) => {
                 log::warn!(
                     "vCPU {}: reading registers for a profile sample: {e}",

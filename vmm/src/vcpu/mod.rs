@@ -1,15 +1,14 @@
 //! vCPUs: creation and boot state ([`regs`], [`cpuid`]) and the per-vCPU thread that runs
 //! KVM_RUN, hands each exit to [`crate::exit::handle`], and acts on the outcome.
 
+pub mod access;
 pub mod cpuid;
-pub mod guest_cpu;
 pub mod identity;
 pub mod kick;
 pub mod lapic;
 pub mod last_exits;
 pub mod regs;
 pub mod ticker;
-pub mod view;
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -21,10 +20,11 @@ use vm_memory::GuestMemoryMmap;
 use crate::control::VmControl;
 use crate::devices::mmio_bus::MmioBus;
 use crate::devices::PioBus;
-use crate::end::VmEnd;
+use crate::end::{KvmFailure, VmEnd};
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
 use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
+use access::{KvmVcpu, VcpuAccess};
 
 /// Everything one vCPU thread owns or shares.
 pub struct VcpuRunner {
@@ -67,23 +67,28 @@ impl VcpuRunner {
             if let Err(e) = t.start() {
                 log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
                 self.control
-                    .request_end(VmEnd::KvmFailure(format!("device ticker: {e}")));
+                    .request_end(VmEnd::KvmFailure(KvmFailure::DeviceTicker(e.to_string())));
             }
         }
         let mut no_msrs = NoMsrs;
         let mut const_msrs = exit::ConstMsrs;
         let mut ended_vm = false;
         let panic_at = self.control.panic_at(self.id);
+        let raw_fd = self.fd.as_raw_fd();
+        // The access layer borrows the guest memory for one exit while `self` is borrowed
+        // mutably around it; a clone of the region list (Arcs) is one borrow that does not
+        // tie up `self`.
+        let mem = self.mem.clone();
         while !self.control.stopping() {
             if let Some(p) = &mut self.pmu {
                 p.follow_mode();
                 p.pmu.enter_guest();
             }
-            let view = view::KvmView(self.fd.as_raw_fd());
             if let Some(r) = &mut self.recorder {
                 r.before_run();
             }
             let result = self.fd.run();
+            let mut cpu = KvmVcpu::new(raw_fd, &mem);
             if let Some(r) = &mut self.recorder {
                 r.after_run(&result);
             }
@@ -109,7 +114,7 @@ impl VcpuRunner {
                     pio: &self.pio,
                     mmio: &self.mmio,
                     msrs,
-                    cpu: &view,
+                    cpu: &mut cpu,
                     counts: &mut counts,
                 },
             );
@@ -117,17 +122,26 @@ impl VcpuRunner {
                 Outcome::Continue => {}
                 Outcome::Interrupted => self.fd.set_kvm_immediate_exit(0),
                 Outcome::InternalError => {
-                    if let Err(end) = self.complete_instruction() {
+                    if let Err(end) = self.complete_instruction(&mut cpu) {
                         ended_vm |= self.control.request_end(end);
                     }
                 }
                 Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
             }
             if let Some(r) = &mut self.recorder {
-                r.after_exit(&self.fd);
+                r.after_exit(&mut cpu);
             }
             if let Some(r) = &mut self.relay {
-                r.after_exit(&guest_cpu::RelayKvm(&self.fd), &self.mem);
+                r.after_exit(&mut cpu);
+            }
+            if let Err(error) = cpu.commit() {
+                ended_vm |= self
+                    .control
+                    .request_end(VmEnd::KvmFailure(KvmFailure::GuestState {
+                        vcpu: self.id,
+                        what: "writing back registers".into(),
+                        error,
+                    }));
             }
             if let Some(t) = &mut self.ticker {
                 t.poll();
@@ -187,14 +201,9 @@ impl VcpuRunner {
 
     /// At the end of the thread: this vCPU's RIP and last exits, for the diagnostic.
     fn report_end_state(&self, ended_vm: bool, panicked: Option<String>) {
-        let rip = self.fd.get_regs().ok().map(|r| r.rip);
-        let cpl = self.fd.get_sregs().ok().map(|s| {
-            if s.cr0 & 1 == 1 {
-                (s.cs.selector & 3) as u8
-            } else {
-                0
-            }
-        });
+        let mut cpu = KvmVcpu::new(self.fd.as_raw_fd(), &self.mem);
+        let rip = cpu.rip().ok();
+        let cpl = cpu.cpl().ok();
         self.control.report_vcpu_state(last_exits::VcpuEndState {
             vcpu: self.id,
             rip,
@@ -302,32 +311,48 @@ impl VcpuRunner {
 
     /// KVM_EXIT_INTERNAL_ERROR: on an emulation failure, let the host-quirk code complete the
     /// guest instruction; anything else ends the VM with a report.
-    fn complete_instruction(&mut self) -> Result<(), VmEnd> {
+    fn complete_instruction(&mut self, cpu: &mut dyn VcpuAccess) -> Result<(), VmEnd> {
         const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
         // SAFETY: the exit reason was KVM_EXIT_INTERNAL_ERROR, so `internal` is the union member
         // KVM filled in.
         let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
         if internal.suberror != KVM_INTERNAL_ERROR_EMULATION {
             let n = (internal.ndata as usize).min(internal.data.len());
-            return Err(VmEnd::KvmFailure(format!(
-                "internal error, suberror {} data {:x?}",
-                internal.suberror,
-                &internal.data[..n]
-            )));
+            return Err(VmEnd::KvmFailure(KvmFailure::InternalError {
+                suberror: internal.suberror,
+                data: internal.data[..n].to_vec(),
+            }));
         }
         if let Some(relay) = &mut self.relay {
-            use host_quirks::syscall_relay::Handled;
-            match relay.on_emulation_failure(&guest_cpu::RelayKvm(&self.fd), &self.mem) {
+            use host_quirks::syscall_relay::{Handled, RelayError};
+            match relay.on_emulation_failure(cpu) {
                 Ok(Handled::Done(_)) => return Ok(()),
                 Ok(Handled::NotOurs) => {}
-                Err(e) => return Err(VmEnd::KvmFailure(format!("vCPU {}: {e}", self.id))),
+                Err(e) => {
+                    let (what, error) = match e {
+                        RelayError::Access(error) => ("syscall relay".to_string(), error),
+                        RelayError::Frame { rsp, source } => (
+                            format!("syscall relay: reading the #PF frame at RSP {rsp:#x}"),
+                            source,
+                        ),
+                    };
+                    return Err(VmEnd::KvmFailure(KvmFailure::GuestState {
+                        vcpu: self.id,
+                        what,
+                        error,
+                    }));
+                }
             }
         }
-        let mut cpu = guest_cpu::KvmGuestCpu::new(&self.fd, &self.mem)
-            .map_err(|e| VmEnd::KvmFailure(format!("reading vCPU {} registers: {e}", self.id)))?;
-        let rip = host_quirks::GuestCpu::rip(&cpu);
+        let rip = cpu.rip().map_err(|error| {
+            VmEnd::KvmFailure(KvmFailure::GuestState {
+                vcpu: self.id,
+                what: "reading registers".into(),
+                error,
+            })
+        })?;
         let in_a_row = self.last_exits.emulation_failure_at(rip);
-        match host_quirks::emulate::emulate(&mut cpu) {
+        match host_quirks::emulate::emulate(cpu) {
             Ok(kind) if in_a_row >= last_exits::NO_PROGRESS_LIMIT => {
                 Err(VmEnd::EmulationFailure(format!(
                     "vCPU {}: no progress: {in_a_row} emulation failures in a row at RIP {rip:#x}, each completed as `{kind}`, with no other exit in between",
