@@ -29,27 +29,30 @@
 //!
 //! The relay is on only with host quirks (never on a VT-x/SVM host, where an int3 in the #PF
 //! handler would reach the guest as #BP). Its counts go to the end-of-run fix-up report.
+//!
+//! The code is in three parts: [`classify`] (pure: frame -> what it is, and the registers a
+//! completed SYSCALL leaves), [`patch`] (the int3 in guest memory), and this module, which reads
+//! and writes the vCPU through the access layer ([`crate::vcpu::access::VcpuAccess`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+pub mod classify;
+pub mod patch;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
-use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
 use super::FixupCounts;
-use crate::arch::x86::{
-    CR0_PG, CR4_SMEP, EFER_LMA, EFER_NXE, MSR_LSTAR, MSR_SFMASK, MSR_STAR, PF_ERR_FETCH,
-    PF_ERR_PRESENT, PF_ERR_USER, RFLAGS_AC, RFLAGS_FIXED as RFLAGS_RESERVED_1, RFLAGS_IF,
-    RFLAGS_RF,
-};
+use crate::arch::x86::{CR0_PG, EFER_LMA, MSR_LSTAR, MSR_SFMASK, MSR_STAR, RFLAGS_AC};
 use crate::kvm_error::KvmVcpuError;
 use crate::vcpu::access::{AccessError, VcpuAccess};
+use classify::syscall_shaped;
+pub use classify::{
+    classify, complete_syscall, kernel_segments, syscall_error_code, PfFrame, PfKind, SyscallMsrs,
+    PF_ERR_SYSCALL,
+};
+use patch::Patch;
+pub use patch::{displaceable, idt_gate_target, Displaced, NotDisplaceable, PatchError};
 
 const VECTOR_PF: u64 = crate::arch::x86::VECTOR_PF as u64;
-/// #PF error code of an instruction fetch from a present supervisor page at CPL3: P | U/S | I/D.
-pub const PF_ERR_SYSCALL: u64 = PF_ERR_PRESENT | PF_ERR_USER | PF_ERR_FETCH;
-const INT3: u8 = 0xcc;
 
 /// Why the relay could not finish with an exception that reached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,226 +74,6 @@ pub mod kinds {
     pub const MSR_REFRESH: &str = "syscall relay: LSTAR/STAR/SFMASK re-read";
 }
 
-/// The guest's SYSCALL MSRs, as one vCPU has them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SyscallMsrs {
-    pub star: u64,
-    pub lstar: u64,
-    pub sfmask: u64,
-}
-
-/// The 64-bit exception frame at the #PF handler's first instruction: error code, RIP, CS,
-/// RFLAGS, RSP, SS (each 8 bytes, from RSP up).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PfFrame {
-    pub error: u64,
-    pub rip: u64,
-    pub cs: u64,
-    pub rflags: u64,
-    pub rsp: u64,
-    pub ss: u64,
-}
-
-impl PfFrame {
-    pub const LEN: usize = 48;
-
-    pub fn from_bytes(b: &[u8; Self::LEN]) -> Self {
-        let q = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        PfFrame {
-            error: q(0),
-            rip: q(1),
-            cs: q(2),
-            rflags: q(3),
-            rsp: q(4),
-            ss: q(5),
-        }
-    }
-
-    fn user(&self) -> bool {
-        self.cs & 3 == 3
-    }
-}
-
-/// What a #PF that reached the relay is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PfKind {
-    /// The fault SYSCALL at CPL3 leaves behind here: complete the system call.
-    SystemCall,
-    /// A real user-mode page fault: the guest's handler deals with it.
-    UserFault,
-    /// A user-mode jump (not a SYSCALL) to LSTAR: the real #PF the CPU raises for it.
-    UserJumpToLstar,
-    /// A page fault in the guest kernel.
-    KernelFault,
-}
-
-impl PfKind {
-    fn report_name(self) -> &'static str {
-        match self {
-            PfKind::SystemCall => kinds::SYSCALL,
-            PfKind::UserFault => kinds::USER_PF,
-            PfKind::UserJumpToLstar => kinds::USER_JUMP,
-            PfKind::KernelFault => kinds::KERNEL_PF,
-        }
-    }
-}
-
-/// The error code the CPU gives the #PF of a CPL3 fetch from a present supervisor page: the I/D
-/// bit is there only when the guest has EFER.NXE or CR4.SMEP set (Linux has NXE).
-pub fn syscall_error_code(sregs: &kvm_sregs) -> u64 {
-    if sregs.efer & EFER_NXE != 0 || sregs.cr4 & CR4_SMEP != 0 {
-        PF_ERR_SYSCALL
-    } else {
-        PF_ERR_SYSCALL & !PF_ERR_FETCH
-    }
-}
-
-/// Tells the cases apart from the frame, CR2, R11 (which SYSCALL sets to the user RFLAGS), the
-/// vCPU's SYSCALL MSRs and the error code a fetch fault has on it ([`syscall_error_code`]).
-pub fn classify(
-    frame: &PfFrame,
-    cr2: u64,
-    r11: u64,
-    msrs: &SyscallMsrs,
-    fetch_error: u64,
-) -> PfKind {
-    if !frame.user() {
-        return PfKind::KernelFault;
-    }
-    if frame.error != fetch_error || frame.rip != msrs.lstar || cr2 != msrs.lstar {
-        return PfKind::UserFault;
-    }
-    // SYSCALL cleared every SFMASK bit (user code always runs with IF set, so a jump shows IF) and
-    // saved the unmasked flags in R11.
-    let flags = frame.rflags & !RFLAGS_RF;
-    let from_syscall =
-        flags & msrs.sfmask == 0 && flags == (r11 & !msrs.sfmask & !RFLAGS_RF) | RFLAGS_RESERVED_1;
-    if from_syscall {
-        PfKind::SystemCall
-    } else {
-        PfKind::UserJumpToLstar
-    }
-}
-
-/// Whether a fault that did not match the cached MSRs looks enough like a system call that the
-/// MSRs may have changed (a user fetch fault at CR2 = RIP, with IF clear).
-fn syscall_shaped(frame: &PfFrame, cr2: u64, fetch_error: u64) -> bool {
-    frame.user() && frame.error == fetch_error && frame.rip == cr2 && frame.rflags & RFLAGS_IF == 0
-}
-
-/// CS and SS as SYSCALL loads them from STAR[47:32].
-pub fn kernel_segments(star: u64) -> (kvm_segment, kvm_segment) {
-    let sel = ((star >> 32) & 0xfffc) as u16;
-    let cs = kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector: sel,
-        type_: 11,
-        present: 1,
-        dpl: 0,
-        db: 0,
-        s: 1,
-        l: 1,
-        g: 1,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    };
-    let ss = kvm_segment {
-        selector: sel + 8,
-        type_: 3,
-        db: 1,
-        l: 0,
-        ..cs
-    };
-    (cs, ss)
-}
-
-/// Applies the end state of SYSCALL to registers that hold the #PF handler's entry state.
-/// Returns whether the segment registers had to change too (then they must be written back).
-///
-/// The #PF delivery has already switched to CPL0: CS is the IDT gate's selector (Linux's
-/// `__KERNEL_CS`, the same as STAR[47:32]) and SS the null selector that 64-bit exception delivery
-/// loads. When CS already is STAR's kernel CS, only RIP, RSP and RFLAGS change and the segments
-/// are left as delivered: SS stays null instead of STAR[47:32] + 8, which a 64-bit kernel never
-/// reads (SYSRET and IRET reload it). That saves a KVM_SET_SREGS per system call, and its side
-/// effects (it rewrites every segment, control register and the APIC base).
-pub fn complete_syscall(
-    frame: &PfFrame,
-    msrs: &SyscallMsrs,
-    regs: &mut kvm_regs,
-    sregs: &mut kvm_sregs,
-) -> bool {
-    regs.rip = msrs.lstar;
-    regs.rsp = frame.rsp;
-    regs.rflags = (frame.rflags & !RFLAGS_RF) | RFLAGS_RESERVED_1;
-    let (cs, ss) = kernel_segments(msrs.star);
-    let cs_ok = sregs.cs.selector == cs.selector
-        && sregs.cs.dpl == 0
-        && sregs.cs.l == 1
-        && sregs.cs.present == 1;
-    if cs_ok {
-        return false;
-    }
-    sregs.cs = cs;
-    sregs.ss = ss;
-    true
-}
-
-/// The instruction the int3 displaces, and what stepping over it must do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Displaced {
-    /// NOP forms and ENDBR64: nothing.
-    Nop(u8),
-    /// CLAC: clear RFLAGS.AC.
-    Clac(u8),
-}
-
-impl Displaced {
-    /// Bytes to step over (an instruction: never 0).
-    pub fn length(self) -> u8 {
-        match self {
-            Displaced::Nop(n) | Displaced::Clac(n) => n,
-        }
-    }
-}
-
-/// Decodes the handler's first instruction; Ok if the relay can stand in for it, else the
-/// instruction's text (for the message that says why guest user space will not run).
-pub fn displaceable(bytes: &[u8], ip: u64) -> Result<Displaced, String> {
-    let mut dec = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
-    let instr = dec.decode();
-    let len = instr.len() as u8;
-    match instr.mnemonic() {
-        _ if instr.is_invalid() => Err(format!(
-            "invalid bytes {:02x?}",
-            &bytes[..bytes.len().min(4)]
-        )),
-        Mnemonic::Nop | Mnemonic::Endbr64 => Ok(Displaced::Nop(len)),
-        Mnemonic::Clac => Ok(Displaced::Clac(len)),
-        _ => {
-            let mut text = String::new();
-            IntelFormatter::new().format(&instr, &mut text);
-            Err(format!("`{text}`"))
-        }
-    }
-}
-
-/// The handler address in a 16-byte 64-bit IDT gate, if the gate is a present interrupt or trap
-/// gate.
-pub fn idt_gate_target(gate: &[u8; 16]) -> Option<u64> {
-    let attr = gate[5];
-    let present = attr & 0x80 != 0;
-    let kind = attr & 0x1f;
-    if !present || !(kind == 0x0e || kind == 0x0f) {
-        return None;
-    }
-    let lo = u64::from(u16::from_le_bytes([gate[0], gate[1]]));
-    let mid = u64::from(u16::from_le_bytes([gate[6], gate[7]]));
-    let hi = u64::from(u32::from_le_bytes(gate[8..12].try_into().unwrap()));
-    Some(lo | (mid << 16) | (hi << 32))
-}
-
 /// The guest's SYSCALL MSRs as KVM holds them (one KVM_GET_MSRS).
 pub fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError> {
     let mut v = [0u64; 3];
@@ -303,17 +86,6 @@ pub fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError
         lstar: v[1],
         sfmask: v[2],
     })
-}
-
-/// Where the int3 sits (shared by all vCPUs: the handler is in the guest's shared kernel text).
-#[derive(Default)]
-struct Patch {
-    /// Guest-virtual address of the handler (0: not installed).
-    gva: AtomicU64,
-    /// Its guest-physical address.
-    gpa: AtomicU64,
-    /// Length of the displaced instruction; bit 7 set: it is CLAC.
-    displaced: AtomicU8,
 }
 
 /// The relay of one VM.
@@ -360,46 +132,17 @@ impl SyscallRelay {
     }
 
     pub fn installed_at(&self) -> Option<u64> {
-        match self.patch.gva.load(Ordering::Acquire) {
-            0 => None,
-            a => Some(a),
-        }
+        self.patch.installed_at()
     }
 
     fn displaced(&self) -> Displaced {
-        let d = self.patch.displaced.load(Ordering::Acquire);
-        if d & 0x80 != 0 {
-            Displaced::Clac(d & 0x7f)
-        } else {
-            Displaced::Nop(d)
-        }
+        self.patch.displaced()
     }
 
-    fn refuse(&self, why: String) {
+    fn refuse(&self, why: impl std::fmt::Display) {
         if !self.refused.swap(true, Ordering::AcqRel) {
             log::warn!("syscall relay: guest user space will NOT run on this host: {why}");
         }
-    }
-
-    /// Patches the handler at `gva` (physical `gpa`) if its first instruction can be displaced.
-    fn patch_at(&self, mem: &GuestMemoryMmap, gva: u64, gpa: u64) -> Result<Displaced, String> {
-        let mut bytes = [0u8; 15];
-        let n = (0x1000 - (gpa & 0xfff) as usize).min(15);
-        mem.read_slice(&mut bytes[..n], GuestAddress(gpa))
-            .map_err(|e| format!("reading the #PF handler at {gva:#x}: {e}"))?;
-        let d = displaceable(&bytes[..n], gva).map_err(|i| {
-            format!("the #PF handler at {gva:#x} starts with {i}, which the relay cannot step over")
-        })?;
-        mem.write_obj(INT3, GuestAddress(gpa))
-            .map_err(|e| format!("patching the #PF handler at {gva:#x}: {e}"))?;
-        let code = match d {
-            Displaced::Nop(n) => n,
-            Displaced::Clac(n) => n | 0x80,
-        };
-        self.patch.displaced.store(code, Ordering::Release);
-        self.patch.gpa.store(gpa, Ordering::Release);
-        self.patch.gva.store(gva, Ordering::Release);
-        Ok(d)
     }
 
     /// Installs the int3 once the guest has an LSTAR and a #PF gate (called after exits until it
@@ -444,7 +187,7 @@ impl SyscallRelay {
         if self.installed_at().is_some() {
             return true;
         }
-        match self.patch_at(mem, handler, gpa) {
+        match self.patch.patch_at(mem, handler, gpa) {
             Ok(d) => {
                 log::info!(
                     "syscall relay: int3 over the guest's #PF handler at {handler:#x} ({d:?}); \
@@ -463,30 +206,29 @@ impl SyscallRelay {
     /// After every exit: installs the relay when the guest is ready, and puts the int3 back if
     /// the guest rewrote the handler's first bytes. Costs one memory read once installed.
     pub fn after_exit(&self, cpu: &mut dyn VcpuAccess) {
-        let gva = self.patch.gva.load(Ordering::Acquire);
-        if gva == 0 {
+        let Some(gva) = self.patch.installed_at() else {
             if !self.refused.load(Ordering::Relaxed) {
                 self.try_install(cpu);
             }
             return;
-        }
+        };
         let mem = cpu.memory();
-        let gpa = self.patch.gpa.load(Ordering::Acquire);
-        if mem.read_obj::<u8>(GuestAddress(gpa)).ok() == Some(INT3) {
+        if self.patch.intact(mem) {
             return;
         }
         let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
-        if mem.read_obj::<u8>(GuestAddress(gpa)).ok() == Some(INT3) {
+        if self.patch.intact(mem) {
             return;
         }
-        match self.patch_at(mem, gva, gpa) {
+        let gpa = self.patch.gpa();
+        match self.patch.patch_at(mem, gva, gpa) {
             Ok(d) => {
                 if self.fixups.record(kinds::REINSTALLED) {
                     log::info!("syscall relay: the guest rewrote its #PF handler entry; int3 put back over {d:?}");
                 }
             }
             Err(why) => {
-                self.patch.gva.store(0, Ordering::Release);
+                self.patch.uninstall();
                 self.refuse(format!("after the guest rewrote it, {why}"));
             }
         }
@@ -618,228 +360,10 @@ mod tests {
         })
     }
 
-    const STAR: u64 = 0x0023_0010_0000_0000;
-    const LSTAR: u64 = 0xffff_ffff_8140_0040;
-    const SFMASK: u64 = 0x47700;
-    const MSRS: SyscallMsrs = SyscallMsrs {
-        star: STAR,
-        lstar: LSTAR,
-        sfmask: SFMASK,
-    };
-
-    fn syscall_frame() -> PfFrame {
-        // As measured (HOST-FACTS): err 0x15, RIP = LSTAR, CS 0x33, RFLAGS 0x10046, SS 0x2b.
-        PfFrame {
-            error: 0x15,
-            rip: LSTAR,
-            cs: 0x33,
-            rflags: 0x10046,
-            rsp: 0x7ffd_0000_1000,
-            ss: 0x2b,
-        }
-    }
-
-    #[test]
-    fn a_syscall_fault_is_a_system_call() {
-        assert_eq!(
-            classify(&syscall_frame(), LSTAR, 0x646, &MSRS, 0x15),
-            PfKind::SystemCall
-        );
-        // RF in R11 (set by a debug trap before the SYSCALL) does not change that.
-        assert_eq!(
-            classify(&syscall_frame(), LSTAR, 0x10646, &MSRS, 0x15),
-            PfKind::SystemCall
-        );
-    }
-
-    #[test]
-    fn without_nx_or_smep_the_fetch_fault_has_no_id_bit() {
-        let mut sregs = kvm_sregs::default();
-        assert_eq!(syscall_error_code(&sregs), 0x5);
-        sregs.efer = 1 << 11;
-        assert_eq!(syscall_error_code(&sregs), 0x15);
-        sregs.efer = 0;
-        sregs.cr4 = 1 << 20;
-        assert_eq!(syscall_error_code(&sregs), 0x15);
-        let f = PfFrame {
-            error: 0x5,
-            ..syscall_frame()
-        };
-        assert_eq!(classify(&f, LSTAR, 0x646, &MSRS, 0x5), PfKind::SystemCall);
-        assert_eq!(classify(&f, LSTAR, 0x646, &MSRS, 0x15), PfKind::UserFault);
-    }
-
-    #[test]
-    fn a_user_jump_to_lstar_is_a_real_fault() {
-        // A jump keeps IF set (user code cannot clear it): SFMASK bits show.
-        let f = PfFrame {
-            rflags: 0x10246,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&f, LSTAR, 0x246, &MSRS, 0x15),
-            PfKind::UserJumpToLstar
-        );
-        // With IF clear (an IOPL-3 process that did `cli`) its IOPL bits still show.
-        let f = PfFrame {
-            rflags: 0x13046,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&f, LSTAR, 0x3046, &MSRS, 0x15),
-            PfKind::UserJumpToLstar
-        );
-        // A guest whose SFMASK masks nothing: R11 must still agree with the frame's flags.
-        let open = SyscallMsrs { sfmask: 0, ..MSRS };
-        let f = PfFrame {
-            rflags: 0x10246,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&f, LSTAR, 0x1234, &open, 0x15),
-            PfKind::UserJumpToLstar
-        );
-        assert_eq!(classify(&f, LSTAR, 0x246, &open, 0x15), PfKind::SystemCall);
-    }
-
-    #[test]
-    fn other_faults_are_passed_on() {
-        let user_read = PfFrame {
-            error: 0x4,
-            rip: 0x40_1000,
-            rflags: 0x10246,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&user_read, 0x1234_5000, 0x646, &MSRS, 0x15),
-            PfKind::UserFault
-        );
-        // A user fetch fault elsewhere (e.g. jumping to a kernel address other than LSTAR).
-        let fetch = PfFrame {
-            rip: LSTAR + 0x10,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&fetch, LSTAR + 0x10, 0x646, &MSRS, 0x15),
-            PfKind::UserFault
-        );
-        // Same frame but CR2 elsewhere: not what a SYSCALL leaves.
-        assert_eq!(
-            classify(&syscall_frame(), LSTAR + 1, 0x646, &MSRS, 0x15),
-            PfKind::UserFault
-        );
-        // Write fault at LSTAR from user mode.
-        let write = PfFrame {
-            error: 0x7,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&write, LSTAR, 0x646, &MSRS, 0x15),
-            PfKind::UserFault
-        );
-        // A kernel fault, even one that looks like the system call's.
-        let kernel = PfFrame {
-            cs: 0x10,
-            ..syscall_frame()
-        };
-        assert_eq!(
-            classify(&kernel, LSTAR, 0x646, &MSRS, 0x15),
-            PfKind::KernelFault
-        );
-    }
-
-    #[test]
-    fn frames_decode_in_push_order() {
-        let mut b = [0u8; 48];
-        for (i, v) in [0x15u64, LSTAR, 0x33, 0x10046, 0x1000, 0x2b]
-            .iter()
-            .enumerate()
-        {
-            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
-        }
-        assert_eq!(
-            PfFrame::from_bytes(&b),
-            PfFrame {
-                rsp: 0x1000,
-                ..syscall_frame()
-            }
-        );
-    }
-
-    #[test]
-    fn completion_sets_what_syscall_would() {
-        let mut regs = kvm_regs {
-            rip: 0xffff_ffff_8160_0000,
-            rsp: 0xffff_c900_0000_3f58,
-            rflags: 0x46,
-            rcx: 0x40_102e,
-            r11: 0x646,
-            ..Default::default()
-        };
-        let mut sregs = kvm_sregs::default();
-        // A gate whose CS is not STAR's: both segments are set as SYSCALL sets them.
-        assert!(complete_syscall(
-            &syscall_frame(),
-            &MSRS,
-            &mut regs,
-            &mut sregs
-        ));
-        assert_eq!(regs.rip, LSTAR);
-        assert_eq!(regs.rsp, 0x7ffd_0000_1000);
-        assert_eq!(regs.rflags, 0x46);
-        assert_eq!((regs.rcx, regs.r11), (0x40_102e, 0x646));
-        assert_eq!((sregs.cs.selector, sregs.cs.dpl, sregs.cs.l), (0x10, 0, 1));
-        assert_eq!((sregs.cs.type_, sregs.cs.db, sregs.cs.present), (11, 0, 1));
-        assert_eq!((sregs.ss.selector, sregs.ss.dpl, sregs.ss.db), (0x18, 0, 1));
-        assert_eq!((sregs.ss.type_, sregs.ss.l), (3, 0));
-        // Linux's gate CS is STAR's kernel CS already: segments are left as the #PF loaded them.
-        let mut delivered = kvm_sregs {
-            cs: kernel_segments(STAR).0,
-            ..Default::default()
-        };
-        let before = delivered;
-        assert!(!complete_syscall(
-            &syscall_frame(),
-            &MSRS,
-            &mut regs,
-            &mut delivered
-        ));
-        assert_eq!(delivered.ss.selector, before.ss.selector);
-    }
-
-    #[test]
-    fn only_instructions_with_no_effect_or_clac_are_displaced() {
-        assert_eq!(displaceable(&[0x90, 0x90, 0x90], 0), Ok(Displaced::Nop(1)));
-        assert_eq!(displaceable(&[0x0f, 0x1f, 0x00], 0), Ok(Displaced::Nop(3)));
-        assert_eq!(displaceable(&[0x66, 0x90], 0), Ok(Displaced::Nop(2)));
-        assert_eq!(
-            displaceable(&[0xf3, 0x0f, 0x1e, 0xfa], 0),
-            Ok(Displaced::Nop(4))
-        );
-        assert_eq!(displaceable(&[0x0f, 0x01, 0xca], 0), Ok(Displaced::Clac(3)));
-        let e = displaceable(&[0x48, 0x89, 0xe5], 0).unwrap_err();
-        assert!(e.contains("mov"), "{e}");
-        assert!(displaceable(&[0x0f, 0xff], 0).is_err());
-        assert!(displaceable(&[], 0).is_err());
-    }
-
-    #[test]
-    fn idt_gates_decode() {
-        let target: u64 = 0xffff_ffff_8160_0b20;
-        let mut g = [0u8; 16];
-        g[0..2].copy_from_slice(&(target as u16).to_le_bytes());
-        g[2..4].copy_from_slice(&0x10u16.to_le_bytes());
-        g[5] = 0x8e;
-        g[6..8].copy_from_slice(&((target >> 16) as u16).to_le_bytes());
-        g[8..12].copy_from_slice(&((target >> 32) as u32).to_le_bytes());
-        assert_eq!(idt_gate_target(&g), Some(target));
-        g[5] = 0x8f;
-        assert_eq!(idt_gate_target(&g), Some(target));
-        g[5] = 0x0e; // not present
-        assert_eq!(idt_gate_target(&g), None);
-        g[5] = 0x85; // task gate
-        assert_eq!(idt_gate_target(&g), None);
-    }
+    use classify::tests::{syscall_frame, LSTAR, MSRS};
+    use kvm_bindings::{kvm_regs, kvm_sregs};
+    use patch::INT3;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     /// A guest memory with 4-level tables: `va` -> `pa` in 4 KiB pages, plus one 2 MiB page.
     fn memory() -> GuestMemoryMmap {
