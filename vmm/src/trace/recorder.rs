@@ -9,9 +9,6 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use kvm_ioctls::VcpuExit;
-
-use super::event::classify;
 use super::format::{
     ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
 };
@@ -149,14 +146,14 @@ impl VcpuRecorder {
         }
     }
 
-    /// Just after KVM_RUN returned, before the exit is handled.
+    /// Just after KVM_RUN returned, before the exit is handled: `event` is the exit's
+    /// classification ([`crate::exit::kind::classify`], done once by the vCPU loop).
     #[inline]
-    pub fn after_run(&mut self, r: &Result<VcpuExit<'_>, kvm_ioctls::Error>) {
+    pub fn after_run(&mut self, event: ExitEvent) {
         let t = crate::tsc::now();
         if let Some(s) = &mut self.sampler {
             s.leave_guest();
         }
-        let event = classify(r);
         self.pending = Some((event, t));
         if let Some(sink) = &mut self.exits {
             // Interrupted exits (kicks, overflow signals, profile samples) are bracketed by

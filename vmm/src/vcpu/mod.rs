@@ -89,13 +89,16 @@ impl VcpuRunner {
             }
             let result = self.fd.run();
             let mut cpu = KvmVcpu::new(raw_fd, &mem);
+            // The one classification of this exit, shared by the trace, the ring and the counts.
+            let event = exit::kind::classify(&result);
             if let Some(r) = &mut self.recorder {
-                r.after_run(&result);
+                r.after_run(event);
             }
             if let Some(p) = &mut self.pmu {
                 p.pmu.leave_guest();
             }
-            self.last_exits.push(&result);
+            self.last_exits.push_event(event);
+            counts.count(event);
             if panic_at == Some(self.last_exits.total()) {
                 panic!(
                     "test hook: vCPU {} panics at exit {}",

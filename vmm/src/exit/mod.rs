@@ -2,6 +2,8 @@
 //! branch is unit-tested without /dev/kvm. What needs the vCPU itself (emulation fix-ups) is
 //! returned to the vCPU loop as an [`Outcome`].
 
+pub mod kind;
+
 use kvm_ioctls::VcpuExit;
 
 use crate::devices::mmio_bus::MmioBus;
@@ -47,7 +49,8 @@ impl MsrHandler for ConstMsrs {
     }
 }
 
-/// Per-vCPU exit counts by kind.
+/// Per-vCPU exit counts by kind: [`ExitCounts::count`] from the exit's classification, and
+/// `unclaimed_io` from [`handle`] (no device claimed the port).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ExitCounts {
     pub io_in: u64,
@@ -62,6 +65,27 @@ pub struct ExitCounts {
 }
 
 impl ExitCounts {
+    /// Counts one exit by its classification (exits that end the run are not counted).
+    #[inline]
+    pub fn count(&mut self, e: kind::ExitEvent) {
+        use kind::Reason;
+        match e.reason {
+            Reason::IoIn => self.io_in += 1,
+            Reason::IoOut => self.io_out += 1,
+            Reason::MmioRead | Reason::MmioWrite => self.mmio += 1,
+            Reason::MsrRead | Reason::MsrWrite => self.msr += 1,
+            Reason::Hlt => self.hlt += 1,
+            Reason::Interrupted => self.interrupted += 1,
+            Reason::InternalError => self.internal_error += 1,
+            Reason::IrqWindowOpen | Reason::IoapicEoi => self.other += 1,
+            Reason::Shutdown
+            | Reason::SystemEvent
+            | Reason::FailEntry
+            | Reason::KvmError
+            | Reason::Other => {}
+        }
+    }
+
     pub fn add(&mut self, o: &ExitCounts) {
         self.io_in += o.io_in;
         self.io_out += o.io_out;
@@ -117,7 +141,6 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
     let exit = match exit {
         Ok(e) => e,
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-            ctx.counts.interrupted += 1;
             return Outcome::Interrupted;
         }
         Err(e) => {
@@ -129,36 +152,29 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
     };
     match exit {
         VcpuExit::IoIn(port, data) => {
-            ctx.counts.io_in += 1;
             if !ctx.pio.read(port, data) {
                 ctx.counts.unclaimed_io += 1;
             }
             Outcome::Continue
         }
-        VcpuExit::IoOut(port, data) => {
-            ctx.counts.io_out += 1;
-            match ctx.pio.write(port, data) {
-                PioWrite::Event(e) => device_event(e),
-                PioWrite::Done => Outcome::Continue,
-                PioWrite::Unclaimed => {
-                    ctx.counts.unclaimed_io += 1;
-                    Outcome::Continue
-                }
+        VcpuExit::IoOut(port, data) => match ctx.pio.write(port, data) {
+            PioWrite::Event(e) => device_event(e),
+            PioWrite::Done => Outcome::Continue,
+            PioWrite::Unclaimed => {
+                ctx.counts.unclaimed_io += 1;
+                Outcome::Continue
             }
-        }
+        },
         VcpuExit::MmioRead(addr, data) => {
             // Addresses no device claims float high, as on a bus with nothing there.
-            ctx.counts.mmio += 1;
             ctx.mmio.read(addr, data);
             Outcome::Continue
         }
         VcpuExit::MmioWrite(addr, data) => {
-            ctx.counts.mmio += 1;
             ctx.mmio.write(addr, data);
             Outcome::Continue
         }
         VcpuExit::X86Rdmsr(exit) => {
-            ctx.counts.msr += 1;
             match ctx.msrs.rdmsr(exit.index, ctx.cpu) {
                 Ok(v) => *exit.data = v,
                 Err(GpFault) => *exit.error = 1,
@@ -166,7 +182,6 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             Outcome::Continue
         }
         VcpuExit::X86Wrmsr(exit) => {
-            ctx.counts.msr += 1;
             if ctx.msrs.wrmsr(exit.index, exit.data).is_err() {
                 *exit.error = 1;
             }
@@ -175,7 +190,6 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
         VcpuExit::Hlt => {
             // With the in-kernel irqchip KVM handles HLT itself; an exit here means the vCPU
             // halted with nothing that could wake it.
-            ctx.counts.hlt += 1;
             Outcome::Stop(VmEnd::PowerOff)
         }
         VcpuExit::Shutdown => Outcome::Stop(VmEnd::TripleFault),
@@ -187,21 +201,12 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             }
             k => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnknownSystemEvent(k))),
         },
-        VcpuExit::InternalError => {
-            ctx.counts.internal_error += 1;
-            Outcome::InternalError
-        }
+        VcpuExit::InternalError => Outcome::InternalError,
         VcpuExit::FailEntry(reason, cpu) => {
             Outcome::Stop(VmEnd::KvmFailure(KvmFailure::FailEntry { reason, cpu }))
         }
-        VcpuExit::Intr => {
-            ctx.counts.interrupted += 1;
-            Outcome::Interrupted
-        }
-        VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => {
-            ctx.counts.other += 1;
-            Outcome::Continue
-        }
+        VcpuExit::Intr => Outcome::Interrupted,
+        VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => Outcome::Continue,
         other => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnexpectedExit(format!(
             "{other:?}"
         )))),
@@ -243,6 +248,8 @@ mod tests {
             .add(0x60, 5, Arc::new(Mutex::new(I8042)))
             .build();
         let mmio = MmioBus::default();
+        // As the vCPU loop does: classify once, count, then handle.
+        counts.count(kind::classify(&exit));
         handle(
             exit,
             &mut ExitContext {
@@ -292,8 +299,10 @@ mod tests {
     }
 
     fn mmio_exit(mmio: &MmioBus, counts: &mut ExitCounts, exit: VcpuExit<'_>) -> Outcome {
+        let exit = Ok(exit);
+        counts.count(kind::classify(&exit));
         handle(
-            Ok(exit),
+            exit,
             &mut ExitContext {
                 pio: &PioBus::default(),
                 mmio,
