@@ -29,6 +29,10 @@ pub mod code {
     /// A VMM thread made a system call its seccomp filter forbids (`--seccomp`,
     /// docs/security.md); the process ends at once with a line naming the thread and the call.
     pub const SECCOMP: i32 = 9;
+    /// A vCPU exited to the VMM on HLT (KVM_EXIT_HLT). With the in-kernel irqchip KVM handles
+    /// HLT itself (the vCPU sleeps in KVM until an interrupt), so this exit means something is
+    /// wrong in KVM or in the VMM's setup, not in the guest.
+    pub const UNEXPECTED_HLT: i32 = 10;
 }
 
 /// Why KVM failed the run (exit code 5): typed, so a caller can tell the cases apart; the text
@@ -101,6 +105,8 @@ pub enum VmEnd {
     VmmPanic(String),
     /// SIGINT or SIGTERM stopped the run (its number).
     Signal(i32),
+    /// KVM_EXIT_HLT reached the VMM (see [`code::UNEXPECTED_HLT`]).
+    UnexpectedHlt,
 }
 
 impl VmEnd {
@@ -114,6 +120,7 @@ impl VmEnd {
             VmEnd::Timeout(_) => code::TIMEOUT,
             VmEnd::VmmPanic(_) => code::VMM_BUG,
             VmEnd::Signal(s) => code::SIGNAL_BASE + s,
+            VmEnd::UnexpectedHlt => code::UNEXPECTED_HLT,
         }
     }
 
@@ -135,6 +142,11 @@ impl std::fmt::Display for VmEnd {
             VmEnd::Stopped(why) => write!(f, "stopped: {why}"),
             VmEnd::VmmPanic(what) => write!(f, "VMM bug: {what}"),
             VmEnd::Signal(s) => write!(f, "stopped by {}", crate::stop_signal::name(*s)),
+            VmEnd::UnexpectedHlt => write!(
+                f,
+                "unexpected HLT exit (KVM_EXIT_HLT): with the in-kernel irqchip KVM handles HLT \
+                 itself, so KVM or the VMM's vCPU setup is wrong (not the guest)"
+            ),
         }
     }
 }
@@ -151,5 +163,6 @@ Exit codes:
   7  --timeout expired
   8  VMM bug (a vCPU thread panicked)
   9  a VMM thread made a system call its seccomp filter forbids (see --seccomp)
+  10 a vCPU exited on HLT, which the in-kernel irqchip should have handled (KVM or VMM bug)
   130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
 On any end but 0 a line per vCPU names its RIP and its last exits.";

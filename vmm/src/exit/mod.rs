@@ -187,11 +187,10 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             }
             Outcome::Continue
         }
-        VcpuExit::Hlt => {
-            // With the in-kernel irqchip KVM handles HLT itself; an exit here means the vCPU
-            // halted with nothing that could wake it.
-            Outcome::Stop(VmEnd::PowerOff)
-        }
+        // With the in-kernel irqchip KVM handles HLT itself (the vCPU sleeps in KVM until an
+        // interrupt): an HLT exit here is not the guest powering off but KVM or the VMM's setup
+        // going wrong, and ends the run with its own exit code.
+        VcpuExit::Hlt => Outcome::Stop(VmEnd::UnexpectedHlt),
         VcpuExit::Shutdown => Outcome::Stop(VmEnd::TripleFault),
         VcpuExit::SystemEvent(kind, _) => match kind {
             kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => Outcome::Stop(VmEnd::PowerOff),
@@ -383,8 +382,14 @@ mod tests {
         );
         assert_eq!(
             run(Ok(VcpuExit::Hlt), &mut m, &mut c),
-            Outcome::Stop(VmEnd::PowerOff)
+            Outcome::Stop(VmEnd::UnexpectedHlt)
         );
+        assert_eq!(c.hlt, 1, "still counted");
+        assert_eq!(
+            VmEnd::UnexpectedHlt.exit_code(),
+            crate::end::code::UNEXPECTED_HLT
+        );
+        assert!(!VmEnd::UnexpectedHlt.is_clean());
         assert_eq!(
             run(Ok(VcpuExit::InternalError), &mut m, &mut c),
             Outcome::InternalError

@@ -110,14 +110,10 @@ pub struct VcpuRecorder {
 }
 
 impl VcpuRecorder {
-    /// Just before KVM_RUN.
+    /// Before KVM_RUN, outside the accounting gate (`vcpu::run_loop`): completes the last
+    /// exit's record with this re-entry TSC, and writes a clock record when one is due.
     #[inline]
     pub fn before_run(&mut self) {
-        if let Some(s) = &mut self.sampler {
-            if let Err(e) = s.enter_guest() {
-                self.stop_sampling(e);
-            }
-        }
         let t = crate::tsc::now();
         if let Some(sink) = &mut self.exits {
             match self.pending.take() {
@@ -146,14 +142,29 @@ impl VcpuRecorder {
         }
     }
 
-    /// Just after KVM_RUN returned, before the exit is handled: `event` is the exit's
-    /// classification ([`crate::exit::kind::classify`], done once by the vCPU loop).
+    /// The profile counter's part of the gate: right before KVM_RUN (cpu-switch: resume it).
     #[inline]
-    pub fn after_run(&mut self, event: ExitEvent) {
-        let t = crate::tsc::now();
+    pub fn enter_guest(&mut self) {
+        if let Some(s) = &mut self.sampler {
+            if let Err(e) = s.enter_guest() {
+                self.stop_sampling(e);
+            }
+        }
+    }
+
+    /// The profile counter's part of the gate: right after KVM_RUN returned (pause it).
+    #[inline]
+    pub fn leave_guest(&mut self) {
         if let Some(s) = &mut self.sampler {
             s.leave_guest();
         }
+    }
+
+    /// After KVM_RUN returned and the gate closed, before the exit is handled: `event` is the
+    /// exit's classification ([`crate::exit::kind::classify`], done once by the vCPU loop).
+    #[inline]
+    pub fn after_run(&mut self, event: ExitEvent) {
+        let t = crate::tsc::now();
         self.pending = Some((event, t));
         if let Some(sink) = &mut self.exits {
             // Interrupted exits (kicks, overflow signals, profile samples) are bracketed by

@@ -1,5 +1,6 @@
 //! vCPUs: creation and boot state ([`regs`], [`cpuid`]) and the per-vCPU thread that runs
-//! KVM_RUN, hands each exit to [`crate::exit::handle`], and acts on the outcome.
+//! KVM_RUN ([`run_loop`]: the loop and the order of its hooks), hands each exit to
+//! [`crate::exit::handle`], and acts on the outcome.
 
 pub mod access;
 pub mod cpuid;
@@ -8,6 +9,7 @@ pub mod kick;
 pub mod lapic;
 pub mod last_exits;
 pub mod regs;
+pub mod run_loop;
 pub mod ticker;
 
 use std::os::fd::AsRawFd;
@@ -21,7 +23,7 @@ use crate::control::VmControl;
 use crate::devices::mmio_bus::MmioBus;
 use crate::devices::PioBus;
 use crate::end::{KvmFailure, VmEnd};
-use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
+use crate::exit::ExitCounts;
 use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
 use access::{KvmVcpu, VcpuAccess};
@@ -56,123 +58,6 @@ pub struct VcpuRunner {
 }
 
 impl VcpuRunner {
-    /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
-    pub fn run(&mut self) -> (ExitCounts, PmuStats) {
-        let mut counts = ExitCounts::default();
-        kick::bind(self.fd.get_kvm_run());
-        // SAFETY: pthread_self has no preconditions.
-        self.control
-            .register_thread(unsafe { libc::pthread_self() });
-        if let Some(t) = &mut self.ticker {
-            if let Err(e) = t.start() {
-                log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
-                self.control
-                    .request_end(VmEnd::KvmFailure(KvmFailure::DeviceTicker(e.to_string())));
-            }
-        }
-        let mut no_msrs = NoMsrs;
-        let mut const_msrs = exit::ConstMsrs;
-        let mut ended_vm = false;
-        let panic_at = self.control.panic_at(self.id);
-        let raw_fd = self.fd.as_raw_fd();
-        // The access layer borrows the guest memory for one exit while `self` is borrowed
-        // mutably around it; a clone of the region list (Arcs) is one borrow that does not
-        // tie up `self`.
-        let mem = self.mem.clone();
-        while !self.control.stopping() {
-            if let Some(p) = &mut self.pmu {
-                p.follow_mode();
-                p.pmu.enter_guest();
-            }
-            if let Some(r) = &mut self.recorder {
-                r.before_run();
-            }
-            let result = self.fd.run();
-            let mut cpu = KvmVcpu::new(raw_fd, &mem);
-            // The one classification of this exit, shared by the trace, the ring and the counts.
-            let event = exit::kind::classify(&result);
-            if let Some(r) = &mut self.recorder {
-                r.after_run(event);
-            }
-            if let Some(p) = &mut self.pmu {
-                p.pmu.leave_guest();
-            }
-            self.last_exits.push_event(event);
-            counts.count(event);
-            if panic_at == Some(self.last_exits.total()) {
-                panic!(
-                    "test hook: vCPU {} panics at exit {}",
-                    self.id,
-                    self.last_exits.total()
-                );
-            }
-            let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
-                Some(p) => p,
-                None if self.const_msrs => &mut const_msrs,
-                None => &mut no_msrs,
-            };
-            let outcome = exit::handle(
-                result,
-                &mut ExitContext {
-                    pio: &self.pio,
-                    mmio: &self.mmio,
-                    msrs,
-                    cpu: &mut cpu,
-                    counts: &mut counts,
-                },
-            );
-            match outcome {
-                Outcome::Continue => {}
-                Outcome::Interrupted => self.fd.set_kvm_immediate_exit(0),
-                Outcome::InternalError => {
-                    if let Err(end) = self.complete_instruction(&mut cpu) {
-                        ended_vm |= self.control.request_end(end);
-                    }
-                }
-                Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
-            }
-            if let Some(r) = &mut self.recorder {
-                r.after_exit(&mut cpu);
-            }
-            if let Some(r) = &mut self.relay {
-                r.after_exit(&mut cpu);
-            }
-            if let Err(error) = cpu.commit() {
-                ended_vm |= self
-                    .control
-                    .request_end(VmEnd::KvmFailure(KvmFailure::GuestState {
-                        vcpu: self.id,
-                        what: "writing back registers".into(),
-                        error,
-                    }));
-            }
-            if let Some(t) = &mut self.ticker {
-                t.poll();
-            }
-            self.deliver_pmi();
-        }
-        self.ticker = None;
-        if let Some(r) = self.recorder.take() {
-            r.finish();
-        }
-        self.report_end_state(ended_vm, None);
-        kick::unbind();
-        let mut stats = self
-            .pmu
-            .take()
-            .map(|p| PmuStats {
-                pmis_held_at_end: u64::from(p.held.is_some()),
-                // The model's own tallies, taken once at the end (a mode switch re-arms
-                // counters too, not only guest writes).
-                filter_blocked: p.pmu.filter_blocked(),
-                uncounted: p.pmu.uncounted().to_vec(),
-                ..p.stats
-            })
-            .unwrap_or_default();
-        stats.signals = kick::signals();
-        (counts, stats)
-    }
-
     /// Runs the vCPU ([`Self::run`]); if the thread panics (a VMM bug), the run is ended with
     /// [`VmEnd::VmmPanic`] instead of leaving the other threads running and the VMM waiting.
     /// Unwinding closes this vCPU's trace and profile streams (the recorder closes on drop).
@@ -203,7 +88,7 @@ impl VcpuRunner {
     }
 
     /// At the end of the thread: this vCPU's RIP and last exits, for the diagnostic.
-    fn report_end_state(&self, ended_vm: bool, panicked: Option<String>) {
+    pub(crate) fn report_end_state(&self, ended_vm: bool, panicked: Option<String>) {
         let mut cpu = KvmVcpu::new(self.fd.as_raw_fd(), &self.mem);
         let rip = cpu.rip().ok();
         let cpl = cpu.cpl().ok();
@@ -220,7 +105,7 @@ impl VcpuRunner {
 
     /// After an exit: if the vPMU has a PMI due (its status bit already set), deliver it the
     /// way LVTPC says, within the storm limit.
-    fn deliver_pmi(&mut self) {
+    pub(crate) fn deliver_pmi(&mut self) {
         let Some(p) = &mut self.pmu else { return };
         let was_held = p.held.is_some();
         let raised = p.pmu.service_overflow();
@@ -314,7 +199,7 @@ impl VcpuRunner {
 
     /// KVM_EXIT_INTERNAL_ERROR: on an emulation failure, let the host-quirk code complete the
     /// guest instruction; anything else ends the VM with a report.
-    fn complete_instruction(&mut self, cpu: &mut dyn VcpuAccess) -> Result<(), VmEnd> {
+    pub(crate) fn complete_instruction(&mut self, cpu: &mut dyn VcpuAccess) -> Result<(), VmEnd> {
         const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
         // SAFETY: the exit reason was KVM_EXIT_INTERNAL_ERROR, so `internal` is the union member
         // KVM filled in.
