@@ -151,7 +151,7 @@ fn check(ret: i32, err: fn(kvm_ioctls::Error) -> KvmVcpuError) -> Result<i32, Kv
 }
 
 /// [`VcpuAccess`] over KVM: ioctls on the vCPU descriptor, cached for one exit (see the module
-/// comment). Make one per exit (or clear it with [`KvmVcpu::invalidate`] after KVM_RUN).
+/// comment). Make one per exit: after KVM_RUN the cached state is stale.
 pub struct KvmVcpu<'a> {
     fd: Raw,
     mem: &'a GuestMemoryMmap,
@@ -172,23 +172,6 @@ impl<'a> KvmVcpu<'a> {
             regs_dirty: false,
             sregs_dirty: false,
         }
-    }
-
-    /// Forgets the cache (after KVM_RUN: the vCPU has moved on). Changes not committed are lost.
-    pub fn invalidate(&mut self) {
-        debug_assert!(
-            !self.regs_dirty && !self.sregs_dirty,
-            "uncommitted vCPU state"
-        );
-        self.regs = None;
-        self.sregs = None;
-        self.regs_dirty = false;
-        self.sregs_dirty = false;
-    }
-
-    /// Whether a change waits for [`VcpuAccess::commit`].
-    pub fn is_dirty(&self) -> bool {
-        self.regs_dirty || self.sregs_dirty
     }
 }
 
