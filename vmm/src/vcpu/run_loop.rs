@@ -4,9 +4,9 @@
 //! |---|-----------------------------------|-------------------------------------------------------|----------------------|-------------------------|
 //! | 1 | `VcpuPmu::follow_mode`            | adopt a run-time accounting-mode switch               | no                   | yes                     |
 //! | 2 | `VcpuRecorder::before_run`        | trace: last exit's record (re-entry TSC), clock record | no                   | yes                     |
-//! | 3 | **gate opens**: `Pmu::enter_guest`, `VcpuRecorder::enter_guest` | resume the guest's counters and the profile counter | (from here) | yes |
+//! | 3 | **gate opens**: `VcpuRecorder::enter_guest`, then `Pmu::enter_guest` | resume the profile counter, then the guest's counters | (from here) | yes |
 //! | 4 | `VcpuFd::run` (KVM_RUN)           | the guest runs                                        | **yes**              | yes                     |
-//! | 5 | **gate closes**: `Pmu::leave_guest`, `VcpuRecorder::leave_guest` | pause them, first thing after KVM_RUN | (up to here) | yes |
+//! | 5 | **gate closes**: `Pmu::leave_guest`, then `VcpuRecorder::leave_guest` | pause them, first thing after KVM_RUN (nested: the guest's counters see the least) | (up to here) | yes |
 //! | 6 | `exit::kind::classify`            | the exit's one classification                         | no                   | yes                     |
 //! | 7 | `VcpuRecorder::after_run`         | trace: exit TSC, clock record                         | no                   | yes                     |
 //! | 8 | `LastExits::push_event`, `ExitCounts::count` | diagnostic ring, counts                    | no                   | yes                     |
@@ -78,12 +78,12 @@ impl VcpuRunner {
             if let Some(r) = &mut self.recorder {
                 r.before_run();
             }
-            // 3: the gate opens, right before KVM_RUN.
-            if let Some(p) = &mut self.pmu {
-                p.pmu.enter_guest();
-            }
+            // 3: the gate opens, right before KVM_RUN; the guest's own counters innermost.
             if let Some(r) = &mut self.recorder {
                 r.enter_guest();
+            }
+            if let Some(p) = &mut self.pmu {
+                p.pmu.enter_guest();
             }
             // 4
             let result = self.fd.run();
