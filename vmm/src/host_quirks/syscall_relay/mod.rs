@@ -30,9 +30,10 @@
 //! The relay is on only with host quirks (never on a VT-x/SVM host, where an int3 in the #PF
 //! handler would reach the guest as #BP). Its counts go to the end-of-run fix-up report.
 //!
-//! The code is in three parts: [`classify`] (pure: frame -> what it is, and the registers a
-//! completed SYSCALL leaves), [`patch`] (the int3 in guest memory), and this module, which reads
-//! and writes the vCPU through the access layer ([`crate::vcpu::access::VcpuAccess`]).
+//! The code is in three parts: [`classify`](mod@classify) (pure: frame -> what it is, and the
+//! registers a completed SYSCALL leaves), [`patch`](mod@patch) (the int3 in guest memory), and
+//! this module, which reads and writes the vCPU through the access layer
+//! ([`crate::vcpu::access::VcpuAccess`]).
 
 pub mod classify;
 pub mod patch;
