@@ -6,9 +6,13 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::end::EXIT_CODES_HELP;
+// The `trace summary` and `report` arguments live with their commands (lower layers take no
+// types from the command line); re-exported here, where the command line is put together.
 use crate::host_quirks::QuirkSetting;
 use crate::pmu::{BackendChoice, ModelChoice};
+pub use crate::profile::report::ReportArgs;
 use crate::seccomp::SeccompSetting;
+pub use crate::trace::command::SummaryArgs;
 use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
 use crate::vm::{
     Boot, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS,
@@ -149,40 +153,6 @@ pub enum TraceCommand {
     /// Per-vCPU exit reasons (count, time, % of run, mean and p5/p50/p95 cycles), tables per
     /// I/O port, MSR and MMIO address, and the in-guest / in-VMM / halted split of wall time.
     Summary(SummaryArgs),
-}
-
-#[derive(clap::Args, Debug)]
-pub struct SummaryArgs {
-    /// Trace file (`run --trace FILE`).
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
-    /// Also print a CSV time series with one row per SECS seconds.
-    #[arg(long, value_name = "SECS")]
-    pub interval: Option<f64>,
-    /// Draw the time series into an SVG file (interval: --interval, or 1/50 of the run).
-    #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
-    /// Print one line per record (time, vCPU, event, detail), all vCPUs merged in time order,
-    /// instead of the tables.
-    #[arg(long)]
-    pub dump: bool,
-}
-
-#[derive(clap::Args, Debug)]
-pub struct ReportArgs {
-    /// Profile file (`run --host-profile FILE`, possibly also `--trace FILE`).
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
-    /// Guest kernel (ELF vmlinux or bzImage) whose kallsyms tables resolve guest addresses
-    /// (default: the kernel the run booted, as recorded in the file).
-    #[arg(long, value_name = "PATH", conflicts_with = "system_map")]
-    pub kernel: Option<PathBuf>,
-    /// Resolve guest addresses with this System.map instead.
-    #[arg(long, value_name = "FILE")]
-    pub system_map: Option<PathBuf>,
-    /// Show at most N rows (0 = all).
-    #[arg(long, value_name = "N", default_value_t = 40)]
-    pub top: usize,
 }
 
 #[derive(clap::Args, Debug)]

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::kvm_error::{AccessError, KvmVcpuError};
+
 /// Exit codes of `vpmu-vmm run`.
 pub mod code {
     /// The guest powered off or rebooted.
@@ -27,6 +29,64 @@ pub mod code {
     /// A VMM thread made a system call its seccomp filter forbids (`--seccomp`,
     /// docs/security.md); the process ends at once with a line naming the thread and the call.
     pub const SECCOMP: i32 = 9;
+    /// A vCPU exited to the VMM on HLT (KVM_EXIT_HLT). With the in-kernel irqchip KVM handles
+    /// HLT itself (the vCPU sleeps in KVM until an interrupt), so this exit means something is
+    /// wrong in KVM or in the VMM's setup, not in the guest.
+    pub const UNEXPECTED_HLT: i32 = 10;
+}
+
+/// Why KVM failed the run (exit code 5): typed, so a caller can tell the cases apart; the text
+/// is what `VmEnd`'s Display prints after "KVM failure: ".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvmFailure {
+    /// A vCPU ioctl failed (KVM_RUN included); `vcpu` when the caller knew which vCPU.
+    Vcpu {
+        vcpu: Option<u32>,
+        error: KvmVcpuError,
+    },
+    /// Reading or writing a vCPU's guest state failed while `what` was being done.
+    GuestState {
+        vcpu: u32,
+        what: String,
+        error: AccessError,
+    },
+    /// KVM_EXIT_INTERNAL_ERROR other than an emulation failure.
+    InternalError { suberror: u32, data: Vec<u64> },
+    /// KVM_EXIT_FAIL_ENTRY.
+    FailEntry { reason: u64, cpu: u32 },
+    /// KVM_EXIT_SYSTEM_EVENT of a type the VMM does not know.
+    UnknownSystemEvent(u32),
+    /// An exit the VMM does not handle (its debug text).
+    UnexpectedExit(String),
+    /// Periodic device work on a vCPU thread could not start.
+    DeviceTicker(String),
+}
+
+impl std::fmt::Display for KvmFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvmFailure::Vcpu { vcpu: None, error } => write!(f, "{error}"),
+            KvmFailure::Vcpu {
+                vcpu: Some(v),
+                error,
+            } => write!(f, "vCPU {v}: {error}"),
+            KvmFailure::GuestState { vcpu, what, error } => {
+                write!(f, "vCPU {vcpu}: {what}: {error}")
+            }
+            KvmFailure::InternalError { suberror, data } => {
+                write!(f, "internal error, suberror {suberror} data {data:x?}")
+            }
+            KvmFailure::FailEntry { reason, cpu } => {
+                write!(
+                    f,
+                    "VM entry failed: hardware reason {reason:#x} on CPU {cpu}"
+                )
+            }
+            KvmFailure::UnknownSystemEvent(k) => write!(f, "unknown KVM system event {k}"),
+            KvmFailure::UnexpectedExit(e) => write!(f, "unexpected VM exit {e}"),
+            KvmFailure::DeviceTicker(e) => write!(f, "device ticker: {e}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +96,7 @@ pub enum VmEnd {
     /// The kernel's panic line.
     GuestPanic(String),
     TripleFault,
-    KvmFailure(String),
+    KvmFailure(KvmFailure),
     EmulationFailure(String),
     Timeout(Duration),
     /// A run-time controller (e.g. `vpmu-vmm compare`) ended the run when its experiment was done.
@@ -45,6 +105,8 @@ pub enum VmEnd {
     VmmPanic(String),
     /// SIGINT or SIGTERM stopped the run (its number).
     Signal(i32),
+    /// KVM_EXIT_HLT reached the VMM (see [`code::UNEXPECTED_HLT`]).
+    UnexpectedHlt,
 }
 
 impl VmEnd {
@@ -58,6 +120,7 @@ impl VmEnd {
             VmEnd::Timeout(_) => code::TIMEOUT,
             VmEnd::VmmPanic(_) => code::VMM_BUG,
             VmEnd::Signal(s) => code::SIGNAL_BASE + s,
+            VmEnd::UnexpectedHlt => code::UNEXPECTED_HLT,
         }
     }
 
@@ -79,6 +142,11 @@ impl std::fmt::Display for VmEnd {
             VmEnd::Stopped(why) => write!(f, "stopped: {why}"),
             VmEnd::VmmPanic(what) => write!(f, "VMM bug: {what}"),
             VmEnd::Signal(s) => write!(f, "stopped by {}", crate::stop_signal::name(*s)),
+            VmEnd::UnexpectedHlt => write!(
+                f,
+                "unexpected HLT exit (KVM_EXIT_HLT): with the in-kernel irqchip KVM handles HLT \
+                 itself, so KVM or the VMM's vCPU setup is wrong (not the guest)"
+            ),
         }
     }
 }
@@ -95,5 +163,6 @@ Exit codes:
   7  --timeout expired
   8  VMM bug (a vCPU thread panicked)
   9  a VMM thread made a system call its seccomp filter forbids (see --seccomp)
+  10 a vCPU exited on HLT, which the in-kernel irqchip should have handled (KVM or VMM bug)
   130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
 On any end but 0 a line per vCPU names its RIP and its last exits.";

@@ -5,6 +5,7 @@
 //! * [`vm`]: builds the VM (memory, irqchip, devices, vCPUs) and waits for its end
 //!   ([`vm::config`]: what a run is given);
 //! * [`control`]: the VM's control surface its threads share (end, kicks, latches, controller);
+//! * [`arch`]: x86-64 architectural constants and the guest page-table walk;
 //! * [`boot`]: memory layout, kernel/bzImage/initramfs loading, ACPI tables;
 //! * [`vcpu`]: CPUID, boot registers, the per-vCPU thread and its KVM_RUN loop;
 //! * [`exit`]: one VM exit -> what to do (a plain function, unit-tested without KVM);
@@ -20,6 +21,7 @@
 //! * [`guest_results`]: decoder for the result frames a guest sends over COM2 (`vpmu-vmm results`),
 //!   and [`guest_reports`]: readers for the profiler outputs in them.
 
+pub mod arch;
 pub mod boot;
 pub mod cli;
 pub mod compare;
@@ -31,6 +33,7 @@ pub mod exit;
 pub mod guest_reports;
 pub mod guest_results;
 pub mod host_quirks;
+pub mod kvm_error;
 pub mod net;
 pub mod pmu;
 pub mod profile;

@@ -10,7 +10,6 @@
 
 mod fuzz_common;
 
-use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 use fuzz_common::cases;
@@ -26,9 +25,10 @@ use vmm::devices::virtio::mmio::MmioTransport;
 use vmm::devices::virtio::net::VirtioNet;
 use vmm::devices::vpmu_control::{VpmuControl, VPMU_CONTROL_PORT};
 use vmm::devices::{MmioBus, PioBus};
-use vmm::exit::{handle, ExitContext, ExitCounts, Outcome, VcpuView};
+use vmm::exit::{handle, ExitContext, ExitCounts, Outcome};
 use vmm::net::pinger::GUEST_MAC;
 use vmm::pmu::{mode::ModeSwitch, rdpmc, VcpuPmu};
+use vmm::vcpu::access::fake::FakeVcpu;
 use vmm_sys_util::eventfd::EventFd;
 use vpmu::{fake::FakeBackend, AccountingMode, Pmu, PmuConfig};
 
@@ -95,22 +95,6 @@ fn exit() -> impl Strategy<Value = Exit> {
     ]
 }
 
-/// A vCPU at a rewritten RDPMC site or elsewhere; "KVM" knows no MSR and counts the asks.
-struct View {
-    rip: u64,
-    kvm_asked: Cell<u32>,
-}
-
-impl VcpuView for View {
-    fn rip(&self) -> Option<u64> {
-        Some(self.rip)
-    }
-    fn kvm_msr(&self, _index: u32) -> Option<u64> {
-        self.kvm_asked.set(self.kvm_asked.get() + 1);
-        None
-    }
-}
-
 fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
     let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let switch = Arc::new(ModeSwitch::new(AccountingMode::CpuSwitch));
@@ -148,10 +132,7 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
     let mut counts = ExitCounts::default();
     let mut unclaimed_mmio = 0;
     for (i, e) in exits.iter().enumerate() {
-        let view = View {
-            rip: 0,
-            kvm_asked: Cell::new(0),
-        };
+        let view = FakeVcpu::default();
         let mut buf = [0u8; 8];
         let (mut error, mut data) = (0u8, 0u64);
         let (outcome, view) = {
@@ -163,7 +144,7 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
                 Exit::MmioWrite(a, d) => VcpuExit::MmioWrite(*a, d),
                 Exit::Rdmsr(m, at_site) => {
                     if *at_site {
-                        view.rip = SITE_RIP;
+                        view.regs.rip = SITE_RIP;
                     }
                     VcpuExit::X86Rdmsr(ReadMsrExit {
                         error: &mut error,
@@ -183,7 +164,7 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
                 pio: &pio,
                 mmio: &mmio,
                 msrs: &mut msrs,
-                cpu: &view,
+                cpu: &mut view,
                 counts: &mut counts,
             };
             (handle(Ok(exit), &mut ctx), view)
@@ -202,7 +183,7 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
         if let Exit::Rdmsr(m, at_site) = e {
             // Only an RDPMC index outside a rewritten site goes to KVM's own copy.
             let to_kvm = sites.is_index(*m) && !*at_site;
-            prop_assert_eq!(view.kvm_asked.get(), u32::from(to_kvm), "{}", at);
+            prop_assert_eq!(view.msr_reads, u32::from(to_kvm), "{}", at);
         }
         if !matches!(outcome, Outcome::Continue) {
             break;

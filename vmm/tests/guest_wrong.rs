@@ -313,6 +313,7 @@ fn run_help_documents_every_exit_code() {
         "6  a guest instruction",
         "7  --timeout expired",
         "8  VMM bug (a vCPU thread panicked)",
+        "10 a vCPU exited on HLT",
         "a line per vCPU names its RIP and its last exits",
     ] {
         assert!(out.contains(want), "{want:?} missing from:\n{out}");

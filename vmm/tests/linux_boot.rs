@@ -250,7 +250,7 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
 
     // Guest user space: init runs, `nproc` sees both vCPUs, and the guest powers off. On hosts
     // that emulate guest kernel code this goes through the VMM's SYSCALL relay
-    // (host_quirks/syscall_relay.rs), whose counts the end-of-run report gives.
+    // (host_quirks/syscall_relay/), whose counts the end-of-run report gives.
     let quirks = vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some();
     let relayed = stderr
         .lines()

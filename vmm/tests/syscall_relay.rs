@@ -1,4 +1,4 @@
-//! Tier 2: guest user space through the SYSCALL relay (vmm/src/host_quirks/syscall_relay.rs).
+//! Tier 2: guest user space through the SYSCALL relay (vmm/src/host_quirks/syscall_relay/).
 //! A tiny kernel with Linux's GDT layout and SYSCALL MSRs drops to CPL3, makes N system calls,
 //! takes user #PFs (not present, supervisor page, a jump to LSTAR), M `ud2` round trips and one
 //! kernel #PF (guest-image/tiny/asm/syscall64.S). Exact counts, return values, registers and

@@ -13,7 +13,8 @@ pub mod setup;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::exit::{GpFault, MsrHandler, VcpuView};
+use crate::exit::{GpFault, MsrHandler};
+use crate::vcpu::access::VcpuAccess;
 
 /// Which counter backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -211,11 +212,11 @@ impl VcpuPmu {
 }
 
 impl MsrHandler for VcpuPmu {
-    fn rdmsr(&mut self, index: u32, cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, index: u32, cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
         if self.rdpmc.is_index(index) {
             // An RDPMC index number: a rewritten RDPMC (answered by the vPMU) or a genuine
             // RDMSR of that MSR (answered by KVM, as if there were no filter).
-            if cpu.rip().is_some_and(|rip| self.rdpmc.is_site(rip)) {
+            if cpu.rip().is_ok_and(|rip| self.rdpmc.is_site(rip)) {
                 self.stats.rdpmc_reads += 1;
                 self.in_mode().rdpmc_reads += 1;
                 if index & RDPMC_FIXED != 0 {
@@ -228,7 +229,7 @@ impl MsrHandler for VcpuPmu {
                 });
             }
             self.stats.rdpmc_genuine_msr += 1;
-            return cpu.kvm_msr(index).ok_or(GpFault);
+            return cpu.msr(index).ok().flatten().ok_or(GpFault);
         }
         self.stats.msr_reads += 1;
         self.pmu.rdmsr(index).map_err(|f| {

@@ -19,7 +19,6 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::symbols::{Origin, SymbolTable, SymbolsError};
-use crate::cli::ReportArgs;
 use crate::trace::command::{load, CommandError};
 use crate::trace::format::{Reason, Record, Trace};
 use crate::trace::summary;
@@ -28,6 +27,24 @@ pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information
 pub const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
 /// The system-wide view's remainder row.
 pub const REST: &str = "[rest: halted, off-CPU or unsampled]";
+
+/// `report`'s arguments (part of the command line in `cli.rs`).
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// Profile file (`run --host-profile FILE`, possibly also `--trace FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Guest kernel (ELF vmlinux or bzImage) whose kallsyms tables resolve guest addresses
+    /// (default: the kernel the run booted, as recorded in the file).
+    #[arg(long, value_name = "PATH", conflicts_with = "system_map")]
+    pub kernel: Option<PathBuf>,
+    /// Resolve guest addresses with this System.map instead.
+    #[arg(long, value_name = "FILE")]
+    pub system_map: Option<PathBuf>,
+    /// Show at most N rows (0 = all).
+    #[arg(long, value_name = "N", default_value_t = 40)]
+    pub top: usize,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {

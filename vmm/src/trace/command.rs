@@ -5,7 +5,24 @@ use std::path::PathBuf;
 
 use super::format::{FormatError, Trace};
 use super::{series, summary};
-use crate::cli::SummaryArgs;
+
+/// `trace summary`'s arguments (part of the command line in `cli.rs`).
+#[derive(clap::Args, Debug)]
+pub struct SummaryArgs {
+    /// Trace file (`run --trace FILE`).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Also print a CSV time series with one row per SECS seconds.
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<f64>,
+    /// Draw the time series into an SVG file (interval: --interval, or 1/50 of the run).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Print one line per record (time, vCPU, event, detail), all vCPUs merged in time order,
+    /// instead of the tables.
+    #[arg(long)]
+    pub dump: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {

@@ -30,8 +30,6 @@
 //!   KVM_RUN time into running and halted/off-CPU).
 //! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
 
-use std::fmt;
-
 pub const MAGIC: &[u8; 8] = b"VPMUTRAC";
 pub const VERSION: u16 = 1;
 pub const HEADER_FIXED: usize = 48;
@@ -71,139 +69,10 @@ pub enum FormatError {
     NoEnd(u16),
 }
 
-/// Why KVM_RUN returned (or what a sample interrupted).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[repr(u8)]
-pub enum Reason {
-    IoIn = 1,
-    IoOut = 2,
-    MmioRead = 3,
-    MmioWrite = 4,
-    MsrRead = 5,
-    MsrWrite = 6,
-    Hlt = 7,
-    /// KVM_RUN returned EINTR: a kick signal (stop request, counter overflow, profile sample).
-    Interrupted = 8,
-    /// KVM_EXIT_INTERNAL_ERROR (on this host: an emulation failure the VMM completes).
-    InternalError = 9,
-    Shutdown = 10,
-    SystemEvent = 11,
-    IrqWindowOpen = 12,
-    IoapicEoi = 13,
-    FailEntry = 14,
-    /// KVM_RUN failed with an error other than EINTR/EAGAIN.
-    KvmError = 15,
-    Other = 16,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 16] = [
-        Reason::IoIn,
-        Reason::IoOut,
-        Reason::MmioRead,
-        Reason::MmioWrite,
-        Reason::MsrRead,
-        Reason::MsrWrite,
-        Reason::Hlt,
-        Reason::Interrupted,
-        Reason::InternalError,
-        Reason::Shutdown,
-        Reason::SystemEvent,
-        Reason::IrqWindowOpen,
-        Reason::IoapicEoi,
-        Reason::FailEntry,
-        Reason::KvmError,
-        Reason::Other,
-    ];
-
-    pub fn from_u8(v: u8) -> Option<Reason> {
-        Reason::ALL.get(usize::from(v).wrapping_sub(1)).copied()
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::IoIn => "pio-in",
-            Reason::IoOut => "pio-out",
-            Reason::MmioRead => "mmio-read",
-            Reason::MmioWrite => "mmio-write",
-            Reason::MsrRead => "msr-read",
-            Reason::MsrWrite => "msr-write",
-            Reason::Hlt => "hlt",
-            Reason::Interrupted => "interrupted",
-            Reason::InternalError => "internal-error",
-            Reason::Shutdown => "shutdown",
-            Reason::SystemEvent => "system-event",
-            Reason::IrqWindowOpen => "irq-window",
-            Reason::IoapicEoi => "ioapic-eoi",
-            Reason::FailEntry => "fail-entry",
-            Reason::KvmError => "kvm-error",
-            Reason::Other => "other",
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// What a VM exit was about: the part of a record the pure classifier
-/// ([`super::event::classify`]) derives from the exit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ExitEvent {
-    pub reason: Reason,
-    /// Port or MSR index.
-    pub detail: u32,
-    /// MMIO address.
-    pub addr: u64,
-    /// bit 0 write/out, bits 1..=4 access size.
-    pub flags: u8,
-}
-
-impl ExitEvent {
-    pub fn new(reason: Reason) -> Self {
-        ExitEvent {
-            reason,
-            detail: 0,
-            addr: 0,
-            flags: 0,
-        }
-    }
-
-    pub fn size(&self) -> u8 {
-        (self.flags >> 1) & 0xf
-    }
-
-    /// `pio 0x2f8 out 1`, `msr 0xc0010004 rd`, `mmio 0xfee000b0 wr 4`, `hlt`...
-    pub fn describe(&self) -> String {
-        match self.reason {
-            Reason::IoIn | Reason::IoOut => format!(
-                "pio {:#x} {} {}",
-                self.detail,
-                if self.reason == Reason::IoOut {
-                    "out"
-                } else {
-                    "in"
-                },
-                self.size()
-            ),
-            Reason::MsrRead => format!("msr {:#x} rd", self.detail),
-            Reason::MsrWrite => format!("msr {:#x} wr", self.detail),
-            Reason::MmioRead | Reason::MmioWrite => format!(
-                "mmio {:#x} {} {}",
-                self.addr,
-                if self.reason == Reason::MmioWrite {
-                    "wr"
-                } else {
-                    "rd"
-                },
-                self.size()
-            ),
-            r => r.name().to_string(),
-        }
-    }
-}
+// The exit's reason and detail are the exit classification's types (one classification per
+// exit, shared by this file format, the last-exits ring and the exit counts); the numbers
+// `Reason` carries (`#[repr(u8)]`) are this format's encoding.
+pub use crate::exit::kind::{ExitEvent, Reason};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {

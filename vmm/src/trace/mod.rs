@@ -4,14 +4,13 @@
 //! in the same format.
 //!
 //! * [`format`] — file layout (header, blocks, records) and the reader, with its error enum;
-//! * [`event`] — what an exit was about (reason, port/MSR/MMIO detail): a pure function of it;
+//!   (an exit's reason and detail come from [`crate::exit::kind`], classified once per exit);
 //! * [`writer`] — per-vCPU buffer pools and the writer thread (drops are counted, not queued);
 //! * [`recorder`] — what the vCPU loop calls around KVM_RUN (TSCs, clock and sample records);
 //! * [`summary`] — per-vCPU exit tables, per port/MSR/MMIO tables, time split, `--dump`;
 //! * [`series`] — `--interval` CSV time series and its SVG chart.
 
 pub mod command;
-pub mod event;
 pub mod format;
 pub mod recorder;
 pub mod series;

@@ -1,6 +1,7 @@
 //! Recording on the vCPU thread: what `run --trace` and `run --host-profile` add to the KVM_RUN
 //! loop. Per exit: two RDTSCs and a `Vec` push (the record is completed with the re-entry TSC
-//! just before the next KVM_RUN). Per sample: KVM_GET_REGS + KVM_GET_SREGS. A clock record
+//! just before the next KVM_RUN). Per sample: RIP and CPL through the vCPU access layer (KVM_GET_REGS + KVM_GET_SREGS, or
+//! nothing if the exit path already read them). A clock record
 //! (thread CPU time) at most every [`CLOCK_EVERY_MS`] ms of TSC time, and on both sides of
 //! each interrupted exit.
 
@@ -8,14 +9,12 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use kvm_ioctls::{VcpuExit, VcpuFd};
-
-use super::event::classify;
 use super::format::{
     ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
 };
 use super::writer::{PoolConfig, TraceWriter, VcpuSink, WriterStats};
 use crate::profile::sampler::Sampler;
+use crate::vcpu::access::VcpuAccess;
 
 /// At most one clock record per this many ms (one `clock_gettime` of thread CPU time).
 pub const CLOCK_EVERY_MS: u64 = 1;
@@ -111,14 +110,10 @@ pub struct VcpuRecorder {
 }
 
 impl VcpuRecorder {
-    /// Just before KVM_RUN.
+    /// Before KVM_RUN, outside the accounting gate (`vcpu::run_loop`): completes the last
+    /// exit's record with this re-entry TSC, and writes a clock record when one is due.
     #[inline]
     pub fn before_run(&mut self) {
-        if let Some(s) = &mut self.sampler {
-            if let Err(e) = s.enter_guest() {
-                self.stop_sampling(e);
-            }
-        }
         let t = crate::tsc::now();
         if let Some(sink) = &mut self.exits {
             match self.pending.take() {
@@ -147,14 +142,29 @@ impl VcpuRecorder {
         }
     }
 
-    /// Just after KVM_RUN returned, before the exit is handled.
+    /// The profile counter's part of the gate: right before KVM_RUN (cpu-switch: resume it).
     #[inline]
-    pub fn after_run(&mut self, r: &Result<VcpuExit<'_>, kvm_ioctls::Error>) {
-        let t = crate::tsc::now();
+    pub fn enter_guest(&mut self) {
+        if let Some(s) = &mut self.sampler {
+            if let Err(e) = s.enter_guest() {
+                self.stop_sampling(e);
+            }
+        }
+    }
+
+    /// The profile counter's part of the gate: right after KVM_RUN returned (pause it).
+    #[inline]
+    pub fn leave_guest(&mut self) {
         if let Some(s) = &mut self.sampler {
             s.leave_guest();
         }
-        let event = classify(r);
+    }
+
+    /// After KVM_RUN returned and the gate closed, before the exit is handled: `event` is the
+    /// exit's classification ([`crate::exit::kind::classify`], done once by the vCPU loop).
+    #[inline]
+    pub fn after_run(&mut self, event: ExitEvent) {
+        let t = crate::tsc::now();
         self.pending = Some((event, t));
         if let Some(sink) = &mut self.exits {
             // Interrupted exits (kicks, overflow signals, profile samples) are bracketed by
@@ -173,7 +183,7 @@ impl VcpuRecorder {
     }
 
     /// After the exit was handled, before re-entering: takes a profile sample if one is due.
-    pub fn after_exit(&mut self, fd: &VcpuFd) {
+    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
         let Some(s) = &mut self.sampler else { return };
         let n = match s.due() {
             Ok(0) => return,
@@ -181,18 +191,8 @@ impl VcpuRecorder {
             Err(e) => return self.stop_sampling(e),
         };
         let tsc = crate::tsc::now();
-        let (rip, cpl) = match (fd.get_regs(), fd.get_sregs()) {
-            (Ok(r), Ok(s)) => {
-                let protected = s.cr0 & 1 == 1;
-                (
-                    r.rip,
-                    if protected {
-                        (s.cs.selector & 3) as u8
-                    } else {
-                        0
-                    },
-                )
-            }
+        let (rip, cpl) = match (cpu.rip(), cpu.cpl()) {
+            (Ok(rip), Ok(cpl)) => (rip, cpl),
             (Err(e), _) | (_, Err(e)) => {
                 log::warn!(
                     "vCPU {}: reading registers for a profile sample: {e}",

@@ -1,12 +1,11 @@
 //! Each vCPU's last few VM exits, for the one-line diagnostic printed when a run ends badly
 //! (`report.rs`), and the check that ends a run whose emulation fix-ups make no progress.
 //!
-//! The exit path is hot: [`LastExits::push`] is a classification (a `match`, shared with the
-//! trace) and a few stores into a fixed ring. RIPs are kept only where the exit path already
+//! The exit path is hot: [`LastExits::push_event`] is a few stores into a fixed ring of the
+//! exit's classification ([`crate::exit::kind`], done once per exit by the vCPU loop). RIPs are kept only where the exit path already
 //! read them (emulation failures); the vCPU's final RIP is read once, when its thread ends.
 
-use crate::trace::event::classify;
-use crate::trace::format::{ExitEvent, Reason};
+use crate::exit::kind::{classify, ExitEvent, Reason};
 
 /// Exits kept per vCPU.
 pub const KEPT: usize = 8;
@@ -52,7 +51,8 @@ impl Default for LastExits {
 }
 
 impl LastExits {
-    /// Records one return of KVM_RUN.
+    /// Classifies and records one return of KVM_RUN (the vCPU loop classifies once and calls
+    /// [`Self::push_event`]; this is for callers that have only the exit, e.g. the bench).
     #[inline]
     pub fn push(&mut self, r: &Result<kvm_ioctls::VcpuExit<'_>, kvm_ioctls::Error>) {
         self.push_event(classify(r));

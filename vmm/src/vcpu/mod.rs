@@ -1,15 +1,16 @@
 //! vCPUs: creation and boot state ([`regs`], [`cpuid`]) and the per-vCPU thread that runs
-//! KVM_RUN, hands each exit to [`crate::exit::handle`], and acts on the outcome.
+//! KVM_RUN ([`run_loop`]: the loop and the order of its hooks), hands each exit to
+//! [`crate::exit::handle`], and acts on the outcome.
 
+pub mod access;
 pub mod cpuid;
-pub mod guest_cpu;
 pub mod identity;
 pub mod kick;
 pub mod lapic;
 pub mod last_exits;
 pub mod regs;
+pub mod run_loop;
 pub mod ticker;
-pub mod view;
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -20,10 +21,11 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::control::VmControl;
 use crate::devices::{MmioBus, PioBus};
-use crate::end::VmEnd;
-use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
+use crate::end::{KvmFailure, VmEnd};
+use crate::exit::ExitCounts;
 use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
+use access::{KvmVcpu, VcpuAccess};
 
 /// Everything one vCPU thread owns or shares.
 pub struct VcpuRunner {
@@ -101,106 +103,6 @@ impl VcpuRunner {
 }
 
 impl VcpuRunner {
-    /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
-    pub fn run(&mut self) -> (ExitCounts, PmuStats) {
-        let mut counts = ExitCounts::default();
-        kick::bind(self.fd.get_kvm_run());
-        // SAFETY: pthread_self has no preconditions.
-        self.control
-            .register_thread(unsafe { libc::pthread_self() });
-        if let Some(t) = &mut self.ticker {
-            if let Err(e) = t.start() {
-                log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
-                self.control
-                    .request_end(VmEnd::KvmFailure(format!("device ticker: {e}")));
-            }
-        }
-        let mut no_msrs = NoMsrs;
-        let mut const_msrs = exit::ConstMsrs;
-        let mut ended_vm = false;
-        let panic_at = self.control.panic_at(self.id);
-        while !self.control.stopping() {
-            if let Some(p) = &mut self.pmu {
-                p.follow_mode();
-                p.pmu.enter_guest();
-            }
-            let view = view::KvmView(self.fd.as_raw_fd());
-            if let Some(r) = &mut self.recorder {
-                r.before_run();
-            }
-            let result = self.fd.run();
-            if let Some(r) = &mut self.recorder {
-                r.after_run(&result);
-            }
-            if let Some(p) = &mut self.pmu {
-                p.pmu.leave_guest();
-            }
-            self.last_exits.push(&result);
-            if panic_at == Some(self.last_exits.total()) {
-                panic!(
-                    "test hook: vCPU {} panics at exit {}",
-                    self.id,
-                    self.last_exits.total()
-                );
-            }
-            let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
-                Some(p) => p,
-                None if self.const_msrs => &mut const_msrs,
-                None => &mut no_msrs,
-            };
-            let outcome = exit::handle(
-                result,
-                &mut ExitContext {
-                    pio: &self.pio,
-                    mmio: &self.mmio,
-                    msrs,
-                    cpu: &view,
-                    counts: &mut counts,
-                },
-            );
-            match outcome {
-                Outcome::Continue => {}
-                Outcome::Interrupted => self.fd.set_kvm_immediate_exit(0),
-                Outcome::InternalError => {
-                    if let Err(end) = self.complete_instruction() {
-                        ended_vm |= self.control.request_end(end);
-                    }
-                }
-                Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
-            }
-            if let Some(r) = &mut self.recorder {
-                r.after_exit(&self.fd);
-            }
-            if let Some(r) = &mut self.relay {
-                r.after_exit(&guest_cpu::RelayKvm(&self.fd), &self.mem);
-            }
-            if let Some(t) = &mut self.ticker {
-                t.poll();
-            }
-            self.deliver_pmi();
-        }
-        self.ticker = None;
-        if let Some(r) = self.recorder.take() {
-            r.finish();
-        }
-        self.report_end_state(ended_vm, None);
-        kick::unbind();
-        let mut stats = self
-            .pmu
-            .take()
-            .map(|p| PmuStats {
-                pmis_held_at_end: u64::from(p.held.is_some()),
-                // The model's own tallies, taken once at the end (a mode switch re-arms
-                // counters too, not only guest writes).
-                filter_blocked: p.pmu.filter_blocked(),
-                uncounted: p.pmu.uncounted().to_vec(),
-                ..p.stats
-            })
-            .unwrap_or_default();
-        stats.signals = kick::signals();
-        (counts, stats)
-    }
-
     /// Runs the vCPU ([`Self::run`]); if the thread panics (a VMM bug), the run is ended with
     /// [`VmEnd::VmmPanic`] instead of leaving the other threads running and the VMM waiting.
     /// Unwinding closes this vCPU's trace and profile streams (the recorder closes on drop).
@@ -231,15 +133,10 @@ impl VcpuRunner {
     }
 
     /// At the end of the thread: this vCPU's RIP and last exits, for the diagnostic.
-    fn report_end_state(&self, ended_vm: bool, panicked: Option<String>) {
-        let rip = self.fd.get_regs().ok().map(|r| r.rip);
-        let cpl = self.fd.get_sregs().ok().map(|s| {
-            if s.cr0 & 1 == 1 {
-                (s.cs.selector & 3) as u8
-            } else {
-                0
-            }
-        });
+    pub(crate) fn report_end_state(&self, ended_vm: bool, panicked: Option<String>) {
+        let mut cpu = KvmVcpu::new(self.fd.as_raw_fd(), &self.mem);
+        let rip = cpu.rip().ok();
+        let cpl = cpu.cpl().ok();
         self.control.report_vcpu_state(last_exits::VcpuEndState {
             vcpu: self.id,
             rip,
@@ -253,7 +150,7 @@ impl VcpuRunner {
 
     /// After an exit: if the vPMU has a PMI due (its status bit already set), deliver it the
     /// way LVTPC says, within the storm limit.
-    fn deliver_pmi(&mut self) {
+    pub(crate) fn deliver_pmi(&mut self) {
         let Some(p) = &mut self.pmu else { return };
         let was_held = p.held.is_some();
         let raised = p.pmu.service_overflow();
@@ -347,32 +244,48 @@ impl VcpuRunner {
 
     /// KVM_EXIT_INTERNAL_ERROR: on an emulation failure, let the host-quirk code complete the
     /// guest instruction; anything else ends the VM with a report.
-    fn complete_instruction(&mut self) -> Result<(), VmEnd> {
+    pub(crate) fn complete_instruction(&mut self, cpu: &mut dyn VcpuAccess) -> Result<(), VmEnd> {
         const KVM_INTERNAL_ERROR_EMULATION: u32 = 1;
         // SAFETY: the exit reason was KVM_EXIT_INTERNAL_ERROR, so `internal` is the union member
         // KVM filled in.
         let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
         if internal.suberror != KVM_INTERNAL_ERROR_EMULATION {
             let n = (internal.ndata as usize).min(internal.data.len());
-            return Err(VmEnd::KvmFailure(format!(
-                "internal error, suberror {} data {:x?}",
-                internal.suberror,
-                &internal.data[..n]
-            )));
+            return Err(VmEnd::KvmFailure(KvmFailure::InternalError {
+                suberror: internal.suberror,
+                data: internal.data[..n].to_vec(),
+            }));
         }
         if let Some(relay) = &mut self.relay {
-            use host_quirks::syscall_relay::Handled;
-            match relay.on_emulation_failure(&guest_cpu::RelayKvm(&self.fd), &self.mem) {
+            use host_quirks::syscall_relay::{Handled, RelayError};
+            match relay.on_emulation_failure(cpu) {
                 Ok(Handled::Done(_)) => return Ok(()),
                 Ok(Handled::NotOurs) => {}
-                Err(e) => return Err(VmEnd::KvmFailure(format!("vCPU {}: {e}", self.id))),
+                Err(e) => {
+                    let (what, error) = match e {
+                        RelayError::Access(error) => ("syscall relay".to_string(), error),
+                        RelayError::Frame { rsp, source } => (
+                            format!("syscall relay: reading the #PF frame at RSP {rsp:#x}"),
+                            source,
+                        ),
+                    };
+                    return Err(VmEnd::KvmFailure(KvmFailure::GuestState {
+                        vcpu: self.id,
+                        what,
+                        error,
+                    }));
+                }
             }
         }
-        let mut cpu = guest_cpu::KvmGuestCpu::new(&self.fd, &self.mem)
-            .map_err(|e| VmEnd::KvmFailure(format!("reading vCPU {} registers: {e}", self.id)))?;
-        let rip = host_quirks::GuestCpu::rip(&cpu);
+        let rip = cpu.rip().map_err(|error| {
+            VmEnd::KvmFailure(KvmFailure::GuestState {
+                vcpu: self.id,
+                what: "reading registers".into(),
+                error,
+            })
+        })?;
         let in_a_row = self.last_exits.emulation_failure_at(rip);
-        match host_quirks::emulate::emulate(&mut cpu) {
+        match host_quirks::emulate::emulate(cpu) {
             Ok(kind) if in_a_row >= last_exits::NO_PROGRESS_LIMIT => {
                 Err(VmEnd::EmulationFailure(format!(
                     "vCPU {}: no progress: {in_a_row} emulation failures in a row at RIP {rip:#x}, each completed as `{kind}`, with no other exit in between",

@@ -25,12 +25,13 @@ fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RegsError {
     move |source| RegsError::Kvm { what, source }
 }
 
-const X86_CR0_PE: u64 = 1 << 0;
-const X86_CR0_ET: u64 = 1 << 4;
-const X86_CR0_PG: u64 = 1 << 31;
-const X86_CR4_PAE: u64 = 1 << 5;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
+use crate::arch::x86::{
+    CR0_ET as X86_CR0_ET, CR0_PE as X86_CR0_PE, CR0_PG as X86_CR0_PG, CR4_PAE as X86_CR4_PAE,
+    EFER_LMA, EFER_LME, MSR_CSTAR, MSR_KERNEL_GS_BASE, MSR_LSTAR,
+    MSR_MISC_ENABLE as MSR_IA32_MISC_ENABLE, MSR_SFMASK as MSR_SYSCALL_MASK, MSR_STAR,
+    MSR_SYSENTER_CS as MSR_IA32_SYSENTER_CS, MSR_SYSENTER_EIP as MSR_IA32_SYSENTER_EIP,
+    MSR_SYSENTER_ESP as MSR_IA32_SYSENTER_ESP,
+};
 
 /// GDT entry from (flags, base, limit) as in the Linux `GDT_ENTRY` macro.
 const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
@@ -137,15 +138,6 @@ pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
     };
     vcpu.set_fpu(&fpu).map_err(kvm("KVM_SET_FPU"))?;
 
-    const MSR_IA32_SYSENTER_CS: u32 = 0x174;
-    const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
-    const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
-    const MSR_STAR: u32 = 0xc000_0081;
-    const MSR_LSTAR: u32 = 0xc000_0082;
-    const MSR_CSTAR: u32 = 0xc000_0083;
-    const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
-    const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
-    const MSR_IA32_MISC_ENABLE: u32 = 0x1a0;
     const MISC_ENABLE_FAST_STRING: u64 = 1;
     let entries: Vec<kvm_msr_entry> = [
         (MSR_IA32_SYSENTER_CS, 0),

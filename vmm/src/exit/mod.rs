@@ -2,40 +2,24 @@
 //! branch is unit-tested without /dev/kvm. What needs the vCPU itself (emulation fix-ups) is
 //! returned to the vCPU loop as an [`Outcome`].
 
+pub mod kind;
+
 use kvm_ioctls::VcpuExit;
 
 use crate::devices::{DeviceEvent, MmioBus, PioBus, PioWrite};
-use crate::end::VmEnd;
+use crate::end::{KvmFailure, VmEnd};
+use crate::kvm_error::KvmVcpuError;
+use crate::vcpu::access::VcpuAccess;
 
 /// The guest's MSR access faults: it takes #GP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpFault;
 
-/// What an MSR handler may ask about the vCPU that exited. Each answer costs an ioctl, so
-/// handlers ask only when they must (the RDPMC service's RIP check).
-pub trait VcpuView {
-    /// The guest RIP of the exiting instruction.
-    fn rip(&self) -> Option<u64>;
-    /// The MSR as KVM itself holds it (KVM_GET_MSRS, which the MSR filter does not apply to);
-    /// None if KVM does not know it (a guest RDMSR of it would take #GP).
-    fn kvm_msr(&self, index: u32) -> Option<u64>;
-}
-
-/// A vCPU with no state to show (tests, and handlers that never ask).
-pub struct NoView;
-
-impl VcpuView for NoView {
-    fn rip(&self) -> Option<u64> {
-        None
-    }
-    fn kvm_msr(&self, _index: u32) -> Option<u64> {
-        None
-    }
-}
-
 /// Answers the MSR accesses that KVM sends to user space (through the MSR filter).
 pub trait MsrHandler {
-    fn rdmsr(&mut self, index: u32, cpu: &dyn VcpuView) -> Result<u64, GpFault>;
+    /// `cpu` is the exiting vCPU (each question costs an ioctl the first time in an exit, so
+    /// handlers ask only when they must: the RDPMC service's RIP check).
+    fn rdmsr(&mut self, index: u32, cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault>;
     fn wrmsr(&mut self, index: u32, value: u64) -> Result<(), GpFault>;
 }
 
@@ -43,7 +27,7 @@ pub trait MsrHandler {
 pub struct NoMsrs;
 
 impl MsrHandler for NoMsrs {
-    fn rdmsr(&mut self, _index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, _index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
         Err(GpFault)
     }
     fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
@@ -56,7 +40,7 @@ impl MsrHandler for NoMsrs {
 pub struct ConstMsrs;
 
 impl MsrHandler for ConstMsrs {
-    fn rdmsr(&mut self, _index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+    fn rdmsr(&mut self, _index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
         Ok(0)
     }
     fn wrmsr(&mut self, _index: u32, _value: u64) -> Result<(), GpFault> {
@@ -64,7 +48,8 @@ impl MsrHandler for ConstMsrs {
     }
 }
 
-/// Per-vCPU exit counts by kind.
+/// Per-vCPU exit counts by kind: [`ExitCounts::count`] from the exit's classification, and
+/// `unclaimed_io` from [`handle`] (no device claimed the port).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ExitCounts {
     pub io_in: u64,
@@ -81,6 +66,27 @@ pub struct ExitCounts {
 }
 
 impl ExitCounts {
+    /// Counts one exit by its classification (exits that end the run are not counted).
+    #[inline]
+    pub fn count(&mut self, e: kind::ExitEvent) {
+        use kind::Reason;
+        match e.reason {
+            Reason::IoIn => self.io_in += 1,
+            Reason::IoOut => self.io_out += 1,
+            Reason::MmioRead | Reason::MmioWrite => self.mmio += 1,
+            Reason::MsrRead | Reason::MsrWrite => self.msr += 1,
+            Reason::Hlt => self.hlt += 1,
+            Reason::Interrupted => self.interrupted += 1,
+            Reason::InternalError => self.internal_error += 1,
+            Reason::IrqWindowOpen | Reason::IoapicEoi => self.other += 1,
+            Reason::Shutdown
+            | Reason::SystemEvent
+            | Reason::FailEntry
+            | Reason::KvmError
+            | Reason::Other => {}
+        }
+    }
+
     pub fn add(&mut self, o: &ExitCounts) {
         self.io_in += o.io_in;
         self.io_out += o.io_out;
@@ -122,7 +128,7 @@ pub struct ExitContext<'a> {
     pub pio: &'a PioBus,
     pub mmio: &'a MmioBus,
     pub msrs: &'a mut dyn MsrHandler,
-    pub cpu: &'a dyn VcpuView,
+    pub cpu: &'a mut dyn VcpuAccess,
     pub counts: &'a mut ExitCounts,
 }
 
@@ -137,47 +143,44 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
     let exit = match exit {
         Ok(e) => e,
         Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-            ctx.counts.interrupted += 1;
             return Outcome::Interrupted;
         }
-        Err(e) => return Outcome::Stop(VmEnd::KvmFailure(format!("KVM_RUN: {e}"))),
+        Err(e) => {
+            return Outcome::Stop(VmEnd::KvmFailure(KvmFailure::Vcpu {
+                vcpu: None,
+                error: KvmVcpuError::Run(e),
+            }))
+        }
     };
     match exit {
         VcpuExit::IoIn(port, data) => {
-            ctx.counts.io_in += 1;
             if !ctx.pio.read(port, data) {
                 ctx.counts.unclaimed_io += 1;
             }
             Outcome::Continue
         }
-        VcpuExit::IoOut(port, data) => {
-            ctx.counts.io_out += 1;
-            match ctx.pio.write(port, data) {
-                PioWrite::Event(e) => device_event(e),
-                PioWrite::Done => Outcome::Continue,
-                PioWrite::Unclaimed => {
-                    ctx.counts.unclaimed_io += 1;
-                    Outcome::Continue
-                }
+        VcpuExit::IoOut(port, data) => match ctx.pio.write(port, data) {
+            PioWrite::Event(e) => device_event(e),
+            PioWrite::Done => Outcome::Continue,
+            PioWrite::Unclaimed => {
+                ctx.counts.unclaimed_io += 1;
+                Outcome::Continue
             }
-        }
+        },
         VcpuExit::MmioRead(addr, data) => {
             // Addresses no device claims float high, as on a bus with nothing there.
-            ctx.counts.mmio += 1;
             if !ctx.mmio.read(addr, data) {
                 ctx.counts.unclaimed_mmio += 1;
             }
             Outcome::Continue
         }
         VcpuExit::MmioWrite(addr, data) => {
-            ctx.counts.mmio += 1;
             if !ctx.mmio.write(addr, data) {
                 ctx.counts.unclaimed_mmio += 1;
             }
             Outcome::Continue
         }
         VcpuExit::X86Rdmsr(exit) => {
-            ctx.counts.msr += 1;
             match ctx.msrs.rdmsr(exit.index, ctx.cpu) {
                 Ok(v) => *exit.data = v,
                 Err(GpFault) => *exit.error = 1,
@@ -185,18 +188,15 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             Outcome::Continue
         }
         VcpuExit::X86Wrmsr(exit) => {
-            ctx.counts.msr += 1;
             if ctx.msrs.wrmsr(exit.index, exit.data).is_err() {
                 *exit.error = 1;
             }
             Outcome::Continue
         }
-        VcpuExit::Hlt => {
-            // With the in-kernel irqchip KVM handles HLT itself; an exit here means the vCPU
-            // halted with nothing that could wake it.
-            ctx.counts.hlt += 1;
-            Outcome::Stop(VmEnd::PowerOff)
-        }
+        // With the in-kernel irqchip KVM handles HLT itself (the vCPU sleeps in KVM until an
+        // interrupt): an HLT exit here is not the guest powering off but KVM or the VMM's setup
+        // going wrong, and ends the run with its own exit code.
+        VcpuExit::Hlt => Outcome::Stop(VmEnd::UnexpectedHlt),
         VcpuExit::Shutdown => Outcome::Stop(VmEnd::TripleFault),
         VcpuExit::SystemEvent(kind, _) => match kind {
             kvm_bindings::KVM_SYSTEM_EVENT_SHUTDOWN => Outcome::Stop(VmEnd::PowerOff),
@@ -204,24 +204,17 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             kvm_bindings::KVM_SYSTEM_EVENT_CRASH => {
                 Outcome::Stop(VmEnd::GuestPanic("KVM system event: crash".into()))
             }
-            k => Outcome::Stop(VmEnd::KvmFailure(format!("unknown KVM system event {k}"))),
+            k => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnknownSystemEvent(k))),
         },
-        VcpuExit::InternalError => {
-            ctx.counts.internal_error += 1;
-            Outcome::InternalError
+        VcpuExit::InternalError => Outcome::InternalError,
+        VcpuExit::FailEntry(reason, cpu) => {
+            Outcome::Stop(VmEnd::KvmFailure(KvmFailure::FailEntry { reason, cpu }))
         }
-        VcpuExit::FailEntry(reason, cpu) => Outcome::Stop(VmEnd::KvmFailure(format!(
-            "VM entry failed: hardware reason {reason:#x} on CPU {cpu}"
-        ))),
-        VcpuExit::Intr => {
-            ctx.counts.interrupted += 1;
-            Outcome::Interrupted
-        }
-        VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => {
-            ctx.counts.other += 1;
-            Outcome::Continue
-        }
-        other => Outcome::Stop(VmEnd::KvmFailure(format!("unexpected VM exit {other:?}"))),
+        VcpuExit::Intr => Outcome::Interrupted,
+        VcpuExit::IrqWindowOpen | VcpuExit::IoapicEoi(_) => Outcome::Continue,
+        other => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnexpectedExit(format!(
+            "{other:?}"
+        )))),
     }
 }
 
@@ -230,11 +223,12 @@ mod tests {
     use super::*;
     use crate::devices::i8042::I8042;
     use crate::devices::MmioDevice;
+    use crate::vcpu::access::fake::FakeVcpu;
     use std::sync::{Arc, Mutex};
 
     struct Msrs(Vec<(u32, u64)>);
     impl MsrHandler for Msrs {
-        fn rdmsr(&mut self, index: u32, _cpu: &dyn VcpuView) -> Result<u64, GpFault> {
+        fn rdmsr(&mut self, index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
             self.0
                 .iter()
                 .find(|(i, _)| *i == index)
@@ -259,13 +253,15 @@ mod tests {
         pio.insert(0x60, 5, Arc::new(Mutex::new(I8042))).unwrap();
         let pio = pio.build();
         let mmio = MmioBus::default();
+        // As the vCPU loop does: classify once, count, then handle.
+        counts.count(kind::classify(&exit));
         handle(
             exit,
             &mut ExitContext {
                 pio: &pio,
                 mmio: &mmio,
                 msrs,
-                cpu: &NoView,
+                cpu: &mut FakeVcpu::default(),
                 counts,
             },
         )
@@ -308,13 +304,15 @@ mod tests {
     }
 
     fn mmio_exit(mmio: &MmioBus, counts: &mut ExitCounts, exit: VcpuExit<'_>) -> Outcome {
+        let exit = Ok(exit);
+        counts.count(kind::classify(&exit));
         handle(
-            Ok(exit),
+            exit,
             &mut ExitContext {
                 pio: &PioBus::default(),
                 mmio,
                 msrs: &mut Msrs(vec![]),
-                cpu: &NoView,
+                cpu: &mut FakeVcpu::default(),
                 counts,
             },
         )
@@ -390,8 +388,14 @@ mod tests {
         );
         assert_eq!(
             run(Ok(VcpuExit::Hlt), &mut m, &mut c),
-            Outcome::Stop(VmEnd::PowerOff)
+            Outcome::Stop(VmEnd::UnexpectedHlt)
         );
+        assert_eq!(c.hlt, 1, "still counted");
+        assert_eq!(
+            VmEnd::UnexpectedHlt.exit_code(),
+            crate::end::code::UNEXPECTED_HLT
+        );
+        assert!(!VmEnd::UnexpectedHlt.is_clean());
         assert_eq!(
             run(Ok(VcpuExit::InternalError), &mut m, &mut c),
             Outcome::InternalError

@@ -1,0 +1,247 @@
+//! x86-64 architectural constants, in one place, and the guest page-table walk.
+//!
+//! Taken from the `x86` crate (0.52) where it has them: MSR numbers (`x86::msr`), CR0/CR4 bits
+//! (`x86::controlregs::{Cr0, Cr4}`, `usize` bitflags, widened here to the `u64` KVM's
+//! `kvm_sregs` holds) and RFLAGS bits (`x86::bits64::rflags::RFlags`). Written by hand, from the
+//! SDM / APM, where the crate has nothing to offer: the EFER bits (the crate has the MSR number
+//! `IA32_EFER` but no bit names), exception vectors and #PF error-code bits, and the page-table
+//! entry bits the walk needs (the crate's `bits64::paging` flags are per-level bitflags types
+//! with a private address mask; the walk below needs plain `u64` masks valid at every level,
+//! and the 32-bit and PAE formats, which `bits64` does not describe).
+
+use x86::bits64::rflags::RFlags;
+use x86::controlregs::{Cr0, Cr4};
+
+// ---- MSRs (x86::msr) ----
+/// IA32_EFER.
+pub const MSR_EFER: u32 = x86::msr::IA32_EFER;
+/// STAR: SYSCALL/SYSRET segment selectors.
+pub const MSR_STAR: u32 = x86::msr::IA32_STAR;
+/// LSTAR: the 64-bit SYSCALL entry point.
+pub const MSR_LSTAR: u32 = x86::msr::IA32_LSTAR;
+/// CSTAR: the compatibility-mode SYSCALL entry point.
+pub const MSR_CSTAR: u32 = x86::msr::IA32_CSTAR;
+/// SFMASK (the SDM's IA32_FMASK): RFLAGS bits SYSCALL clears.
+pub const MSR_SFMASK: u32 = x86::msr::IA32_FMASK;
+pub const MSR_KERNEL_GS_BASE: u32 = x86::msr::IA32_KERNEL_GSBASE;
+pub const MSR_TSC_AUX: u32 = x86::msr::IA32_TSC_AUX;
+pub const MSR_SYSENTER_CS: u32 = x86::msr::IA32_SYSENTER_CS;
+pub const MSR_SYSENTER_ESP: u32 = x86::msr::IA32_SYSENTER_ESP;
+pub const MSR_SYSENTER_EIP: u32 = x86::msr::IA32_SYSENTER_EIP;
+pub const MSR_MISC_ENABLE: u32 = x86::msr::IA32_MISC_ENABLE;
+
+// ---- CR0 / CR4 (x86::controlregs) ----
+pub const CR0_PE: u64 = Cr0::CR0_PROTECTED_MODE.bits() as u64;
+pub const CR0_ET: u64 = Cr0::CR0_EXTENSION_TYPE.bits() as u64;
+pub const CR0_PG: u64 = Cr0::CR0_ENABLE_PAGING.bits() as u64;
+pub const CR4_PSE: u64 = Cr4::CR4_ENABLE_PSE.bits() as u64;
+pub const CR4_PAE: u64 = Cr4::CR4_ENABLE_PAE.bits() as u64;
+pub const CR4_LA57: u64 = Cr4::CR4_ENABLE_LA57.bits() as u64;
+pub const CR4_SMEP: u64 = Cr4::CR4_ENABLE_SMEP.bits() as u64;
+
+// ---- EFER (by hand: the x86 crate names no EFER bits) ----
+/// System-call extensions.
+pub const EFER_SCE: u64 = 1 << 0;
+/// Long mode enable.
+pub const EFER_LME: u64 = 1 << 8;
+/// Long mode active.
+pub const EFER_LMA: u64 = 1 << 10;
+/// No-execute enable.
+pub const EFER_NXE: u64 = 1 << 11;
+
+// ---- RFLAGS (x86::bits64::rflags) ----
+pub const RFLAGS_CF: u64 = RFlags::FLAGS_CF.bits();
+/// Bit 1, always set.
+pub const RFLAGS_FIXED: u64 = RFlags::FLAGS_A1.bits();
+pub const RFLAGS_PF: u64 = RFlags::FLAGS_PF.bits();
+pub const RFLAGS_AF: u64 = RFlags::FLAGS_AF.bits();
+pub const RFLAGS_ZF: u64 = RFlags::FLAGS_ZF.bits();
+pub const RFLAGS_SF: u64 = RFlags::FLAGS_SF.bits();
+pub const RFLAGS_IF: u64 = RFlags::FLAGS_IF.bits();
+pub const RFLAGS_OF: u64 = RFlags::FLAGS_OF.bits();
+pub const RFLAGS_RF: u64 = RFlags::FLAGS_RF.bits();
+pub const RFLAGS_AC: u64 = RFlags::FLAGS_AC.bits();
+
+// ---- Exceptions (by hand: vector numbers and #PF error bits are not in the x86 crate's
+// `irq` module in the form needed here) ----
+pub const VECTOR_BP: u8 = 3;
+pub const VECTOR_UD: u8 = 6;
+pub const VECTOR_PF: u8 = 14;
+/// #PF error code bits: present, write, user, reserved bit, instruction fetch.
+pub const PF_ERR_PRESENT: u64 = 1 << 0;
+pub const PF_ERR_USER: u64 = 1 << 2;
+pub const PF_ERR_FETCH: u64 = 1 << 4;
+
+// ---- Page-table entries (by hand, see the module comment) ----
+pub const PTE_PRESENT: u64 = 1 << 0;
+/// PS: a large page at this level (PDPTE: 1 GiB, PDE: 2 MiB / 4 MiB).
+pub const PTE_HUGE: u64 = 1 << 7;
+/// Physical address bits of a 64-bit entry (MAXPHYADDR 52).
+pub const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
+
+/// The paging mode a vCPU's CR0/CR4/EFER select.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paging {
+    /// CR0.PG clear: linear = physical.
+    Off,
+    /// 32-bit paging: 2 levels of 4-byte entries (4 MiB pages with CR4.PSE).
+    Bits32 { pse: bool },
+    /// PAE: a 4-entry PDPT, then 2 levels of 8-byte entries.
+    Pae,
+    /// 4-level (or 5-level with LA57) long-mode paging.
+    Long { la57: bool },
+}
+
+impl Paging {
+    pub fn of(cr0: u64, cr4: u64, efer: u64) -> Paging {
+        if cr0 & CR0_PG == 0 {
+            Paging::Off
+        } else if efer & EFER_LMA != 0 {
+            Paging::Long {
+                la57: cr4 & CR4_LA57 != 0,
+            }
+        } else if cr4 & CR4_PAE != 0 {
+            Paging::Pae
+        } else {
+            Paging::Bits32 {
+                pse: cr4 & CR4_PSE != 0,
+            }
+        }
+    }
+}
+
+/// Guest-linear to guest-physical through the guest's own page tables, read with `read_u64`
+/// (a guest-physical read: `None` when the table is outside guest memory). Returns `None` if the
+/// address is not mapped. Access rights are not checked (the VMM reads and writes as the CPU's
+/// supervisor would with CR0.WP clear). This is the one page walk of the VMM: the vCPU access
+/// layer (`vcpu::access`) uses it for every guest-virtual read and write.
+pub fn translate(
+    paging: Paging,
+    cr3: u64,
+    va: u64,
+    mut read_u64: impl FnMut(u64) -> Option<u64>,
+) -> Option<u64> {
+    match paging {
+        Paging::Off => Some(va),
+        Paging::Long { la57 } => {
+            let levels: u32 = if la57 { 5 } else { 4 };
+            let mut table = cr3 & PTE_ADDR;
+            for level in (1..=levels).rev() {
+                let shift = 12 + 9 * (level - 1);
+                let index = (va >> shift) & 0x1ff;
+                let entry = read_u64(table + index * 8)?;
+                if entry & PTE_PRESENT == 0 {
+                    return None;
+                }
+                if level == 1 || (entry & PTE_HUGE != 0 && level <= 3) {
+                    let page_mask = (1u64 << shift) - 1;
+                    return Some((entry & PTE_ADDR & !page_mask) | (va & page_mask));
+                }
+                table = entry & PTE_ADDR;
+            }
+            None
+        }
+        Paging::Pae => {
+            let va = va & 0xffff_ffff;
+            let pdpte = read_u64((cr3 & 0xffff_ffe0) + ((va >> 30) & 3) * 8)?;
+            if pdpte & PTE_PRESENT == 0 {
+                return None;
+            }
+            let pde = read_u64((pdpte & PTE_ADDR) + ((va >> 21) & 0x1ff) * 8)?;
+            if pde & PTE_PRESENT == 0 {
+                return None;
+            }
+            if pde & PTE_HUGE != 0 {
+                return Some((pde & PTE_ADDR & !0x1f_ffff) | (va & 0x1f_ffff));
+            }
+            let pte = read_u64((pde & PTE_ADDR) + ((va >> 12) & 0x1ff) * 8)?;
+            (pte & PTE_PRESENT != 0).then_some((pte & PTE_ADDR) | (va & 0xfff))
+        }
+        Paging::Bits32 { pse } => {
+            let va = va & 0xffff_ffff;
+            // 4-byte entries: read the 8 bytes at the entry and keep the low half.
+            let mut read_u32 = |a: u64| read_u64(a).map(|v| v & 0xffff_ffff);
+            let pde = read_u32((cr3 & 0xffff_f000) + (va >> 22) * 4)?;
+            if pde & PTE_PRESENT == 0 {
+                return None;
+            }
+            if pse && pde & PTE_HUGE != 0 {
+                return Some((pde & 0xffc0_0000) | (va & 0x3f_ffff));
+            }
+            let pte = read_u32((pde & 0xffff_f000) + ((va >> 12) & 0x3ff) * 4)?;
+            (pte & PTE_PRESENT != 0).then_some((pte & 0xffff_f000) | (va & 0xfff))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn constants_match_the_manuals() {
+        assert_eq!(
+            (MSR_EFER, MSR_STAR, MSR_LSTAR, MSR_SFMASK),
+            (0xc000_0080, 0xc000_0081, 0xc000_0082, 0xc000_0084)
+        );
+        assert_eq!(
+            (MSR_TSC_AUX, MSR_KERNEL_GS_BASE),
+            (0xc000_0103, 0xc000_0102)
+        );
+        assert_eq!(
+            (CR0_PE, CR0_PG, CR4_PAE, CR4_LA57, CR4_SMEP),
+            (1, 1 << 31, 1 << 5, 1 << 12, 1 << 20)
+        );
+        assert_eq!(
+            (RFLAGS_FIXED, RFLAGS_IF, RFLAGS_RF, RFLAGS_AC),
+            (2, 0x200, 0x1_0000, 0x4_0000)
+        );
+    }
+
+    fn mem(entries: &[(u64, u64)]) -> impl FnMut(u64) -> Option<u64> + '_ {
+        let m: HashMap<u64, u64> = entries.iter().copied().collect();
+        move |a| Some(m.get(&a).copied().unwrap_or(0))
+    }
+
+    #[test]
+    fn modes_are_told_apart() {
+        assert_eq!(Paging::of(CR0_PE, 0, 0), Paging::Off);
+        assert_eq!(
+            Paging::of(CR0_PG, 0, EFER_LMA),
+            Paging::Long { la57: false }
+        );
+        assert_eq!(Paging::of(CR0_PG, CR4_PAE, 0), Paging::Pae);
+        assert_eq!(Paging::of(CR0_PG, CR4_PSE, 0), Paging::Bits32 { pse: true });
+        assert_eq!(translate(Paging::Off, 0, 0x1234, |_| None), Some(0x1234));
+    }
+
+    #[test]
+    fn pae_and_32_bit_walks() {
+        // PAE: PDPT at 0x1000, PD at 0x2000 (a 2 MiB page at index 1), PT at 0x3000.
+        let e = [
+            (0x1000, 0x2001),
+            (0x2000, 0x3001),
+            (0x2008, 0x80_0081),
+            (0x3000 + 5 * 8, 0x9001),
+        ];
+        assert_eq!(
+            translate(Paging::Pae, 0x1000, 0x5123, mem(&e)),
+            Some(0x9123)
+        );
+        assert_eq!(
+            translate(Paging::Pae, 0x1000, 0x20_0042, mem(&e)),
+            Some(0x80_0042)
+        );
+        assert_eq!(translate(Paging::Pae, 0x1000, 0x4000_0000, mem(&e)), None);
+        // 32-bit: PD at 0x1000, a 4 MiB page at index 1, PT at 0x2000.
+        let e = [
+            (0x1000, 0x2001),
+            (0x1004, 0xc0_0081),
+            (0x2000 + 3 * 4, 0x7001),
+        ];
+        let pse = Paging::Bits32 { pse: true };
+        assert_eq!(translate(pse, 0x1000, 0x3456, mem(&e)), Some(0x7456));
+        assert_eq!(translate(pse, 0x1000, 0x40_1234, mem(&e)), Some(0xc0_1234));
+    }
+}

@@ -1,0 +1,179 @@
+//! The vCPU loop: KVM_RUN and everything the VMM does around it, in ONE place and one order.
+//!
+//! | # | hook                              | what it is for                                        | cpu-switch counts it | domain-switch counts it |
+//! |---|-----------------------------------|-------------------------------------------------------|----------------------|-------------------------|
+//! | 1 | `VcpuPmu::follow_mode`            | adopt a run-time accounting-mode switch               | no                   | yes                     |
+//! | 2 | `VcpuRecorder::before_run`        | trace: last exit's record (re-entry TSC), clock record | no                   | yes                     |
+//! | 3 | **gate opens**: `VcpuRecorder::enter_guest`, then `Pmu::enter_guest` | resume the profile counter, then the guest's counters | (from here) | yes |
+//! | 4 | `VcpuFd::run` (KVM_RUN)           | the guest runs                                        | **yes**              | yes                     |
+//! | 5 | **gate closes**: `Pmu::leave_guest`, then `VcpuRecorder::leave_guest` | pause them, first thing after KVM_RUN (nested: the guest's counters see the least) | (up to here) | yes |
+//! | 6 | `exit::kind::classify`            | the exit's one classification                         | no                   | yes                     |
+//! | 7 | `VcpuRecorder::after_run`         | trace: exit TSC, clock record                         | no                   | yes                     |
+//! | 8 | `LastExits::push_event`, `ExitCounts::count` | diagnostic ring, counts                    | no                   | yes                     |
+//! | 9 | test hook (cold)                  | `VmConfig::panic_vcpu_at_exit` (guest_wrong.rs)       | no                   | yes                     |
+//! |10 | `exit::handle` (+ `complete_instruction`) | devices, MSRs (the vPMU), host-quirk fix-ups  | no                   | yes                     |
+//! |11 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due        | no                   | yes                     |
+//! |12 | `VcpuRelay::after_exit`           | SYSCALL relay: install / re-check the int3            | no                   | yes                     |
+//! |13 | `KvmVcpu::commit`                 | write back registers changed during this exit         | no                   | yes                     |
+//! |14 | `Ticker::poll`                    | periodic device work (the pinger)                     | no                   | yes                     |
+//! |15 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI / vector / masked)       | no                   | yes                     |
+//!
+//! Accounting modes (docs/accounting-modes.md): in **cpu-switch** the soft backend's counters
+//! (and the host profile's cycles counter, `--host-profile-clock auto|cpu-switch`) count only
+//! between the gate's two ends (steps 3-5: the toggles themselves and KVM_RUN); the hardware
+//! backend gets the same from `exclude_host`. In **domain-switch** every step counts: the host
+//! kernel's per-task perf context is the save/restore, so all the VMM's work on this thread is
+//! charged to the guest. The gate is tight around KVM_RUN on purpose: the tracer's TSC and
+//! clock reads and the exit's classification (steps 2, 6, 7) sit outside it, so tracing is
+//! never charged to the guest in cpu-switch. (The trace's in-KVM_RUN interval, entry TSC to
+//! exit TSC, therefore includes the gate's own toggles.)
+//!
+//! `wall` profile clocks and `--vpmu off` do not gate; the loop order is the same.
+
+use std::os::fd::AsRawFd;
+
+use super::access::{KvmVcpu, VcpuAccess};
+use super::{kick, VcpuRunner};
+use crate::end::{KvmFailure, VmEnd};
+use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
+use crate::pmu::PmuStats;
+
+/// The test hook's panic, out of line: the loop pays one predictable compare per exit.
+#[cold]
+#[inline(never)]
+fn test_hook_panic(vcpu: u32, exits: u64) -> ! {
+    panic!("test hook: vCPU {vcpu} panics at exit {exits}")
+}
+
+impl VcpuRunner {
+    /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
+    pub fn run(&mut self) -> (ExitCounts, PmuStats) {
+        let mut counts = ExitCounts::default();
+        kick::bind(self.fd.get_kvm_run());
+        // SAFETY: pthread_self has no preconditions.
+        self.control
+            .register_thread(unsafe { libc::pthread_self() });
+        if let Some(t) = &mut self.ticker {
+            if let Err(e) = t.start() {
+                log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
+                self.control
+                    .request_end(VmEnd::KvmFailure(KvmFailure::DeviceTicker(e.to_string())));
+            }
+        }
+        let mut no_msrs = NoMsrs;
+        let mut const_msrs = exit::ConstMsrs;
+        let mut ended_vm = false;
+        // Exit number at which the test hook panics (never, unless a test armed it).
+        let panic_at = self.control.panic_at(self.id).unwrap_or(u64::MAX);
+        let raw_fd = self.fd.as_raw_fd();
+        // The access layer borrows the guest memory for one exit while `self` is borrowed
+        // mutably around it; a clone of the region list (Arcs) is one borrow that does not
+        // tie up `self`.
+        let mem = self.mem.clone();
+        while !self.control.stopping() {
+            // 1-2: outside the gate.
+            if let Some(p) = &mut self.pmu {
+                p.follow_mode();
+            }
+            if let Some(r) = &mut self.recorder {
+                r.before_run();
+            }
+            // 3: the gate opens, right before KVM_RUN; the guest's own counters innermost.
+            if let Some(r) = &mut self.recorder {
+                r.enter_guest();
+            }
+            if let Some(p) = &mut self.pmu {
+                p.pmu.enter_guest();
+            }
+            // 4
+            let result = self.fd.run();
+            // 5: the gate closes, right after.
+            if let Some(p) = &mut self.pmu {
+                p.pmu.leave_guest();
+            }
+            if let Some(r) = &mut self.recorder {
+                r.leave_guest();
+            }
+            // 6-8: the one classification of this exit, shared by the trace, the ring and the
+            // counts.
+            let event = exit::kind::classify(&result);
+            if let Some(r) = &mut self.recorder {
+                r.after_run(event);
+            }
+            self.last_exits.push_event(event);
+            counts.count(event);
+            // 9
+            if self.last_exits.total() == panic_at {
+                test_hook_panic(self.id, panic_at);
+            }
+            // 10
+            let mut cpu = KvmVcpu::new(raw_fd, &mem);
+            let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
+                Some(p) => p,
+                None if self.const_msrs => &mut const_msrs,
+                None => &mut no_msrs,
+            };
+            let outcome = exit::handle(
+                result,
+                &mut ExitContext {
+                    pio: &self.pio,
+                    mmio: &self.mmio,
+                    msrs,
+                    cpu: &mut cpu,
+                    counts: &mut counts,
+                },
+            );
+            match outcome {
+                Outcome::Continue => {}
+                Outcome::Interrupted => self.fd.set_kvm_immediate_exit(0),
+                Outcome::InternalError => {
+                    if let Err(end) = self.complete_instruction(&mut cpu) {
+                        ended_vm |= self.control.request_end(end);
+                    }
+                }
+                Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
+            }
+            // 11-13
+            if let Some(r) = &mut self.recorder {
+                r.after_exit(&mut cpu);
+            }
+            if let Some(r) = &mut self.relay {
+                r.after_exit(&mut cpu);
+            }
+            if let Err(error) = cpu.commit() {
+                ended_vm |= self
+                    .control
+                    .request_end(VmEnd::KvmFailure(KvmFailure::GuestState {
+                        vcpu: self.id,
+                        what: "writing back registers".into(),
+                        error,
+                    }));
+            }
+            // 14-15
+            if let Some(t) = &mut self.ticker {
+                t.poll();
+            }
+            self.deliver_pmi();
+        }
+        self.ticker = None;
+        if let Some(r) = self.recorder.take() {
+            r.finish();
+        }
+        self.report_end_state(ended_vm, None);
+        kick::unbind();
+        let mut stats = self
+            .pmu
+            .take()
+            .map(|p| PmuStats {
+                pmis_held_at_end: u64::from(p.held.is_some()),
+                // The model's own tallies, taken once at the end (a mode switch re-arms
+                // counters too, not only guest writes).
+                filter_blocked: p.pmu.filter_blocked(),
+                uncounted: p.pmu.uncounted().to_vec(),
+                ..p.stats
+            })
+            .unwrap_or_default();
+        stats.signals = kick::signals();
+        (counts, stats)
+    }
+}
