@@ -141,7 +141,7 @@ impl Format {
         const MAGICS: [(&[u8], Format); 7] = [
             (&[0x1f, 0x8b], Format::Gzip),
             (b"BZh", Format::Bzip2),
-            (&[0x5d, 0, 0], Format::Lzma),
+            (&[0x5d, 0], Format::Lzma), // lc=3 lp=0 pb=2, then the dictionary size
             (&[0xfd, b'7', b'z', b'X', b'Z', 0], Format::Xz),
             (&[0x89, b'L', b'Z', b'O'], Format::Lzo),
             (&[0x02, 0x21, 0x4c, 0x18], Format::Lz4),
