@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run): all three tiers.
+# The project's test command (README, .ci/run): the toolchain's version, rustfmt and clippy
+# (-D warnings), then all three tiers.
 #   1. unit tests (no KVM)            cargo test --workspace
 #   2. tiny guests on /dev/kvm        (same run; they fail loudly without /dev/kvm)
 #   3. stock Linux on /dev/kvm        two boots of the default guest kernel: 2 vCPUs with the perf
@@ -16,6 +17,14 @@ say() { printf '\n[test] %s\n' "$*"; }
 
 say "installing build dependencies if missing"
 scripts/deps.sh
+
+say "toolchain: $(rustc --version), $(cargo --version)"
+
+say "formatting: cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+say "lints: cargo clippy --workspace --all-targets -- -D warnings (workspace lints: Cargo.toml)"
+cargo clippy --workspace --all-targets -- -D warnings
 
 say "tiers 1 and 2: cargo test --workspace (unit tests, tiny guests on /dev/kvm, CLI)"
 cargo test --workspace --release

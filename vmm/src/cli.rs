@@ -262,7 +262,7 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     pub net_access_cost_us: u32,
     /// Seccomp filters: on = every VMM thread (vCPUs, main, trace writer, schedule, stdin) is
     /// confined to the system calls it needs; a forbidden call ends the run with a line naming
-    /// the thread and the call (exit code 8). off = no filters, for debugging (docs/security.md).
+    /// the thread and the call (exit code 9). off = no filters, for debugging (docs/security.md).
     #[arg(long, value_enum, default_value_t = SeccompSetting::On)]
     pub seccomp: SeccompSetting,
 }

@@ -224,3 +224,86 @@ fn compare_refuses_what_it_cannot_do_before_booting() {
         "nothing is written for a refused run"
     );
 }
+
+/// The numbers after "exit code" in `text` (whitespace-normalised, so a wrapped line still counts).
+fn exit_code_mentions(text: &str) -> Vec<i32> {
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    flat.match_indices("exit code ")
+        .filter_map(|(i, m)| {
+            let rest = &flat[i + m.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+/// The help of one option of `run --help`: its header line and the indented lines under it.
+fn option_help<'a>(help: &'a str, flag: &str) -> String {
+    let is_header = |l: &str| {
+        let t = l.trim_start();
+        t.starts_with('-') && l.len() - t.len() <= 6
+    };
+    let mut lines = help
+        .lines()
+        .skip_while(|l| !(is_header(l) && l.contains(flag)));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
+    std::iter::once(first)
+        .chain(lines.take_while(|l| !is_header(l)))
+        .collect::<Vec<&'a str>>()
+        .join("\n")
+}
+
+#[test]
+fn help_exit_codes_match_end_rs() {
+    use vmm::end::code;
+    let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    // The "Exit codes:" list: each line starts with its codes ("  9  ...", "  130, 143  ...").
+    let list: Vec<(i32, &str)> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Exit codes:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .flat_map(|l| {
+            let codes = l.trim_start().split("  ").next().unwrap();
+            codes
+                .split(", ")
+                .map(move |c| (c.parse::<i32>().unwrap_or_else(|_| panic!("{l}")), l))
+        })
+        .collect();
+    let mut listed: Vec<i32> = list.iter().map(|&(c, _)| c).collect();
+    listed.sort_unstable();
+    let mut expected = vec![
+        code::CLEAN,
+        code::ERROR,
+        code::USAGE,
+        code::GUEST_PANIC,
+        code::TRIPLE_FAULT,
+        code::KVM_FAILURE,
+        code::EMULATION_FAILURE,
+        code::TIMEOUT,
+        code::VMM_BUG,
+        code::SECCOMP,
+        code::SIGNAL_BASE + libc::SIGINT,
+        code::SIGNAL_BASE + libc::SIGTERM,
+    ];
+    expected.sort_unstable();
+    assert_eq!(listed, expected, "{help}");
+    let line_of = |c: i32| list.iter().find(|&&(n, _)| n == c).unwrap().1;
+    assert!(line_of(code::SECCOMP).contains("seccomp"));
+    assert!(line_of(code::TIMEOUT).contains("--timeout"));
+    assert!(line_of(code::VMM_BUG).contains("VMM bug"));
+    // Every "exit code N" an option's help names is one of the list's, and the right one.
+    for n in exit_code_mentions(&help) {
+        assert!(
+            listed.contains(&n),
+            "exit code {n} is not in the list:\n{help}"
+        );
+    }
+    for (flag, c) in [("--seccomp", code::SECCOMP), ("--timeout", code::TIMEOUT)] {
+        let text = option_help(&help, flag);
+        assert_eq!(exit_code_mentions(&text), vec![c], "{text}");
+    }
+}

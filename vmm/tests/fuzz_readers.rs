@@ -15,7 +15,7 @@
 mod common;
 mod fuzz_common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use fuzz_common::{cases, largest_allocation};
 
@@ -322,22 +322,47 @@ fn bzimage_with(payload: &[u8]) -> Vec<u8> {
     img
 }
 
+/// `stream` followed by the uncompressed size, as the kernel's `size_append` writes it.
+fn with_size(mut stream: Vec<u8>, size: usize) -> Vec<u8> {
+    stream.extend_from_slice(&(size as u32).to_le_bytes());
+    stream
+}
+
+/// One bzImage per payload format, each laid out as the kernel's build lays it out (the
+/// compressed stream, then its uncompressed size; gzip's own trailer is that size). Small
+/// dictionaries and windows keep the cases fast: the layout is the kernel's.
 fn bzimages() -> Vec<Vec<u8>> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    use liblzma::stream::{Check, Filters, LzmaOptions, Stream};
+    let n = FAKE_ELF.len();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     gz.write_all(FAKE_ELF).unwrap();
     let gz = gz.finish().unwrap();
-    let mut xz = Vec::new();
-    xz2::read::XzEncoder::new(FAKE_ELF, 6)
-        .read_to_end(&mut xz)
-        .unwrap();
-    let zstd =
-        ruzstd::encoding::compress_to_vec(FAKE_ELF, ruzstd::encoding::CompressionLevel::Fastest);
+    let mut opts = LzmaOptions::new_preset(6).unwrap();
+    opts.dict_size(1 << 16);
+    let mut filters = Filters::new();
+    filters.x86();
+    filters.lzma2(&opts);
+    let xz_stream = Stream::new_stream_encoder(&filters, Check::Crc32).unwrap();
+    let mut xz = liblzma::write::XzEncoder::new_stream(Vec::new(), xz_stream);
+    xz.write_all(FAKE_ELF).unwrap();
+    let xz = with_size(xz.finish().unwrap(), n);
+    let lzma_stream = Stream::new_lzma_encoder(&opts).unwrap();
+    let mut lzma = liblzma::write::XzEncoder::new_stream(Vec::new(), lzma_stream);
+    lzma.write_all(FAKE_ELF).unwrap();
+    let lzma = with_size(lzma.finish().unwrap(), n);
+    let mut bz2 = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::best());
+    bz2.write_all(FAKE_ELF).unwrap();
+    let bz2 = with_size(bz2.finish().unwrap(), n);
+    let mut zstd = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    zstd.include_checksum(true).unwrap();
+    zstd.write_all(FAKE_ELF).unwrap();
+    let zstd = with_size(zstd.finish().unwrap(), n);
     let mut lz4 = 0x184c_2102u32.to_le_bytes().to_vec();
     let block = lz4_flex::block::compress(FAKE_ELF);
     lz4.extend_from_slice(&(block.len() as u32).to_le_bytes());
     lz4.extend_from_slice(&block);
-    lz4.extend_from_slice(&(FAKE_ELF.len() as u32).to_le_bytes());
-    let seeds: Vec<Vec<u8>> = [FAKE_ELF.to_vec(), gz, xz, zstd, lz4]
+    let lz4 = with_size(lz4, n);
+    let seeds: Vec<Vec<u8>> = [FAKE_ELF.to_vec(), gz, xz, lzma, bz2, zstd, lz4]
         .iter()
         .map(|p| bzimage_with(p))
         .collect();

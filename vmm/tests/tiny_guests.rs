@@ -78,8 +78,9 @@ fn empty_idt_fault_is_a_triple_fault() {
 
 /// CPU seconds used by this process so far (user + system).
 fn thread_cpu_total() -> f64 {
-    // SAFETY: getrusage fills the struct we pass.
+    // SAFETY: rusage is plain integers and timevals: all zeros is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage fills the struct we pass, which lives through the call.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     tv(ru.ru_utime) + tv(ru.ru_stime)

@@ -107,31 +107,20 @@ pub fn from_vmlinux(elf: &[u8]) -> Result<Vec<KSym>, KallsymsError> {
     decode(elf, &layout)
 }
 
-/// The tables through the ELF symbol table (an unstripped vmlinux). Every offset comes from
-/// the file, so all arithmetic on them is checked: a damaged header gives `None`.
+/// The tables through the ELF symbol table (an unstripped vmlinux), read with `object`: a
+/// damaged or hostile header gives `None` (and then the scan), never a panic.
 fn elf_layout(b: &[u8]) -> Option<Layout> {
-    if b.get(4) != Some(&2) || b.get(5) != Some(&1) {
-        return None; // not ELF64 little-endian
-    }
-    let usize_at = |o: usize| u64_at(b, o).and_then(|v| usize::try_from(v).ok());
-    let shoff = usize_at(0x28)?;
-    let shentsize = usize::from(u16_at(b, 0x3a)?);
-    let shnum = usize::from(u16_at(b, 0x3c)?);
-    let phoff = usize_at(0x20)?;
-    let phentsize = usize::from(u16_at(b, 0x36)?);
-    let phnum = usize::from(u16_at(b, 0x38)?);
-    let sh = |i: usize, field: usize| shoff.checked_add(i * shentsize)?.checked_add(field);
-    let symtab = (0..shnum).find(|&i| sh(i, 4).and_then(|o| u32_at(b, o)) == Some(2))?;
-    let strtab = u32_at(b, sh(symtab, 0x28)?)? as usize;
-    let (sym_off, sym_size) = (usize_at(sh(symtab, 0x18)?)?, usize_at(sh(symtab, 0x20)?)?);
-    let str_off = usize_at(sh(strtab, 0x18)?)?;
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    use object::{LittleEndian, Object, ObjectSymbol};
+    let file = ElfFile64::<LittleEndian>::parse(b).ok()?;
+    let endian = file.endian();
+    // Virtual address -> file offset through the PT_LOAD program headers.
     let vaddr_to_off = |va: u64| -> Option<usize> {
-        (0..phnum).find_map(|i| {
-            let p = phoff.checked_add(i * phentsize)?;
-            if u32_at(b, p)? != 1 {
+        file.elf_program_headers().iter().find_map(|p| {
+            if p.p_type(endian) != object::elf::PT_LOAD {
                 return None;
             }
-            let (off, vaddr, filesz) = (u64_at(b, p + 8)?, u64_at(b, p + 16)?, u64_at(b, p + 32)?);
+            let (off, vaddr, filesz) = (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian));
             let inside = va >= vaddr && va - vaddr < filesz;
             inside
                 .then(|| off.checked_add(va - vaddr))
@@ -148,12 +137,12 @@ fn elf_layout(b: &[u8]) -> Option<Layout> {
         ("kallsyms_offsets", None),
         ("kallsyms_relative_base", None),
     ];
-    for s in (sym_off..sym_off.checked_add(sym_size)?).step_by(24) {
-        let name_off = str_off.checked_add(u32_at(b, s)? as usize)?;
-        let name = b.get(name_off..)?;
-        let name = &name[..name.iter().position(|&c| c == 0)?];
+    for sym in file.symbols() {
+        let Ok(name) = sym.name_bytes() else {
+            continue;
+        };
         if let Some(w) = want.iter_mut().find(|(n, _)| n.as_bytes() == name) {
-            w.1 = vaddr_to_off(u64_at(b, s + 8)?);
+            w.1 = vaddr_to_off(sym.address());
         }
     }
     let v: Vec<usize> = want.iter().map(|(_, o)| *o).collect::<Option<_>>()?;
@@ -455,6 +444,119 @@ mod tests {
             let (img, want) = image(seqs);
             let l = scan(&img).expect("tables found");
             assert_eq!(decode(&img, &l).unwrap(), want, "seqs {seqs}");
+        }
+    }
+
+    /// `tables` wrapped in an ELF64 vmlinux: one PT_LOAD at `VA` holding them, and a symbol
+    /// table naming each table of `l` (file offsets inside `tables`).
+    fn elf_around(tables: &[u8], l: &Layout) -> Vec<u8> {
+        const VA: u64 = 0xffff_ffff_8200_0000;
+        const DATA: usize = 0x1000;
+        let u16le = |v: u16| v.to_le_bytes();
+        let u32le = |v: u32| v.to_le_bytes();
+        let u64le = |v: u64| v.to_le_bytes();
+        let named = [
+            ("kallsyms_num_syms", l.num_syms),
+            ("kallsyms_names", l.names),
+            ("kallsyms_markers", l.markers),
+            ("kallsyms_token_table", l.token_table),
+            ("kallsyms_token_index", l.token_index),
+            ("kallsyms_offsets", l.offsets),
+            ("kallsyms_relative_base", l.relative_base),
+        ];
+        let mut strtab = vec![0u8];
+        let mut symtab = vec![0u8; 24]; // the null symbol
+        for (name, off) in named {
+            symtab.extend_from_slice(&u32le(strtab.len() as u32));
+            symtab.extend_from_slice(&[0x11, 0]); // GLOBAL OBJECT, default visibility
+            symtab.extend_from_slice(&u16le(1));
+            symtab.extend_from_slice(&u64le(VA + off as u64));
+            symtab.extend_from_slice(&u64le(0));
+            strtab.extend_from_slice(name.as_bytes());
+            strtab.push(0);
+        }
+        let sym_at = align8(DATA + tables.len());
+        let str_at = sym_at + symtab.len();
+        let sh_at = align8(str_at + strtab.len());
+        let mut e = Vec::new();
+        e.extend_from_slice(b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0");
+        e.extend_from_slice(&u16le(2)); // ET_EXEC
+        e.extend_from_slice(&u16le(62)); // x86-64
+        e.extend_from_slice(&u32le(1));
+        e.extend_from_slice(&u64le(VA)); // entry
+        e.extend_from_slice(&u64le(64)); // phoff
+        e.extend_from_slice(&u64le(sh_at as u64));
+        e.extend_from_slice(&u32le(0));
+        for v in [64u16, 56, 1, 64, 3, 2] {
+            // ehsize, phentsize, phnum, shentsize, shnum, shstrndx (section names: "")
+            e.extend_from_slice(&u16le(v));
+        }
+        e.extend_from_slice(&u32le(1)); // PT_LOAD
+        e.extend_from_slice(&u32le(4));
+        for v in [
+            DATA as u64,
+            VA,
+            VA,
+            tables.len() as u64,
+            tables.len() as u64,
+            0x1000,
+        ] {
+            e.extend_from_slice(&u64le(v));
+        }
+        e.resize(DATA, 0);
+        e.extend_from_slice(tables);
+        e.resize(sym_at, 0);
+        e.extend_from_slice(&symtab);
+        e.extend_from_slice(&strtab);
+        e.resize(sh_at, 0);
+        e.extend_from_slice(&[0; 64]); // section 0
+        let section = |e: &mut Vec<u8>, kind: u32, off: usize, size: usize, link: u32, ent: u64| {
+            e.extend_from_slice(&u32le(0));
+            e.extend_from_slice(&u32le(kind));
+            for v in [0, 0, off as u64, size as u64] {
+                e.extend_from_slice(&u64le(v));
+            }
+            e.extend_from_slice(&u32le(link));
+            e.extend_from_slice(&u32le(1)); // first global symbol
+            e.extend_from_slice(&u64le(8));
+            e.extend_from_slice(&u64le(ent));
+        };
+        section(&mut e, 2, sym_at, symtab.len(), 2, 24); // SHT_SYMTAB, strings in section 2
+        section(&mut e, 3, str_at, strtab.len(), 0, 0); // SHT_STRTAB
+        e
+    }
+
+    #[test]
+    fn elf_symbols_locate_the_tables() {
+        for seqs in [false, true] {
+            let (tables, want) = image(seqs);
+            let l = scan(&tables).unwrap();
+            let elf = elf_around(&tables, &l);
+            let found = elf_layout(&elf).expect("tables found through the ELF symbols");
+            let shift = |o: usize| o + 0x1000;
+            assert_eq!(
+                found,
+                Layout {
+                    num_syms: shift(l.num_syms),
+                    names: shift(l.names),
+                    markers: shift(l.markers),
+                    token_table: shift(l.token_table),
+                    token_index: shift(l.token_index),
+                    offsets: shift(l.offsets),
+                    relative_base: shift(l.relative_base),
+                }
+            );
+            assert_eq!(from_vmlinux(&elf).unwrap(), want, "seqs {seqs}");
+            // A symbol table that misses one table: no layout from it (the scan takes over).
+            let mut partial = elf.clone();
+            let at = find(&partial, b"kallsyms_markers").unwrap();
+            partial[at] = b'K';
+            assert_eq!(elf_layout(&partial), None);
+            assert_eq!(from_vmlinux(&partial).unwrap(), want);
+            // Cut anywhere: errors or the scan's answer, never a panic.
+            for cut in (0..elf.len()).step_by(97) {
+                let _ = from_vmlinux(&elf[..cut]);
+            }
         }
     }
 

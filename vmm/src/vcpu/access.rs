@@ -182,10 +182,8 @@ impl VcpuAccess for KvmVcpu<'_> {
         }
         let mut r = kvm_regs::default();
         // SAFETY: KVM_GET_REGS writes one kvm_regs, which `r` is; the fd is a vCPU's.
-        check(
-            unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_REGS(), &mut r) },
-            KvmVcpuError::GetRegs,
-        )?;
+        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_REGS(), &mut r) };
+        check(rc, KvmVcpuError::GetRegs)?;
         Ok(*self.regs.insert(r))
     }
 
@@ -201,10 +199,8 @@ impl VcpuAccess for KvmVcpu<'_> {
         }
         let mut s = kvm_sregs::default();
         // SAFETY: KVM_GET_SREGS writes one kvm_sregs, which `s` is; the fd is a vCPU's.
-        check(
-            unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_SREGS(), &mut s) },
-            KvmVcpuError::GetSregs,
-        )?;
+        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_SREGS(), &mut s) };
+        check(rc, KvmVcpuError::GetSregs)?;
         Ok(*self.sregs.insert(s))
     }
 
@@ -239,39 +235,31 @@ impl VcpuAccess for KvmVcpu<'_> {
     fn fpu(&mut self) -> Result<kvm_fpu, AccessError> {
         let mut f = kvm_fpu::default();
         // SAFETY: KVM_GET_FPU writes one kvm_fpu, which `f` is; the fd is a vCPU's.
-        check(
-            unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_FPU(), &mut f) },
-            KvmVcpuError::GetFpu,
-        )?;
+        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_FPU(), &mut f) };
+        check(rc, KvmVcpuError::GetFpu)?;
         Ok(f)
     }
 
     fn set_fpu(&mut self, fpu: &kvm_fpu) -> Result<(), AccessError> {
         // SAFETY: KVM_SET_FPU reads one kvm_fpu; the fd is a vCPU's.
-        check(
-            unsafe { ioctl_with_ref(&self.fd, KVM_SET_FPU(), fpu) },
-            KvmVcpuError::SetFpu,
-        )?;
+        let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_FPU(), fpu) };
+        check(rc, KvmVcpuError::SetFpu)?;
         Ok(())
     }
 
     fn vcpu_events(&mut self) -> Result<kvm_vcpu_events, AccessError> {
         let mut e = kvm_vcpu_events::default();
         // SAFETY: KVM_GET_VCPU_EVENTS writes one kvm_vcpu_events, which `e` is.
-        check(
-            unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_VCPU_EVENTS(), &mut e) },
-            KvmVcpuError::GetVcpuEvents,
-        )?;
+        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_VCPU_EVENTS(), &mut e) };
+        check(rc, KvmVcpuError::GetVcpuEvents)?;
         Ok(e)
     }
 
     fn set_vcpu_events(&mut self, events: &kvm_vcpu_events) -> Result<(), AccessError> {
         self.commit()?;
         // SAFETY: KVM_SET_VCPU_EVENTS reads one kvm_vcpu_events; the fd is a vCPU's.
-        check(
-            unsafe { ioctl_with_ref(&self.fd, KVM_SET_VCPU_EVENTS(), events) },
-            KvmVcpuError::SetVcpuEvents,
-        )?;
+        let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_VCPU_EVENTS(), events) };
+        check(rc, KvmVcpuError::SetVcpuEvents)?;
         Ok(())
     }
 
@@ -283,20 +271,16 @@ impl VcpuAccess for KvmVcpu<'_> {
         if self.sregs_dirty {
             if let Some(s) = &self.sregs {
                 // SAFETY: KVM_SET_SREGS reads one kvm_sregs; the fd is a vCPU's.
-                check(
-                    unsafe { ioctl_with_ref(&self.fd, KVM_SET_SREGS(), s) },
-                    KvmVcpuError::SetSregs,
-                )?;
+                let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_SREGS(), s) };
+                check(rc, KvmVcpuError::SetSregs)?;
             }
             self.sregs_dirty = false;
         }
         if self.regs_dirty {
             if let Some(r) = &self.regs {
                 // SAFETY: KVM_SET_REGS reads one kvm_regs; the fd is a vCPU's.
-                check(
-                    unsafe { ioctl_with_ref(&self.fd, KVM_SET_REGS(), r) },
-                    KvmVcpuError::SetRegs,
-                )?;
+                let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_REGS(), r) };
+                check(rc, KvmVcpuError::SetRegs)?;
             }
             self.regs_dirty = false;
         }
