@@ -26,6 +26,15 @@ cargo fmt --all -- --check
 say "lints: cargo clippy --workspace --all-targets -- -D warnings (workspace lints: Cargo.toml)"
 cargo clippy --workspace --all-targets -- -D warnings
 
+if [ "${VPMU_SKIP_LINUX:-0}" != 1 ]; then
+  # Before tier 1, so that kallsyms_kernel (a tier-1 test that reads the default kernel) runs on a
+  # fresh machine too. initramfs-tiny: busybox + /init only. The default initramfs (perf,
+  # OProfile: 48 MB) makes the kernel spend minutes more copying it in emulated code here
+  # (docs/guest.md, "Boot time").
+  say "building (or reusing) the guest images: the default kernel (read by tiers 1 and 3), initramfs-tiny, spin-initramfs"
+  guest-image/build.sh default-kernel initramfs-tiny spin-initramfs
+fi
+
 say "tiers 1 and 2: cargo test --workspace (unit tests, tiny guests on /dev/kvm, CLI)"
 cargo test --workspace --release
 
@@ -34,10 +43,6 @@ if [ "${VPMU_SKIP_LINUX:-0}" = 1 ]; then
   exit 0
 fi
 
-say "tier 3: building (or reusing) the guest images"
-# initramfs-tiny: busybox + /init only. The default initramfs (perf, OProfile: 48 MB) makes the
-# kernel spend minutes more copying it in emulated code here (docs/guest.md, "Boot time").
-guest-image/build.sh default-kernel initramfs-tiny spin-initramfs
 eval "$(guest-image/build.sh paths)"
 : "${DEFAULT_BZIMAGE:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE}"
 : "${INITRAMFS_TINY:?guest-image/build.sh paths did not name INITRAMFS_TINY}"
