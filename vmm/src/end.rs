@@ -163,6 +163,6 @@ Exit codes:
   7  --timeout expired
   8  VMM bug (a vCPU thread panicked)
   9  a VMM thread made a system call its seccomp filter forbids (see --seccomp)
-  10 a vCPU exited on HLT, which the in-kernel irqchip should have handled (KVM or VMM bug)
+  10  a vCPU exited on HLT, which the in-kernel irqchip should have handled (KVM or VMM bug)
   130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
 On any end but 0 a line per vCPU names its RIP and its last exits.";

@@ -286,6 +286,7 @@ fn help_exit_codes_match_end_rs() {
         code::TIMEOUT,
         code::VMM_BUG,
         code::SECCOMP,
+        code::UNEXPECTED_HLT,
         code::SIGNAL_BASE + libc::SIGINT,
         code::SIGNAL_BASE + libc::SIGTERM,
     ];
@@ -295,6 +296,7 @@ fn help_exit_codes_match_end_rs() {
     assert!(line_of(code::SECCOMP).contains("seccomp"));
     assert!(line_of(code::TIMEOUT).contains("--timeout"));
     assert!(line_of(code::VMM_BUG).contains("VMM bug"));
+    assert!(line_of(code::UNEXPECTED_HLT).contains("HLT"));
     // Every "exit code N" an option's help names is one of the list's, and the right one.
     for n in exit_code_mentions(&help) {
         assert!(
