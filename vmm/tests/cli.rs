@@ -297,6 +297,7 @@ fn help_exit_codes_match_end_rs() {
     assert!(line_of(code::TIMEOUT).contains("--timeout"));
     assert!(line_of(code::VMM_BUG).contains("VMM bug"));
     assert!(line_of(code::UNEXPECTED_HLT).contains("HLT"));
+    assert!(help.contains("a line per vCPU names its RIP and its last exits"));
     // Every "exit code N" an option's help names is one of the list's, and the right one.
     for n in exit_code_mentions(&help) {
         assert!(
