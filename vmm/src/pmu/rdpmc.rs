@@ -55,6 +55,20 @@ impl std::fmt::Display for Site {
     }
 }
 
+/// Why an RDPMC the decoder found cannot be proven to be an instruction the guest executes
+/// (so rewriting its bytes could corrupt something else).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotProvable {
+    #[error("the decoder found an RDPMC with a prefix (not rewritable in place)")]
+    Prefixed,
+    #[error("{0} starts outside its section")]
+    FunctionOutsideSection(String),
+    #[error("decoding {0} from its start does not reach it as an instruction")]
+    NotReachedFrom(String),
+    #[error("no symbols, and only {hits} of {starts} decodings from the bytes before it reach it")]
+    FewDecodingsReach { hits: u64, starts: u64 },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RdpmcError {
     #[error("reading the kernel ELF: {0}")]
@@ -62,7 +76,7 @@ pub enum RdpmcError {
     #[error("the kernel is not a 64-bit x86 ELF")]
     NotX86_64,
     #[error("RDPMC at {site} cannot be patched safely: {why}. Run with --rdpmc off (the guest's RDPMC then faults on hosts whose KVM does not serve it)")]
-    Unsafe { site: Site, why: String },
+    Unsafe { site: Site, why: NotProvable },
     #[error("{0} RDPMC instructions found (more than {MAX_SITES}): this does not look like a kernel's text; run with --rdpmc off")]
     TooMany(usize),
     #[error("code at {vaddr:#x} ({len:#x} bytes) wraps past the top of the address space")]
@@ -243,21 +257,22 @@ fn lands_on(region: &CodeRegion<'_>, start: u64, target: u64) -> bool {
 /// linear sweep from the start of its executable section reached it, and decoding restarted from
 /// each of the [`RESYNC_WINDOW`] bytes before it must land on it at least half the time (x86
 /// decoding re-synchronises within a few instructions; 64-bit immediates delay it).
-fn check(region: &CodeRegion<'_>, function: Option<&Function>, vaddr: u64) -> Result<(), String> {
+fn check(
+    region: &CodeRegion<'_>,
+    function: Option<&Function>,
+    vaddr: u64,
+) -> Result<(), NotProvable> {
     let offset = vaddr - region.vaddr;
     let site_bytes = &region.bytes[offset as usize..];
     if !site_bytes.starts_with(&RDPMC) {
-        return Err("the decoder found an RDPMC with a prefix (not rewritable in place)".into());
+        return Err(NotProvable::Prefixed);
     }
     if let Some(f) = function {
         if f.start < region.vaddr {
-            return Err(format!("{} starts outside its section", f.name));
+            return Err(NotProvable::FunctionOutsideSection(f.name.clone()));
         }
         if !lands_on(region, f.start, vaddr) {
-            return Err(format!(
-                "decoding {} from its start does not reach it as an instruction",
-                f.name
-            ));
+            return Err(NotProvable::NotReachedFrom(f.name.clone()));
         }
         return Ok(());
     }
@@ -270,9 +285,7 @@ fn check(region: &CodeRegion<'_>, function: Option<&Function>, vaddr: u64) -> Re
         .filter(|&s| lands_on(region, s, vaddr))
         .count() as u64;
     if hits * 2 < starts {
-        return Err(format!(
-            "no symbols, and only {hits} of {starts} decodings from the bytes before it reach it"
-        ));
+        return Err(NotProvable::FewDecodingsReach { hits, starts });
     }
     Ok(())
 }
@@ -378,7 +391,12 @@ mod tests {
         code.extend_from_slice(&RDPMC);
         code.push(0xc3);
         match find_sites_flat(&code, 0) {
-            Err(RdpmcError::Unsafe { why, .. }) => assert!(why.contains("decodings"), "{why}"),
+            Err(RdpmcError::Unsafe { why, .. }) => {
+                assert!(
+                    matches!(why, NotProvable::FewDecodingsReach { .. }),
+                    "{why}"
+                )
+            }
             other => {
                 // Either refused, or every site found must decode from the start of the code.
                 let sites = other.unwrap();
