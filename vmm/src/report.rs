@@ -298,7 +298,9 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             })
             .collect();
         json!({
-            "setting": format!("{:?}", r.vpmu),
+            // As --vpmu spells it: the mode the run started in.
+            "setting": clap::ValueEnum::to_possible_value(&r.vpmu)
+                .map(|v| v.get_name().to_string()),
             "msr_reads": p.msr_reads,
             "msr_writes": p.msr_writes,
             "gp_faults": p.gp_faults,
@@ -446,6 +448,7 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&to_json(&r).to_string()).unwrap();
         assert_eq!(j["schema"], RUN_SCHEMA);
         assert_eq!(j["end"]["kind"], "timeout");
+        assert_eq!(j["vpmu"]["setting"], "cpu-switch");
         assert_eq!(j["end"]["exit_code"], 7);
         assert_eq!(j["end"]["clean"], false);
         assert!(text.contains(&format!(
