@@ -42,8 +42,9 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
-    /// side (table on stdout; CSV and SVG chart in --out). If the guest goes wrong, the exit
-    /// code is the run's own (as for `run`); 1 for bad input.
+    /// side (table, or with --format json one JSON document, on stdout; CSV and SVG chart in
+    /// --out). If the guest goes wrong, the exit code is the run's own (as for `run`); 1 for
+    /// bad input.
     Compare(CompareArgs),
     /// Read VM-exit traces written by `run --trace` (docs/tracing.md).
     #[command(subcommand)]
@@ -53,7 +54,7 @@ pub enum Command {
     Report(ReportArgs),
     /// Decode the result frames a guest sent over COM2 (the file of `run --serial2 FILE`):
     /// verify each frame's length and CRC-32, write its payload to DIR/<mode>/<name>, report
-    /// damaged, truncated or missing frames (exit code 1 if any).
+    /// damaged, truncated or missing frames (exit code 1 if any); --format json for scripts.
     Results(ResultsArgs),
 }
 

@@ -366,11 +366,7 @@ pub fn write_out(d: &Decoded, out: &Path) -> Result<Written, ResultsError> {
 
 /// `vpmu-vmm results FILE --out DIR [--format json]`: decode FILE, write the payloads, report
 /// problems. Returns whether the stream was complete (every frame there and intact).
-pub fn command(
-    file: &Path,
-    out: &Path,
-    format: crate::cli::Format,
-) -> Result<bool, ResultsError> {
+pub fn command(file: &Path, out: &Path, format: crate::cli::Format) -> Result<bool, ResultsError> {
     let bytes = std::fs::read(file).map_err(|e| ResultsError::Io {
         path: file.to_path_buf(),
         msg: e.to_string(),

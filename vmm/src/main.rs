@@ -36,14 +36,16 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code() as u8)
             }
         },
-        Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out, args.format) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(code::ERROR as u8),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(code::ERROR as u8)
+        Command::Results(args) => {
+            match vmm::guest_results::command(&args.file, &args.out, args.format) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(code::ERROR as u8),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(code::ERROR as u8)
+                }
             }
-        },
+        }
         Command::Run(args) => {
             let cfg = match args.to_config(started) {
                 Ok(c) => c,

@@ -71,7 +71,10 @@ pub fn lines(r: &RunReport) -> Vec<String> {
                 v.extend(h[h.len() - 3..].iter().map(step));
                 v
             };
-            out.push(format!("[vpmu-vmm] accounting modes: {}", steps.join(" -> ")));
+            out.push(format!(
+                "[vpmu-vmm] accounting modes: {}",
+                steps.join(" -> ")
+            ));
         }
         let time = crate::pmu::mode::time_in_modes(&r.mode_history, r.run_time);
         for (i, m) in [
@@ -139,7 +142,10 @@ pub fn lines(r: &RunReport) -> Vec<String> {
     }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
-        out.push(format!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", ")));
+        out.push(format!(
+            "[vpmu-vmm] host-quirk fix-ups: {}",
+            list.join(", ")
+        ));
     }
     if let Some((n, us)) = r.syscall_relay {
         out.push(format!(
@@ -495,7 +501,10 @@ mod tests {
         r.syscall_relay = None;
         let j = to_json(&r);
         assert!(j["vpmu"].is_null() && j["syscall_relay"].is_null());
-        assert_eq!((&j["end"]["kind"], &j["end"]["exit_code"]), (&"power-off".into(), &0.into()));
+        assert_eq!(
+            (&j["end"]["kind"], &j["end"]["exit_code"]),
+            (&"power-off".into(), &0.into())
+        );
         assert!(j["console_tail"].as_array().unwrap().is_empty());
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("r.json");

@@ -107,10 +107,16 @@ fn compare_json_document_agrees_with_the_csv_files() {
     let params = &doc["params"];
     assert_eq!(params["workload"], "tiny");
     assert_eq!(params["rounds"], vmm::compare::tiny::ROUNDS);
-    assert_eq!(params["io_delay_us"], vmm::compare::tiny::DEFAULT_IO_DELAY_US);
+    assert_eq!(
+        params["io_delay_us"],
+        vmm::compare::tiny::DEFAULT_IO_DELAY_US
+    );
     assert_eq!(params["mode_switches"], 1);
     let comparisons = doc["comparisons"].as_array().unwrap();
-    let names: Vec<&str> = comparisons.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = comparisons
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["tiny-io", "tiny-control"]);
     for cmp in comparisons {
         let csv_path = cmp["csv"].as_str().unwrap();
@@ -125,11 +131,22 @@ fn compare_json_document_agrees_with_the_csv_files() {
             .collect();
         assert_eq!(csv_params["schema"], vmm::compare::COMPARE_SCHEMA);
         for (k, v) in params.as_object().unwrap() {
-            let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
-            assert_eq!(csv_params.get(k.as_str()), Some(&text.as_str()), "{csv_path}: {k}");
+            let text = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            assert_eq!(
+                csv_params.get(k.as_str()),
+                Some(&text.as_str()),
+                "{csv_path}: {k}"
+            );
         }
         for mode in ["cpu_switch_samples", "domain_switch_samples"] {
-            assert_eq!(csv_params[mode], cmp[mode].to_string(), "{csv_path}: {mode}");
+            assert_eq!(
+                csv_params[mode],
+                cmp[mode].to_string(),
+                "{csv_path}: {mode}"
+            );
         }
         let rows = cmp["rows"].as_array().unwrap();
         assert_eq!(rows.len(), csv.rows.len(), "{csv_path}");

@@ -162,7 +162,10 @@ fn packet_rx_in_guest(
         pmu_model: args.pmu_model,
     })?;
     let params = vec![
-        param("profiler", profiler.experiment().trim_start_matches("compare-")),
+        param(
+            "profiler",
+            profiler.experiment().trim_start_matches("compare-"),
+        ),
         param("kernel", kernel_name(args)),
         param("phase_secs", args.phase_secs),
         param("rounds", 1),
@@ -208,8 +211,19 @@ fn print_packet_rx(
         files.push((csv, svg));
     }
     if !text {
-        let doc = document(&params, &[packets, control], &files, packets, control, linux::VIRTIO_NET_TOTAL, run);
-        println!("{}", serde_json::to_string_pretty(&doc).expect("plain values"));
+        let doc = document(
+            &params,
+            &[packets, control],
+            &files,
+            packets,
+            control,
+            linux::VIRTIO_NET_TOTAL,
+            run,
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("plain values")
+        );
         return Ok(());
     }
     for f in linux::DEVICE_ACCESS_FUNCTIONS {
@@ -260,8 +274,19 @@ fn tiny_guest(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
     if text {
         println!("{}", summary(&t.io, &t.control, "io_heavy"));
     } else {
-        let doc = document(&params, &[&t.io, &t.control], &files, &t.io, &t.control, "io_heavy", &t.run);
-        println!("{}", serde_json::to_string_pretty(&doc).expect("plain values"));
+        let doc = document(
+            &params,
+            &[&t.io, &t.control],
+            &files,
+            &t.io,
+            &t.control,
+            "io_heavy",
+            &t.run,
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("plain values")
+        );
     }
     Ok(())
 }

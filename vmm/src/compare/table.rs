@@ -772,9 +772,9 @@ mod tests {
             lines[1],
             "packet-rx,e1000_intr,symbol,30,3.0000,2400,40.0000,13.3333"
         );
-        assert!(lines.iter().any(
-            |l| l.starts_with("packet-rx,e1000_xmit_frame,symbol,0,0.0000,1000,") && l.ends_with(',')
-        ));
+        assert!(lines.iter().any(|l| l
+            .starts_with("packet-rx,e1000_xmit_frame,symbol,0,0.0000,1000,")
+            && l.ends_with(',')));
         let svg = c.to_svg();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         // Background, two legend boxes, two bars per row.
