@@ -365,15 +365,16 @@ pub fn write_out(d: &Decoded, out: &Path) -> Result<Written, ResultsError> {
 }
 
 /// `vpmu-vmm results FILE --out DIR [--format json]`: decode FILE, write the payloads, report
-/// problems. Returns whether the stream was complete (every frame there and intact).
-pub fn command(file: &Path, out: &Path, format: crate::cli::Format) -> Result<bool, ResultsError> {
+/// problems (as text, or with `json` as one [`to_json`] document). Returns whether the stream
+/// was complete (every frame there and intact).
+pub fn command(file: &Path, out: &Path, json: bool) -> Result<bool, ResultsError> {
     let bytes = std::fs::read(file).map_err(|e| ResultsError::Io {
         path: file.to_path_buf(),
         msg: e.to_string(),
     })?;
     let d = decode(&bytes);
     let written = write_out(&d, out)?;
-    if format == crate::cli::Format::Json {
+    if json {
         println!(
             "{}",
             serde_json::to_string_pretty(&to_json(&d, &written, out)).expect("plain values")

@@ -37,7 +37,11 @@ fn main() -> ExitCode {
             }
         },
         Command::Results(args) => {
-            match vmm::guest_results::command(&args.file, &args.out, args.format) {
+            match vmm::guest_results::command(
+                &args.file,
+                &args.out,
+                args.format == vmm::cli::Format::Json,
+            ) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::from(code::ERROR as u8),
                 Err(e) => {

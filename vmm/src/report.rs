@@ -384,11 +384,20 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
     })
 }
 
-/// Writes [`to_json`]'s document to `path`, whole (a temporary file renamed over it).
+/// Writes [`to_json`]'s document to `path`, whole: into `path.tmp`, synced, renamed over `path`
+/// (as `compare::write_whole`, which this layer does not import).
 pub fn write_json(path: &std::path::Path, r: &RunReport) -> std::io::Result<()> {
+    use std::io::Write;
     let mut text = serde_json::to_string_pretty(&to_json(r)).expect("JSON of plain values");
     text.push('\n');
-    crate::compare::write_whole(path, text.as_bytes())
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
