@@ -42,8 +42,9 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
-    /// side (table on stdout; CSV and SVG chart in --out). If the guest goes wrong, the exit
-    /// code is the run's own (as for `run`); 1 for bad input.
+    /// side (table, or with --format json one JSON document, on stdout; CSV and SVG chart in
+    /// --out). If the guest goes wrong, the exit code is the run's own (as for `run`); 1 for
+    /// bad input.
     Compare(CompareArgs),
     /// Read VM-exit traces written by `run --trace` (docs/tracing.md).
     #[command(subcommand)]
@@ -53,7 +54,7 @@ pub enum Command {
     Report(ReportArgs),
     /// Decode the result frames a guest sent over COM2 (the file of `run --serial2 FILE`):
     /// verify each frame's length and CRC-32, write its payload to DIR/<mode>/<name>, report
-    /// damaged, truncated or missing frames (exit code 1 if any).
+    /// damaged, truncated or missing frames (exit code 1 if any); --format json for scripts.
     Results(ResultsArgs),
 }
 
@@ -146,6 +147,19 @@ pub struct CompareArgs {
     #[arg(long, value_name = "US", default_value_t = crate::compare::tiny::DEFAULT_IO_DELAY_US,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub io_delay_us: u32,
+    /// What goes to stdout: text = the tables for people; json = one JSON document (schema
+    /// vpmu-compare/1: the run's parameters, every row of each comparison, the summary and the
+    /// run's end-of-run report; docs/accounting-modes.md, "Results a script can read") and
+    /// nothing else. The CSV and SVG files are written either way; progress goes to stderr.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+/// Output of `compare` and `results`: tables for people, or one JSON document for scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -163,6 +177,11 @@ pub struct ResultsArgs {
     /// Directory for the decoded payloads (created if missing).
     #[arg(long, value_name = "DIR", default_value = "vpmu-results")]
     pub out: PathBuf,
+    /// What goes to stdout: text = one line per frame; json = one JSON document (schema
+    /// vpmu-results/1: the begin line, each frame's seq, name, mode, bytes and file, the
+    /// problems, complete or not; docs/guest.md). The exit code is the same either way.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
 }
 
 #[derive(clap::Args, Debug)]
@@ -238,6 +257,13 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// read it with `vpmu-vmm report FILE`. May be the same FILE as --trace (one file, both).
     #[arg(long, value_name = "FILE")]
     pub host_profile: Option<PathBuf>,
+    /// Also write the end-of-run report (exits by kind, PMIs raised/delivered/throttled, mode
+    /// switches, network and relay counts, host-quirk fix-ups, the end and the exit code) to FILE
+    /// as one JSON document (schema vpmu-run/1; docs/tracing.md). A file, not stdout: stdout
+    /// carries the guest console, which a JSON document would run into. The text report still
+    /// goes to stderr.
+    #[arg(long, value_name = "FILE")]
+    pub report_json: Option<PathBuf>,
     /// Host profile samples per second of the sampled clock, per vCPU.
     #[arg(long, value_name = "N", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=20_000))]
@@ -325,6 +351,20 @@ impl RunArgs {
             }
             t => t.map(Duration::from_secs_f64),
         };
+        if let Some(f) = &self.report_json {
+            // Found out now, not after a run whose report would then be lost.
+            let dir = match f.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err(format!(
+                    "--report-json {}: {} is not a directory",
+                    f.display(),
+                    dir.display()
+                ));
+            }
+        }
         if self.vpmu_schedule.is_some() && self.vpmu == VpmuSetting::Off {
             return Err(
                 "--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),

@@ -364,15 +364,23 @@ pub fn write_out(d: &Decoded, out: &Path) -> Result<Written, ResultsError> {
     Ok(Written { files })
 }
 
-/// `vpmu-vmm results FILE --out DIR`: decode FILE, write the payloads, report problems.
-/// Returns whether the stream was complete (every frame there and intact).
-pub fn command(file: &Path, out: &Path) -> Result<bool, ResultsError> {
+/// `vpmu-vmm results FILE --out DIR [--format json]`: decode FILE, write the payloads, report
+/// problems (as text, or with `json` as one [`to_json`] document). Returns whether the stream
+/// was complete (every frame there and intact).
+pub fn command(file: &Path, out: &Path, json: bool) -> Result<bool, ResultsError> {
     let bytes = std::fs::read(file).map_err(|e| ResultsError::Io {
         path: file.to_path_buf(),
         msg: e.to_string(),
     })?;
     let d = decode(&bytes);
     let written = write_out(&d, out)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&to_json(&d, &written, out)).expect("plain values")
+        );
+        return Ok(d.is_complete());
+    }
     if let Some(b) = &d.begin {
         println!("results: {b}");
     }
@@ -402,6 +410,38 @@ pub fn command(file: &Path, out: &Path) -> Result<bool, ResultsError> {
         }
     );
     Ok(d.is_complete())
+}
+
+/// The `schema` field of `results --format json` (docs/guest.md, "Result frames").
+pub const RESULTS_SCHEMA: &str = "vpmu-results/1";
+
+/// What `results` found, as one JSON document: the begin line, each frame written (seq, name,
+/// mode, payload bytes, CRC-32, file), bytes outside frames, the problems, complete or not.
+pub fn to_json(d: &Decoded, written: &Written, out: &Path) -> serde_json::Value {
+    let frames: Vec<serde_json::Value> = d
+        .frames
+        .iter()
+        .zip(&written.files)
+        .map(|(f, path)| {
+            serde_json::json!({
+                "seq": f.seq,
+                "name": f.name,
+                "mode": f.mode,
+                "bytes": f.payload.len(),
+                "crc32": format!("{:08x}", crc32fast::hash(&f.payload)),
+                "file": path.display().to_string(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "schema": RESULTS_SCHEMA,
+        "begin": d.begin,
+        "out": out.display().to_string(),
+        "frames": frames,
+        "stray_bytes": d.stray_bytes,
+        "problems": d.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        "complete": d.is_complete(),
+    })
 }
 
 #[cfg(test)]
@@ -620,5 +660,35 @@ mod tests {
             b"1\n"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn json_document_lists_the_frames_written_and_the_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = stream(&[
+            ("system/cmdline", "-", b"console=ttyS0\n"),
+            ("perf-stat/x.csv", "cpu-switch", b"1\n"),
+        ]);
+        let end = find(&s, 0, b"VPMU-RESULTS-END").unwrap();
+        s.truncate(end);
+        let d = decode(&s);
+        let w = write_out(&d, dir.path()).unwrap();
+        let j: serde_json::Value =
+            serde_json::from_str(&to_json(&d, &w, dir.path()).to_string()).unwrap();
+        assert_eq!(j["schema"], RESULTS_SCHEMA);
+        assert_eq!(j["begin"].as_str(), d.begin.as_deref());
+        assert_eq!(j["complete"], false);
+        assert_eq!(j["problems"][0], ResultsError::NoEndMarker.to_string());
+        let frames = j["frames"].as_array().unwrap();
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[1]["name"], "perf-stat/x.csv");
+        assert_eq!(frames[1]["mode"], "cpu-switch");
+        assert_eq!(frames[1]["bytes"], 2);
+        assert_eq!(
+            frames[1]["crc32"],
+            format!("{:08x}", crc32fast::hash(b"1\n"))
+        );
+        let file = frames[1]["file"].as_str().unwrap();
+        assert_eq!(std::fs::read(file).unwrap(), b"1\n");
     }
 }

@@ -36,14 +36,20 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code() as u8)
             }
         },
-        Command::Results(args) => match vmm::guest_results::command(&args.file, &args.out) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(code::ERROR as u8),
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(code::ERROR as u8)
+        Command::Results(args) => {
+            match vmm::guest_results::command(
+                &args.file,
+                &args.out,
+                args.format == vmm::cli::Format::Json,
+            ) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(code::ERROR as u8),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(code::ERROR as u8)
+                }
             }
-        },
+        }
         Command::Run(args) => {
             let cfg = match args.to_config(started) {
                 Ok(c) => c,
@@ -55,6 +61,12 @@ fn main() -> ExitCode {
             match vmm::vm::run(&cfg) {
                 Ok(report) => {
                     vmm::report::print(&report);
+                    if let Some(f) = &args.report_json {
+                        if let Err(e) = vmm::report::write_json(f, &report) {
+                            // The run's own end and exit code stand; the file is extra.
+                            eprintln!("error: --report-json {}: {e}", f.display());
+                        }
+                    }
                     ExitCode::from(report.end.exit_code() as u8)
                 }
                 Err(e) => {

@@ -4,18 +4,26 @@ use crate::exit::ExitCounts;
 use crate::vm::RunReport;
 
 pub fn print(r: &RunReport) {
+    for l in lines(r) {
+        eprintln!("{l}");
+    }
+}
+
+/// The lines [`print`] prints (the first one empty).
+pub fn lines(r: &RunReport) -> Vec<String> {
+    let mut out = Vec::new();
     let mut total = ExitCounts::default();
     for c in &r.exits {
         total.add(c);
     }
-    eprintln!();
-    eprintln!(
+    out.push(String::new());
+    out.push(format!(
         "[vpmu-vmm] {} after {:.2} s (exit code {})",
         r.end,
         r.run_time.as_secs_f64(),
         r.end.exit_code()
-    );
-    eprintln!(
+    ));
+    out.push(format!(
         "[vpmu-vmm] exits: {} total: {} port in, {} port out ({} unclaimed), {} mmio ({} unclaimed), {} msr, {} interrupted, {} emulation failures",
         total.total(),
         total.io_in,
@@ -26,15 +34,15 @@ pub fn print(r: &RunReport) {
         total.msr,
         total.interrupted,
         total.internal_error
-    );
+    ));
     if r.vpmu != crate::vm::VpmuSetting::Off {
         let p = &r.pmu;
-        eprintln!(
+        out.push(format!(
             "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} held back by the rate limit",
             r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
-        );
+        ));
         if p.pmis_throttled > 0 || p.pmis_merged > 0 {
-            eprintln!(
+            out.push(format!(
                 "[vpmu-vmm] vPMU rate limit: {} PMIs raised = {} delivered + {} dropped (masked) + {} merged into held-back ones + {} held at the end; {} signals on the vCPU threads",
                 p.pmis_raised,
                 p.pmis_nmi + p.pmis_vector,
@@ -42,7 +50,7 @@ pub fn print(r: &RunReport) {
                 p.pmis_merged,
                 p.pmis_held_at_end,
                 p.signals
-            );
+            ));
         }
         if r.mode_history.len() > 1 {
             let step = |s: &crate::pmu::mode::Switch| {
@@ -63,7 +71,10 @@ pub fn print(r: &RunReport) {
                 v.extend(h[h.len() - 3..].iter().map(step));
                 v
             };
-            eprintln!("[vpmu-vmm] accounting modes: {}", steps.join(" -> "));
+            out.push(format!(
+                "[vpmu-vmm] accounting modes: {}",
+                steps.join(" -> ")
+            ));
         }
         let time = crate::pmu::mode::time_in_modes(&r.mode_history, r.run_time);
         for (i, m) in [
@@ -75,20 +86,20 @@ pub fn print(r: &RunReport) {
         {
             let c = p.by_mode[i];
             if c.pmis + c.rdpmc_reads > 0 || (r.mode_history.len() > 1 && !time[i].is_zero()) {
-                eprintln!(
+                out.push(format!(
                     "[vpmu-vmm]   in {} ({:.1} s): {} PMIs delivered, {} RDPMC served",
                     crate::pmu::mode::name(m),
                     time[i].as_secs_f64(),
                     c.pmis,
                     c.rdpmc_reads
-                );
+                ));
             }
         }
         if p.rdpmc_fixed > 0 {
-            eprintln!(
+            out.push(format!(
                 "[vpmu-vmm]   {} of the RDPMCs read a fixed counter",
                 p.rdpmc_fixed
-            );
+            ));
         }
         if let Some(f) = &r.pmu_event_filter {
             let per: Vec<String> = p
@@ -97,11 +108,11 @@ pub fn print(r: &RunReport) {
                 .enumerate()
                 .map(|(i, n)| format!("vCPU {i}: {n}"))
                 .collect();
-            eprintln!(
+            out.push(format!(
                 "[vpmu-vmm] vPMU event filter {f}: {} counter programmings refused ({})",
                 p.filter_blocked,
                 per.join(", ")
-            );
+            ));
         }
         if !p.uncounted.is_empty() {
             let list: Vec<String> = p
@@ -112,52 +123,54 @@ pub fn print(r: &RunReport) {
                     None => u.to_string(),
                 })
                 .collect();
-            eprintln!(
+            out.push(format!(
                 "[vpmu-vmm] WARNING: the guest programmed events the vPMU's backend cannot count; their \
                  counters stayed still (a guest profiler shows 0 for them, docs/vpmu.md \
                  \"What the soft backend cannot do\"): {}",
                 list.join(", ")
-            );
+            ));
         }
         if p.rdpmc_genuine_msr > 0 {
-            eprintln!(
+            out.push(format!(
                 "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",
                 p.rdpmc_genuine_msr
-            );
+            ));
         }
     }
     if let Some(n) = &r.net {
-        print_net(n);
+        print_net(&mut out, n);
     }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
-        eprintln!("[vpmu-vmm] host-quirk fix-ups: {}", list.join(", "));
+        out.push(format!(
+            "[vpmu-vmm] host-quirk fix-ups: {}",
+            list.join(", ")
+        ));
     }
     if let Some((n, us)) = r.syscall_relay {
-        eprintln!(
+        out.push(format!(
             "[vpmu-vmm] syscall relay: {n} guest system calls completed by the VMM, {us:.1} us each in the VMM (exit to registers written)"
-        );
+        ));
     }
-    for l in diagnostic(r) {
-        eprintln!("{l}");
-    }
+    out.extend(diagnostic(r));
     if !r.end.is_clean() && !r.console_tail.is_empty() {
-        eprintln!("[vpmu-vmm] last guest console lines:");
+        out.push("[vpmu-vmm] last guest console lines:".to_string());
         for l in &r.console_tail {
-            eprintln!("  | {l}");
+            out.push(format!("  | {l}"));
         }
     }
+    out
 }
 
-fn print_net(n: &crate::net::NetReport) {
+fn print_net(out: &mut Vec<String>, n: &crate::net::NetReport) {
     let c = &n.card;
-    eprintln!(
+    out.push(format!(
         "[vpmu-vmm] virtio-net: status {:#x}, {} frames to the guest, {} from it, {} dropped (no receive buffer), {} queue errors, {} bad register accesses; {} interrupts, {} rx / {} tx notifies",
         n.status, c.rx_frames, c.tx_frames, c.rx_dropped, c.queue_errors, n.bad_accesses, n.interrupts, c.rx_notifies, c.tx_notifies
-    );
+    ));
     let Some(p) = &n.pinger else { return };
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    eprintln!(
+    out.push(format!(
         "[vpmu-vmm] net pinger: {} echo requests pushed, {} replies ok, {} bad; {} not sent (no receive buffer), {} skipped (late), {} held (paused or gate closed); {} ARP answered, {} other frames{}{}",
         p.requests_pushed,
         p.replies_ok,
@@ -178,18 +191,18 @@ fn print_net(n: &crate::net::NetReport) {
             ),
             _ => String::new(),
         },
-    );
+    ));
     if let Some(loss) = p.loss_after_first_reply() {
-        eprintln!(
+        out.push(format!(
             "[vpmu-vmm] net pinger: after the first reply {} requests pushed, {} answered, {} still in flight, loss {:.1}%",
             p.pushed_after_first_reply,
             p.replies_after_first_reply,
             p.unanswered_after_first_reply,
             loss * 100.0
-        );
+        ));
     }
     if let Some(why) = &p.first_bad {
-        eprintln!("[vpmu-vmm] net pinger: first bad frame: {why}");
+        out.push(format!("[vpmu-vmm] net pinger: first bad frame: {why}"));
     }
 }
 
@@ -203,4 +216,310 @@ pub fn diagnostic(r: &RunReport) -> Vec<String> {
         .iter()
         .map(|s| format!("[vpmu-vmm] {}", s.line()))
         .collect()
+}
+
+/// The `schema` field of [`to_json`]'s document: bumped when a stable field changes meaning or
+/// goes away (fields may be added within a version).
+pub const RUN_SCHEMA: &str = "vpmu-run/1";
+
+/// The end's kind, one word per [`crate::end::VmEnd`] variant (stable in `vpmu-run/1`).
+pub fn end_kind(end: &crate::end::VmEnd) -> &'static str {
+    use crate::end::VmEnd;
+    match end {
+        VmEnd::PowerOff => "power-off",
+        VmEnd::Reboot => "reboot",
+        VmEnd::GuestPanic(_) => "guest-panic",
+        VmEnd::TripleFault => "triple-fault",
+        VmEnd::KvmFailure(_) => "kvm-failure",
+        VmEnd::EmulationFailure(_) => "emulation-failure",
+        VmEnd::Timeout(_) => "timeout",
+        VmEnd::Stopped(_) => "stopped",
+        VmEnd::VmmPanic(_) => "vmm-bug",
+        VmEnd::Signal(_) => "signal",
+        VmEnd::UnexpectedHlt => "unexpected-hlt",
+    }
+}
+
+fn exits_json(c: &ExitCounts) -> serde_json::Value {
+    serde_json::json!({
+        "total": c.total(),
+        "io_in": c.io_in,
+        "io_out": c.io_out,
+        "unclaimed_io": c.unclaimed_io,
+        "mmio": c.mmio,
+        "unclaimed_mmio": c.unclaimed_mmio,
+        "msr": c.msr,
+        "hlt": c.hlt,
+        "interrupted": c.interrupted,
+        "internal_error": c.internal_error,
+        "other": c.other,
+    })
+}
+
+/// The end-of-run report as one JSON document (`vpmu-run/1`; docs/tracing.md, "The end-of-run
+/// report as JSON"): what [`print`] prints, as numbers, and the diagnostic lines.
+pub fn to_json(r: &RunReport) -> serde_json::Value {
+    use serde_json::json;
+    let mut total = ExitCounts::default();
+    for c in &r.exits {
+        total.add(c);
+    }
+    let p = &r.pmu;
+    let time = crate::pmu::mode::time_in_modes(&r.mode_history, r.run_time);
+    let vpmu = if r.vpmu == crate::vm::VpmuSetting::Off {
+        serde_json::Value::Null
+    } else {
+        let by_mode: Vec<serde_json::Value> = [
+            vpmu::AccountingMode::CpuSwitch,
+            vpmu::AccountingMode::DomainSwitch,
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            json!({
+                "mode": crate::pmu::mode::name(m),
+                "secs": time[i].as_secs_f64(),
+                "pmis_delivered": p.by_mode[i].pmis,
+                "rdpmc_served": p.by_mode[i].rdpmc_reads,
+            })
+        })
+        .collect();
+        let switches: Vec<serde_json::Value> = r
+            .mode_history
+            .iter()
+            .map(|s| {
+                json!({
+                    "mode": crate::pmu::mode::name(s.mode),
+                    "at_secs": s.at.as_secs_f64(),
+                    "by": s.by,
+                })
+            })
+            .collect();
+        let uncounted: Vec<String> = p
+            .uncounted
+            .iter()
+            .map(|(u, a)| match a {
+                Some(a) => format!("{u} ({a:?})"),
+                None => u.to_string(),
+            })
+            .collect();
+        json!({
+            // As --vpmu spells it: the mode the run started in.
+            "setting": clap::ValueEnum::to_possible_value(&r.vpmu)
+                .map(|v| v.get_name().to_string()),
+            "msr_reads": p.msr_reads,
+            "msr_writes": p.msr_writes,
+            "gp_faults": p.gp_faults,
+            "rdpmc_served": p.rdpmc_reads,
+            "rdpmc_fixed": p.rdpmc_fixed,
+            "rdpmc_left_to_kvm": p.rdpmc_genuine_msr,
+            "pmis": {
+                "raised": p.pmis_raised,
+                "delivered": p.pmis_nmi + p.pmis_vector,
+                "nmi": p.pmis_nmi,
+                "vector": p.pmis_vector,
+                "dropped_masked": p.pmis_masked,
+                "throttled": p.pmis_throttled,
+                "merged": p.pmis_merged,
+                "held_at_end": p.pmis_held_at_end,
+            },
+            "signals": p.signals,
+            "by_mode": by_mode,
+            "mode_switches": switches,
+            "event_filter": r.pmu_event_filter.as_ref().map(|f| json!({
+                "spec": f.to_string(),
+                "refused": p.filter_blocked,
+                "refused_by_vcpu": p.filter_blocked_by_vcpu,
+            })),
+            "uncounted_events": uncounted,
+        })
+    };
+    let net = r.net.as_ref().map(|n| {
+        let c = &n.card;
+        json!({
+            "status": n.status,
+            "interrupts": n.interrupts,
+            "bad_accesses": n.bad_accesses,
+            "rx_frames": c.rx_frames,
+            "tx_frames": c.tx_frames,
+            "rx_dropped": c.rx_dropped,
+            "queue_errors": c.queue_errors,
+            "rx_notifies": c.rx_notifies,
+            "tx_notifies": c.tx_notifies,
+            "pinger": n.pinger.as_ref().map(|p| json!({
+                "requests_pushed": p.requests_pushed,
+                "replies_ok": p.replies_ok,
+                "replies_bad": p.replies_bad,
+                "requests_no_buffer": p.requests_no_buffer,
+                "requests_skipped_late": p.requests_skipped_late,
+                "requests_held": p.requests_held,
+                "arp_answered": p.arp_answered,
+                "other_frames": p.other_frames,
+            })),
+        })
+    });
+    let fixups: serde_json::Map<String, serde_json::Value> = r
+        .fixups
+        .iter()
+        .map(|(k, n)| (k.to_string(), json!(n)))
+        .collect();
+    json!({
+        "schema": RUN_SCHEMA,
+        "end": {
+            "kind": end_kind(&r.end),
+            "text": r.end.to_string(),
+            "exit_code": r.end.exit_code(),
+            "clean": r.end.is_clean(),
+        },
+        "setup_secs": r.setup_time.as_secs_f64(),
+        "run_secs": r.run_time.as_secs_f64(),
+        "exits": exits_json(&total),
+        "exits_by_vcpu": r.exits.iter().map(exits_json).collect::<Vec<_>>(),
+        "vpmu": vpmu,
+        "net": net,
+        "host_quirk_fixups": fixups,
+        "syscall_relay": r.syscall_relay.map(|(n, us)| json!({"calls": n, "us_each": us})),
+        "diagnostic": diagnostic(r),
+        "console_tail": if r.end.is_clean() { Vec::new() } else { r.console_tail.clone() },
+    })
+}
+
+/// Writes [`to_json`]'s document to `path`, whole: into `path.tmp`, synced, renamed over `path`
+/// (as `compare::write_whole`, which this layer does not import).
+pub fn write_json(path: &std::path::Path, r: &RunReport) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut text = serde_json::to_string_pretty(&to_json(r)).expect("JSON of plain values");
+    text.push('\n');
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn report() -> RunReport {
+        let exits = ExitCounts {
+            io_in: 3,
+            io_out: 40,
+            msr: 7,
+            interrupted: 2,
+            internal_error: 5,
+            ..Default::default()
+        };
+        let mut pmu = crate::pmu::PmuStats {
+            msr_reads: 11,
+            msr_writes: 12,
+            pmis_raised: 30,
+            pmis_nmi: 20,
+            pmis_vector: 1,
+            pmis_masked: 2,
+            pmis_throttled: 6,
+            pmis_merged: 6,
+            pmis_held_at_end: 1,
+            signals: 99,
+            ..Default::default()
+        };
+        pmu.by_mode[0].pmis = 8;
+        pmu.by_mode[1].pmis = 13;
+        let switch = |secs: u64, mode, by| crate::pmu::mode::Switch {
+            at: Duration::from_secs(secs),
+            tsc: 0,
+            mode,
+            by,
+        };
+        RunReport {
+            end: crate::end::VmEnd::Timeout(Duration::from_secs(4)),
+            exits: vec![exits.clone(), exits],
+            pmu,
+            vpmu: crate::vm::VpmuSetting::CpuSwitch,
+            pmu_event_filter: None,
+            mode_history: vec![
+                switch(0, vpmu::AccountingMode::CpuSwitch, "start"),
+                switch(1, vpmu::AccountingMode::DomainSwitch, "schedule"),
+            ],
+            fixups: vec![("clac/stac", 4), ("popcnt", 1)],
+            syscall_relay: Some((17, 2.5)),
+            console_tail: vec!["last line".into()],
+            vcpu_states: Vec::new(),
+            cmdline: None,
+            net: None,
+            setup_time: Duration::from_millis(20),
+            run_time: Duration::from_secs(4),
+        }
+    }
+
+    #[test]
+    fn json_report_says_what_the_text_report_says() {
+        let r = report();
+        let text = lines(&r).join("\n");
+        let j: serde_json::Value = serde_json::from_str(&to_json(&r).to_string()).unwrap();
+        assert_eq!(j["schema"], RUN_SCHEMA);
+        assert_eq!(j["end"]["kind"], "timeout");
+        assert_eq!(j["vpmu"]["setting"], "cpu-switch");
+        assert_eq!(j["end"]["exit_code"], 7);
+        assert_eq!(j["end"]["clean"], false);
+        assert!(text.contains(&format!(
+            "{} after 4.00 s (exit code 7)",
+            j["end"]["text"].as_str().unwrap()
+        )));
+        let e = &j["exits"];
+        assert_eq!(e["total"], 114);
+        assert!(text.contains(&format!(
+            "exits: {} total: {} port in, {} port out",
+            e["total"], e["io_in"], e["io_out"]
+        )));
+        assert!(text.contains(&format!("{} emulation failures", e["internal_error"])));
+        assert_eq!(j["exits_by_vcpu"].as_array().unwrap().len(), 2);
+        let p = &j["vpmu"]["pmis"];
+        assert!(text.contains(&format!(
+            "{} PMIs raised = {} delivered + {} dropped (masked) + {} merged",
+            p["raised"], p["delivered"], p["dropped_masked"], p["merged"]
+        )));
+        assert!(text.contains(&format!("{} held back by the rate limit", p["throttled"])));
+        let m = &j["vpmu"]["by_mode"];
+        assert_eq!(m[0]["mode"], "cpu-switch");
+        assert_eq!(m[0]["secs"], 1.0);
+        assert!(text.contains(&format!(
+            "in domain-switch (3.0 s): {} PMIs delivered",
+            m[1]["pmis_delivered"]
+        )));
+        let s = j["vpmu"]["mode_switches"].as_array().unwrap();
+        assert_eq!((s.len(), &s[1]["by"]), (2, &serde_json::json!("schedule")));
+        assert!(text.contains("domain-switch at 1.0 s (schedule)"));
+        assert_eq!(j["host_quirk_fixups"]["clac/stac"], 4);
+        assert!(text.contains("host-quirk fix-ups: clac/stac: 4, popcnt: 1"));
+        assert_eq!(j["syscall_relay"]["calls"], 17);
+        assert!(text.contains("syscall relay: 17 guest system calls"));
+        assert_eq!(j["console_tail"][0], "last line");
+        assert!(j["net"].is_null());
+    }
+
+    #[test]
+    fn json_report_of_a_run_without_the_vpmu() {
+        let mut r = report();
+        r.vpmu = crate::vm::VpmuSetting::Off;
+        r.end = crate::end::VmEnd::PowerOff;
+        r.syscall_relay = None;
+        let j = to_json(&r);
+        assert!(j["vpmu"].is_null() && j["syscall_relay"].is_null());
+        assert_eq!(
+            (&j["end"]["kind"], &j["end"]["exit_code"]),
+            (&"power-off".into(), &0.into())
+        );
+        assert!(j["console_tail"].as_array().unwrap().is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("r.json");
+        write_json(&f, &r).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        assert_eq!(back, j);
+    }
 }

@@ -52,6 +52,26 @@ fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
     let stderr = run.stderr;
     let read = |name: &str| common::compare_csv(dir.path(), name);
     let packets = read("packet-rx.csv");
+    // The CSV says which row is the sum of others, and the run's parameters.
+    let csv = vmm::compare::table::csv_read(
+        &std::fs::read_to_string(dir.path().join("packet-rx.csv")).unwrap(),
+    )
+    .unwrap();
+    let totals: Vec<&str> = csv
+        .rows
+        .iter()
+        .filter(|(_, kind)| kind == "total")
+        .map(|(r, _)| r.function.as_str())
+        .collect();
+    assert_eq!(totals, [vmm::compare::linux::VIRTIO_NET_TOTAL]);
+    let param = |k: &str| {
+        csv.params
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(param("rounds"), Some("10"), "{:?}", csv.params);
+    assert_eq!(param("workload"), Some("packet-rx"), "{:?}", csv.params);
     let total = row(&packets, vmm::compare::linux::VIRTIO_NET_TOTAL);
     let (cpu, dom) = (total.cpu_percent, total.domain_percent);
     assert!(

@@ -121,7 +121,18 @@ fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
         pmu_model: args.pmu_model,
     })?;
-    print_packet_rx(args, &l.packets, &l.control, &l.run)
+    let params = vec![
+        param("profiler", "host"),
+        param("kernel", kernel_name(args)),
+        param("phase_secs", args.phase_secs),
+        param("rounds", args.rounds),
+        param("sampling", "host cycles counter gated like the mode"),
+        param("sample_hz", args.hz),
+        param("net_rx_pps", args.net_rx_pps),
+        param("access_cost_us", access_cost_us),
+        param("pmu_model", format!("{:?}", args.pmu_model).to_lowercase()),
+    ];
+    print_packet_rx(args, l.packets, l.control, &l.run, params)
 }
 
 fn packet_rx_in_guest(
@@ -150,15 +161,39 @@ fn packet_rx_in_guest(
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
         pmu_model: args.pmu_model,
     })?;
-    print_packet_rx(args, &g.packets, &g.control, &g.run)
+    let params = vec![
+        param(
+            "profiler",
+            profiler.experiment().trim_start_matches("compare-"),
+        ),
+        param("kernel", kernel_name(args)),
+        param("phase_secs", args.phase_secs),
+        param("rounds", 1),
+        param(
+            "sampling",
+            "guest profiler, fixed period (VPMU_PERIOD in experiments.sh)",
+        ),
+        param("control_rounds", in_guest::CONTROL_ROUNDS),
+        param("net_rx_pps", args.net_rx_pps),
+        param("access_cost_us", access_cost_us),
+        param("pmu_model", format!("{:?}", args.pmu_model).to_lowercase()),
+    ];
+    print_packet_rx(args, g.packets, g.control, &g.run, params)
 }
 
 fn print_packet_rx(
     args: &crate::cli::CompareArgs,
-    packets: &table::Comparison,
-    control: &table::Comparison,
+    mut packets: table::Comparison,
+    mut control: table::Comparison,
     run: &crate::vm::RunReport,
+    params: Vec<(String, serde_json::Value)>,
 ) -> Result<(), CompareError> {
+    let params = run_params(args, run, params);
+    for c in [&mut packets, &mut control] {
+        c.set_params(with_totals(&params, c));
+    }
+    let (packets, control) = (&packets, &control);
+    let text = args.format == crate::cli::Format::Text;
     eprintln!("[compare] done in {:.1} s", run.run_time.as_secs_f64());
     if let Some(n) = run.net.as_ref().and_then(|n| n.pinger.as_ref()) {
         eprintln!(
@@ -166,10 +201,30 @@ fn print_packet_rx(
             n.requests_pushed, n.replies_ok, n.replies_bad, n.requests_held
         );
     }
+    let mut files = Vec::new();
     for c in [packets, control] {
-        println!("{}", c.to_table_top(args.top));
         let (csv, svg) = write_outputs(&args.out, c)?;
-        println!("written: {} {}\n", csv.display(), svg.display());
+        if text {
+            println!("{}", c.to_table_top(args.top));
+            println!("written: {} {}\n", csv.display(), svg.display());
+        }
+        files.push((csv, svg));
+    }
+    if !text {
+        let doc = document(
+            &params,
+            &[packets, control],
+            &files,
+            packets,
+            control,
+            linux::VIRTIO_NET_TOTAL,
+            run,
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("plain values")
+        );
+        return Ok(());
     }
     for f in linux::DEVICE_ACCESS_FUNCTIONS {
         if let Some(r) = packets.row(f) {
@@ -189,15 +244,162 @@ fn tiny_guest(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
          cpu-switch then domain-switch, one boot ({} us per I/O access)...",
         args.io_delay_us
     );
-    let t = tiny::run(&args.out, args.io_delay_us)?;
+    let mut t = tiny::run(&args.out, args.io_delay_us)?;
     eprintln!("[compare] done in {:.1} s", t.run.run_time.as_secs_f64());
-    for c in [&t.io, &t.control] {
-        println!("{}", c.to_table());
-        let (csv, svg) = write_outputs(&args.out, c)?;
-        println!("written: {} {}\n", csv.display(), svg.display());
+    let params = run_params(
+        args,
+        &t.run,
+        vec![
+            param("sampling", "guest NMI sampler on vPMU counter 0 (cycles)"),
+            param("sample_period_cycles", tiny::SAMPLE_PERIOD_CYCLES),
+            param("rounds", tiny::ROUNDS),
+            param("io_delay_us", args.io_delay_us),
+            // compare64.S programs AMD's counter MSRs (tiny::run).
+            param("pmu_model", "amd"),
+        ],
+    );
+    for c in [&mut t.io, &mut t.control] {
+        c.set_params(with_totals(&params, c));
     }
-    println!("{}", summary(&t.io, &t.control, "io_heavy"));
+    let text = args.format == crate::cli::Format::Text;
+    let mut files = Vec::new();
+    for c in [&t.io, &t.control] {
+        let (csv, svg) = write_outputs(&args.out, c)?;
+        if text {
+            println!("{}", c.to_table());
+            println!("written: {} {}\n", csv.display(), svg.display());
+        }
+        files.push((csv, svg));
+    }
+    if text {
+        println!("{}", summary(&t.io, &t.control, "io_heavy"));
+    } else {
+        let doc = document(
+            &params,
+            &[&t.io, &t.control],
+            &files,
+            &t.io,
+            &t.control,
+            "io_heavy",
+            &t.run,
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).expect("plain values")
+        );
+    }
     Ok(())
+}
+
+/// The `schema` field of `compare --format json` (docs/accounting-modes.md, "Results a script
+/// can read"): bumped when a stable field changes meaning or goes away.
+pub const COMPARE_SCHEMA: &str = "vpmu-compare/1";
+
+fn param(key: &str, value: impl Into<serde_json::Value>) -> (String, serde_json::Value) {
+    (key.to_string(), value.into())
+}
+
+fn kernel_name(args: &crate::cli::CompareArgs) -> String {
+    args.kernel
+        .as_deref()
+        .map(|k| k.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The run's parameters, in CSV and JSON order: the workload, what the workload adds
+/// (`extra`), the PMU model, host quirks, and the time the run spent in each mode.
+fn run_params(
+    args: &crate::cli::CompareArgs,
+    run: &crate::vm::RunReport,
+    extra: Vec<(String, serde_json::Value)>,
+) -> Vec<(String, serde_json::Value)> {
+    let workload = match args.workload {
+        crate::cli::Workload::Tiny => "tiny",
+        crate::cli::Workload::PacketRx => "packet-rx",
+    };
+    let mut p = vec![param("schema", COMPARE_SCHEMA), param("workload", workload)];
+    p.extend(extra);
+    let quirks = crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some();
+    let time = crate::pmu::mode::time_in_modes(&run.mode_history, run.run_time);
+    p.extend([
+        param("host_quirks", quirks),
+        param("mode_switches", run.mode_history.len().saturating_sub(1)),
+        param("cpu_switch_secs", round3(time[0].as_secs_f64())),
+        param("domain_switch_secs", round3(time[1].as_secs_f64())),
+        param("run_secs", round3(run.run_time.as_secs_f64())),
+    ]);
+    p
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// `params` and this comparison's per-mode sample totals.
+fn with_totals(
+    params: &[(String, serde_json::Value)],
+    c: &table::Comparison,
+) -> Vec<(String, serde_json::Value)> {
+    let mut p = params.to_vec();
+    p.push(param("cpu_switch_samples", c.cpu_total));
+    p.push(param("domain_switch_samples", c.domain_total));
+    p
+}
+
+/// The `vpmu-compare/1` document: the parameters, each comparison (with its files), the
+/// summary lines' numbers, and the run's end-of-run report (`vpmu-run/1`).
+fn document(
+    params: &[(String, serde_json::Value)],
+    comparisons: &[&table::Comparison],
+    files: &[(PathBuf, PathBuf)],
+    io: &table::Comparison,
+    control: &table::Comparison,
+    io_function: &str,
+    run: &crate::vm::RunReport,
+) -> serde_json::Value {
+    use serde_json::json;
+    let params: serde_json::Map<String, serde_json::Value> = params
+        .iter()
+        .filter(|(k, _)| k != "schema")
+        .cloned()
+        .collect();
+    let comparisons: Vec<serde_json::Value> = comparisons
+        .iter()
+        .zip(files)
+        .map(|(c, (csv, svg))| {
+            let mut j = c.to_json();
+            j["csv"] = json!(csv.display().to_string());
+            j["svg"] = json!(svg.display().to_string());
+            j
+        })
+        .collect();
+    let io_row = io.row(io_function).map(|r| {
+        json!({
+            "function": r.function,
+            "cpu_switch_percent": r.cpu_percent,
+            "domain_switch_percent": r.domain_percent,
+            "ratio_domain_cpu": if r.ratio().is_finite() { Some(r.ratio()) } else { None },
+        })
+    });
+    let top = control
+        .rows
+        .iter()
+        .max_by(|a, b| a.cpu_percent.total_cmp(&b.cpu_percent))
+        .map(|r| {
+            json!({
+                "function": r.function,
+                "cpu_switch_percent": r.cpu_percent,
+                "domain_switch_percent": r.domain_percent,
+                "moved_pp": r.domain_percent - r.cpu_percent,
+            })
+        });
+    json!({
+        "schema": COMPARE_SCHEMA,
+        "params": params,
+        "comparisons": comparisons,
+        "summary": { "io": io_row, "control_top": top },
+        "run": crate::report::to_json(run),
+    })
 }
 
 /// What the two tables show, in two lines: how much more of the I/O function domain-switch

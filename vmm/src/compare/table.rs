@@ -83,6 +83,9 @@ pub struct Comparison {
     pub rows: Vec<Row>,
     /// Names of rows that sum other rows ([`insert_total`](Self::insert_total)).
     pub total_rows: Vec<String>,
+    /// The run's parameters (`key`, value), in order: `# key=value` lines at the top of the CSV
+    /// and the `params` object of the JSON document ([`set_params`](Self::set_params)).
+    pub params: Vec<(String, serde_json::Value)>,
 }
 
 impl Comparison {
@@ -128,7 +131,14 @@ impl Comparison {
             domain_total,
             rows,
             total_rows: Vec::new(),
+            params: Vec::new(),
         }
+    }
+
+    /// Sets the run's parameters (replacing any). Keys are `[a-z0-9_]` words; values are
+    /// strings, numbers or booleans (written as they are after `key=` in the CSV).
+    pub fn set_params(&mut self, params: Vec<(String, serde_json::Value)>) {
+        self.params = params;
     }
 
     pub fn row(&self, function: &str) -> Option<&Row> {
@@ -186,11 +196,21 @@ impl Comparison {
         t
     }
 
-    /// CSV with a header row; ratio empty when cpu-switch saw no samples of the function.
+    /// CSV: `# key=value` lines with the run's parameters, a header row, one row per function
+    /// (`kind` = `symbol`) or sum of functions (`kind` = `total`); ratio empty when cpu-switch saw
+    /// no samples of the function. [`csv_rows`] reads it back.
     pub fn to_csv(&self) -> String {
-        let mut s = String::from(
-            "workload,function,cpu_switch_samples,cpu_switch_percent,domain_switch_samples,domain_switch_percent,ratio_domain_cpu\n",
-        );
+        let mut s = String::new();
+        for (k, v) in &self.params {
+            let v = match v {
+                serde_json::Value::String(t) => t.clone(),
+                other => other.to_string(),
+            };
+            // One line per parameter, whatever the value holds.
+            let _ = writeln!(s, "# {k}={}", v.replace(['\n', '\r'], " "));
+        }
+        s.push_str(CSV_HEADER);
+        s.push('\n');
         for r in &self.rows {
             let ratio = r.ratio();
             let ratio = if ratio.is_finite() {
@@ -200,9 +220,10 @@ impl Comparison {
             };
             let _ = writeln!(
                 s,
-                "{},{},{},{:.4},{},{:.4},{}",
+                "{},{},{},{},{:.4},{},{:.4},{}",
                 csv_field(&self.workload),
                 csv_field(&r.function),
+                self.kind(r),
                 r.cpu_samples,
                 r.cpu_percent,
                 r.domain_samples,
@@ -222,6 +243,43 @@ impl Comparison {
 
     fn is_total(&self, r: &Row) -> bool {
         self.total_rows.contains(&r.function)
+    }
+
+    /// `total` for a row that sums other rows, `symbol` for a function (or pseudo-symbol).
+    pub fn kind(&self, r: &Row) -> &'static str {
+        if self.is_total(r) {
+            "total"
+        } else {
+            "symbol"
+        }
+    }
+
+    /// One comparison as an object of the `vpmu-compare/1` document (docs/accounting-modes.md,
+    /// "Results a script can read"): name, per-mode totals and every row in table order;
+    /// `ratio_domain_cpu` is null when cpu-switch saw no samples of the row.
+    pub fn to_json(&self) -> serde_json::Value {
+        let rows: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let ratio = r.ratio();
+                serde_json::json!({
+                    "function": r.function,
+                    "kind": self.kind(r),
+                    "cpu_switch_samples": r.cpu_samples,
+                    "cpu_switch_percent": r.cpu_percent,
+                    "domain_switch_samples": r.domain_samples,
+                    "domain_switch_percent": r.domain_percent,
+                    "ratio_domain_cpu": if ratio.is_finite() { Some(ratio) } else { None },
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "name": self.workload,
+            "cpu_switch_samples": self.cpu_total,
+            "domain_switch_samples": self.domain_total,
+            "rows": rows,
+        })
     }
 
     /// The rows the chart shows, in table order: the total rows, the `top` functions with the
@@ -461,32 +519,71 @@ impl Comparison {
     }
 }
 
-/// Reads back the rows of a CSV written by [`Comparison::to_csv`] (for scripts and tests that
-/// check a comparison run): quoted fields as RFC 4180 writes them.
-pub fn csv_rows(text: &str) -> Result<Vec<Row>, String> {
-    let mut lines = text.lines();
-    match lines.next() {
-        Some(h) if h.starts_with("workload,function,") => {}
-        _ => return Err("not a comparison CSV (no header row)".into()),
-    }
-    lines
-        .enumerate()
+/// The CSV's header row (after the `# key=value` lines).
+pub const CSV_HEADER: &str = "workload,function,kind,cpu_switch_samples,cpu_switch_percent,domain_switch_samples,domain_switch_percent,ratio_domain_cpu";
+
+/// A comparison CSV read back: the `# key=value` parameters, and each row with its `kind`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvComparison {
+    pub params: Vec<(String, String)>,
+    /// (row, kind): `symbol` or `total`.
+    pub rows: Vec<(Row, String)>,
+}
+
+/// Reads back a CSV written by [`Comparison::to_csv`] (for scripts and tests that check a
+/// comparison run): `# key=value` lines before the header, quoted fields as RFC 4180 writes
+/// them. Also reads the layout before the `kind` column (7 fields, no parameters).
+pub fn csv_read(text: &str) -> Result<CsvComparison, String> {
+    let mut params = Vec::new();
+    let mut lines = text.lines().enumerate();
+    let with_kind = loop {
+        match lines.next() {
+            Some((_, l)) if l.starts_with('#') => {
+                let l = l.trim_start_matches('#').trim_start();
+                if let Some((k, v)) = l.split_once('=') {
+                    params.push((k.to_string(), v.to_string()));
+                }
+            }
+            Some((_, h)) if h.starts_with("workload,function,kind,") => break true,
+            Some((_, h)) if h.starts_with("workload,function,") => break false,
+            _ => return Err("not a comparison CSV (no header row)".into()),
+        }
+    };
+    let n = if with_kind { 8 } else { 7 };
+    let rows = lines
         .map(|(i, l)| {
             let f = csv_split(l);
-            let bad = |what: &str| format!("CSV line {}: {what}: {l}", i + 2);
-            if f.len() != 7 {
-                return Err(bad("expected 7 fields"));
+            let bad = |what: &str| format!("CSV line {}: {what}: {l}", i + 1);
+            if f.len() != n {
+                return Err(bad(&format!("expected {n} fields")));
             }
-            let num = |k: usize| f[k].parse::<f64>().map_err(|_| bad("not a number"));
-            Ok(Row {
+            let (kind, k) = if with_kind {
+                (f[2].clone(), 3)
+            } else {
+                ("symbol".to_string(), 2)
+            };
+            if kind != "symbol" && kind != "total" {
+                return Err(bad("kind is neither symbol nor total"));
+            }
+            let num = |j: usize| f[j].parse::<f64>().map_err(|_| bad("not a number"));
+            let count = |j: usize| f[j].parse::<u64>().map_err(|_| bad("not a count"));
+            let row = Row {
                 function: f[1].clone(),
-                cpu_samples: f[2].parse().map_err(|_| bad("not a count"))?,
-                cpu_percent: num(3)?,
-                domain_samples: f[4].parse().map_err(|_| bad("not a count"))?,
-                domain_percent: num(5)?,
-            })
+                cpu_samples: count(k)?,
+                cpu_percent: num(k + 1)?,
+                domain_samples: count(k + 2)?,
+                domain_percent: num(k + 3)?,
+            };
+            Ok((row, kind))
         })
-        .collect()
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(CsvComparison { params, rows })
+}
+
+/// The rows of a CSV written by [`Comparison::to_csv`] (total rows included), without their
+/// kinds or the parameters: [`csv_read`].
+pub fn csv_rows(text: &str) -> Result<Vec<Row>, String> {
+    Ok(csv_read(text)?.rows.into_iter().map(|(r, _)| r).collect())
 }
 
 /// One CSV line's fields: commas inside double quotes do not split, `""` is a quote.
@@ -544,6 +641,73 @@ mod tests {
         }
         assert!(csv_rows("x,y\n").is_err());
         assert!(csv_rows("workload,function,a\nw,f,1\n").is_err());
+    }
+
+    #[test]
+    fn csv_carries_parameters_and_marks_total_rows() {
+        let mut c = many_rows(3);
+        c.set_params(vec![
+            ("workload".into(), "packet-rx".into()),
+            ("rounds".into(), 3.into()),
+            ("host_quirks".into(), true.into()),
+            ("kernel".into(), "/a b,c\nd".into()),
+        ]);
+        let csv = c.to_csv();
+        assert!(csv.starts_with("# workload=packet-rx\n# rounds=3\n# host_quirks=true\n# kernel=/a b,c d\nworkload,function,kind,"), "{csv}");
+        let back = csv_read(&csv).unwrap();
+        assert_eq!(
+            back.params,
+            [
+                ("workload".to_string(), "packet-rx".to_string()),
+                ("rounds".into(), "3".into()),
+                ("host_quirks".into(), "true".into()),
+                ("kernel".into(), "/a b,c d".into()),
+            ]
+        );
+        assert_eq!(back.rows.len(), c.rows.len());
+        let totals: Vec<&str> = back
+            .rows
+            .iter()
+            .filter(|(_, k)| k == "total")
+            .map(|(r, _)| r.function.as_str())
+            .collect();
+        assert_eq!(totals, ["[virtio path: total]"]);
+        // The layout before the kind column still reads.
+        let old = "workload,function,cpu_switch_samples,cpu_switch_percent,domain_switch_samples,domain_switch_percent,ratio_domain_cpu\nw,f,1,50.0000,2,100.0000,2.0000\n";
+        let r = csv_read(old).unwrap();
+        assert_eq!(r.rows[0].0.domain_samples, 2);
+        assert_eq!(r.rows[0].1, "symbol");
+        assert!(csv_read("workload,function,kind,a,b,c,d,e\nw,f,sum,1,1,1,1,\n").is_err());
+    }
+
+    #[test]
+    fn json_rows_match_the_csv_rows() {
+        let c = many_rows(2);
+        let j: serde_json::Value = serde_json::from_str(&c.to_json().to_string()).unwrap();
+        assert_eq!(j["name"], "packet-rx");
+        assert_eq!(j["cpu_switch_samples"], c.cpu_total);
+        assert_eq!(j["domain_switch_samples"], c.domain_total);
+        let rows = j["rows"].as_array().unwrap();
+        let csv = csv_read(&c.to_csv()).unwrap();
+        assert_eq!(rows.len(), csv.rows.len());
+        for (jr, (cr, kind)) in rows.iter().zip(&csv.rows) {
+            assert_eq!(jr["function"], cr.function.as_str());
+            assert_eq!(jr["kind"], kind.as_str());
+            assert_eq!(jr["cpu_switch_samples"], cr.cpu_samples);
+            assert_eq!(jr["domain_switch_samples"], cr.domain_samples);
+            let pct = jr["domain_switch_percent"].as_f64().unwrap();
+            assert!((pct - cr.domain_percent).abs() < 1e-4, "{jr}");
+        }
+        assert_eq!(rows[0]["kind"], "total");
+        // A function cpu-switch never saw has no finite ratio: null, as the CSV's empty field.
+        let p = packet_rx().to_json();
+        let xmit = p["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["function"] == "e1000_xmit_frame")
+            .unwrap();
+        assert!(xmit["ratio_domain_cpu"].is_null());
     }
 
     fn packet_rx() -> Comparison {
@@ -606,11 +770,11 @@ mod tests {
         assert_eq!(lines.len(), 1 + c.rows.len());
         assert_eq!(
             lines[1],
-            "packet-rx,e1000_intr,30,3.0000,2400,40.0000,13.3333"
+            "packet-rx,e1000_intr,symbol,30,3.0000,2400,40.0000,13.3333"
         );
-        assert!(lines.iter().any(
-            |l| l.starts_with("packet-rx,e1000_xmit_frame,0,0.0000,1000,") && l.ends_with(',')
-        ));
+        assert!(lines.iter().any(|l| l
+            .starts_with("packet-rx,e1000_xmit_frame,symbol,0,0.0000,1000,")
+            && l.ends_with(',')));
         let svg = c.to_svg();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         // Background, two legend boxes, two bars per row.

@@ -16,6 +16,10 @@ use super::CompareError;
 
 /// The functions the guest files samples under, in its histogram order.
 pub const FUNCTIONS: [&str; 4] = ["io_heavy", "cpu_a", "cpu_b", "(other)"];
+/// The guest's sampling period in cycles, and rounds of each workload in each mode (`PERIOD`
+/// and `ROUNDS` in guest-image/tiny/asm/compare64.S).
+pub const SAMPLE_PERIOD_CYCLES: u64 = 400_000;
+pub const ROUNDS: u32 = 160;
 /// Emulation time of each port write to the delay device (VMM work on the guest's behalf).
 pub const DEFAULT_IO_DELAY_US: u32 = 300;
 
