@@ -118,6 +118,18 @@ pub(crate) struct CounterCore {
     uncounted: Vec<(UncountedEvent, Option<ArchEvent>)>,
     reset_gp: Control,
     reset_fixed: fn(u8) -> Control,
+    /// Deferred reprogramming (KVM's `reprogram_pmi` bitmap): guest writes only update the
+    /// registers and mark counters [`dirty`](Self::dirty); the backend hears of them once, in
+    /// [`reprogram_dirty`](Self::reprogram_dirty), before the next guest entry. Off: every
+    /// write reaches the backend at once.
+    deferred: bool,
+    /// Counters ([`CounterId::mask`]s) whose backend program is out of date: folded (their
+    /// `value` is current, `run` is `None`), to be programmed or stopped at the next
+    /// [`reprogram_dirty`](Self::reprogram_dirty). Always 0 when not deferred.
+    dirty: u64,
+    /// Counters the backend has a program for (programmed and not stopped since). A dirty
+    /// counter may still be live: the backend runs its old program, whose counts are dropped.
+    live: u64,
     backend: Box<dyn CounterBackend>,
 }
 
@@ -150,6 +162,9 @@ impl CounterCore {
             uncounted: Vec::new(),
             reset_gp: layout.reset_gp,
             reset_fixed: layout.reset_fixed,
+            deferred: false,
+            dirty: 0,
+            live: 0,
             backend,
         };
         core.reset();
@@ -163,7 +178,8 @@ impl CounterCore {
     pub fn reset(&mut self) {
         for i in 0..self.counters.len() {
             let c = &mut self.counters[i];
-            if c.run.take().is_some() {
+            c.run = None;
+            if self.live & c.id.mask() != 0 {
                 self.backend.stop(c.id);
             }
             c.value = 0;
@@ -181,6 +197,38 @@ impl CounterCore {
         };
         self.global_status = 0;
         self.pending_pmi = 0;
+        self.dirty = 0;
+        self.live = 0;
+    }
+
+    /// Defers backend programming to [`reprogram_dirty`](Self::reprogram_dirty) (`true`), or
+    /// programs at every write (`false`; switching off reprograms what is dirty now).
+    pub fn set_deferred(&mut self, on: bool) {
+        if !on {
+            self.reprogram_dirty();
+        }
+        self.deferred = on;
+    }
+
+    /// Counters whose backend program is out of date (a bitmap of [`CounterId::mask`]s).
+    pub fn dirty(&self) -> u64 {
+        self.dirty
+    }
+
+    /// Brings the backend up to date for every dirty counter: one `program` for a counter
+    /// that counts, one `stop` for a live one that does not, nothing for the rest (KVM's
+    /// `kvm_pmu_handle_event` before VM entry). Cheap when nothing is dirty.
+    pub fn reprogram_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        while dirty != 0 {
+            let bit = dirty.trailing_zeros() as u8;
+            dirty &= dirty - 1;
+            if let Some(s) = self.slot(CounterId::from_bit(bit)) {
+                let c = &self.counters[s];
+                let verdict = self.verdict(c, &c.ctl);
+                self.apply(s, verdict);
+            }
+        }
     }
 
     /// Switches the backend's accounting mode without losing counts: every running counter is
@@ -190,17 +238,19 @@ impl CounterCore {
         let running: Vec<usize> = (0..self.counters.len()).filter(|&s| self.fold(s)).collect();
         self.backend.set_mode(mode);
         for s in running {
-            self.arm(s, true);
+            self.arm(s);
         }
     }
 
     /// Sets (or removes) the event filter. Running counters are folded first, and every counter
     /// is then armed or stopped under the new filter.
     pub fn set_filter(&mut self, filter: Option<EventFilter>) {
-        let was: Vec<bool> = (0..self.counters.len()).map(|s| self.fold(s)).collect();
+        for s in 0..self.counters.len() {
+            self.fold(s);
+        }
         self.filter = filter;
-        for (s, was) in was.into_iter().enumerate() {
-            self.arm(s, was);
+        for s in 0..self.counters.len() {
+            self.arm(s);
         }
     }
 
@@ -302,13 +352,16 @@ impl CounterCore {
     /// A guest write of the global control register (reserved bits already handled).
     pub fn write_global_ctrl(&mut self, value: u64) {
         let changed = (self.global_ctrl ^ value) & self.valid_bits();
-        let slots: Vec<usize> = CounterId::iter_bits(changed)
-            .filter_map(|id| self.slot(id))
-            .collect();
-        let was: Vec<bool> = slots.iter().map(|&s| self.fold(s)).collect();
+        for id in CounterId::iter_bits(changed) {
+            if let Some(s) = self.slot(id) {
+                self.fold(s);
+            }
+        }
         self.global_ctrl = value;
-        for (s, was) in slots.into_iter().zip(was) {
-            self.arm(s, was);
+        for id in CounterId::iter_bits(changed) {
+            if let Some(s) = self.slot(id) {
+                self.arm(s);
+            }
         }
     }
 
@@ -372,9 +425,9 @@ impl CounterCore {
 
     /// Fold, change, re-arm: the one way a counter's state changes while it may be counting.
     fn update(&mut self, s: usize, change: impl FnOnce(&mut Counter)) {
-        let was = self.fold(s);
+        self.fold(s);
         change(&mut self.counters[s]);
-        self.arm(s, was);
+        self.arm(s);
     }
 
     /// Adds what the backend counted since it was programmed to the value, and records an
@@ -455,21 +508,34 @@ impl CounterCore {
         self.uncounted.push((u, arch));
     }
 
-    /// Programs the backend for the counter's current state, or stops it (`was`: the backend
-    /// was running it before the fold).
-    fn arm(&mut self, s: usize, was: bool) {
+    /// After a change to counter `s` (folded first): notes a refused or uncounted event (once
+    /// per guest write, deferred or not), then programs or stops the backend for the counter's
+    /// state now, or, deferred, marks it dirty for [`reprogram_dirty`](Self::reprogram_dirty).
+    fn arm(&mut self, s: usize) {
+        let c = &self.counters[s];
+        let verdict = self.verdict(c, &c.ctl);
+        let ctl = c.ctl;
+        match verdict {
+            Verdict::Filtered => self.note_filtered(s, &ctl),
+            Verdict::Uncounted => self.note_uncounted(s, &ctl),
+            _ => {}
+        }
+        if self.deferred {
+            self.dirty |= self.counters[s].id.mask();
+        } else {
+            self.apply(s, verdict);
+        }
+    }
+
+    /// Programs the backend for counter `s` (folded, `run` is `None`) as `verdict` says, or
+    /// stops it if the backend has a program for it.
+    fn apply(&mut self, s: usize, verdict: Verdict) {
         let c = &self.counters[s];
         let id = c.id;
-        let verdict = self.verdict(c, &c.ctl);
         if verdict != Verdict::Counts {
-            if was {
+            if self.live & id.mask() != 0 {
                 self.backend.stop(id);
-            }
-            let ctl = c.ctl;
-            match verdict {
-                Verdict::Filtered => self.note_filtered(s, &ctl),
-                Verdict::Uncounted => self.note_uncounted(s, &ctl),
-                _ => {}
+                self.live &= !id.mask();
             }
             return;
         }
@@ -480,10 +546,14 @@ impl CounterCore {
         // legacy shows an overflow in the counter value alone).
         let after = (self.has_global_status || c.ctl.int).then(|| scale.to_host(to_wrap));
         match self.backend.program(id, &event, after) {
-            Ok(()) => self.counters[s].run = Some(Run { scale, to_wrap }),
+            Ok(()) => {
+                self.counters[s].run = Some(Run { scale, to_wrap });
+                self.live |= id.mask();
+            }
             Err(e) => {
                 log::warn!("vpmu: {id} does not count: {e}");
                 self.backend.stop(id);
+                self.live &= !id.mask();
             }
         }
     }

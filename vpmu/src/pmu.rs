@@ -214,6 +214,36 @@ impl Pmu {
         self.core.reset();
     }
 
+    /// Deferred reprogramming, as KVM does it (`kvm_pmu_request_counter_reprogram`, then
+    /// `kvm_pmu_handle_event` before VM entry): with `on`, guest writes (select, counter value,
+    /// global control), mode switches and filter changes only update the model's registers and
+    /// mark the counters they touch dirty; the backend hears of them in
+    /// [`reprogram_dirty`](Self::reprogram_dirty), once per dirty counter, however many writes
+    /// touched it. Reads are answered from the model's registers and are exact meanwhile (a
+    /// dirty counter holds its value and does not count until it is reprogrammed). Off (the
+    /// default): every write reaches the backend at once; turning it off reprograms what is
+    /// dirty. The VMM turns it on and calls [`reprogram_dirty`](Self::reprogram_dirty) before
+    /// every KVM_RUN.
+    pub fn set_deferred_reprogram(&mut self, on: bool) {
+        self.core.set_deferred(on);
+    }
+
+    /// Counters whose backend program is out of date ([`CounterId::mask`]s; 0 unless
+    /// [deferred](Self::set_deferred_reprogram)).
+    pub fn dirty_counters(&self) -> u64 {
+        self.core.dirty()
+    }
+
+    /// Programs (or stops) every dirty counter in the backend: one backend call per dirty
+    /// counter that counts or was counting, none when nothing is dirty. Call it before the
+    /// guest runs again (before KVM_RUN, outside the cpu-switch gate).
+    #[inline]
+    pub fn reprogram_dirty(&mut self) {
+        if self.core.dirty() != 0 {
+            self.core.reprogram_dirty();
+        }
+    }
+
     /// Forwards to [`CounterBackend::enter_guest`]: call just before KVM_RUN.
     pub fn enter_guest(&mut self) {
         self.core.backend_mut().enter_guest();

@@ -56,6 +56,9 @@ enum Op {
     Reset,
     FailProgram(bool),
     SpuriousOverflow(u8),
+    /// A guest entry: [`Pmu::reprogram_dirty`] (what the VMM calls before every KVM_RUN).
+    /// With deferred reprogramming it also comes, implicitly, before every count.
+    Enter,
 }
 
 fn intel_config() -> impl Strategy<Value = PmuConfig> {
@@ -172,6 +175,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reset),
         1 => prop::sample::select(vec![true, false, false, false]).prop_map(Op::FailProgram),
         1 => ctr_bit().prop_map(Op::SpuriousOverflow),
+        4 => Just(Op::Enter),
     ]
 }
 
@@ -487,13 +491,24 @@ fn check(r: Result<u64, Fault>, want: Expect, what: &str) -> Result<(), TestCase
 
 /// Runs one sequence against the model and the shadow, checking after every step.
 /// `scale`: guest events per backend unit (an integer, so the shadow's values stay exact).
-fn run(cfg: PmuConfig, scale: u64, ops: &[Op]) -> Result<(), TestCaseError> {
+/// `deferred`: the VMM's way ([`Pmu::set_deferred_reprogram`]): writes reach the backend only
+/// at the next guest entry, and counts happen only after one (as in the guest).
+fn run(cfg: PmuConfig, scale: u64, deferred: bool, ops: &[Op]) -> Result<(), TestCaseError> {
     let fake = FakeBackend::with_support(|e| e.code != UNSUPPORTED_CODE);
     fake.set_scale(Scale::new(scale, 1));
     let (mut pmu, fake) = pmu_with(cfg, fake);
+    pmu.set_deferred_reprogram(deferred);
     let mut s = Shadow::new(cfg);
     for (step, op) in ops.iter().enumerate() {
         let at = format!("step {step} {op:x?}");
+        if deferred
+            && matches!(
+                op,
+                Op::Advance(..) | Op::AdvanceToWrap(..) | Op::AdvanceAll(_)
+            )
+        {
+            pmu.reprogram_dirty();
+        }
         match *op {
             Op::Rdmsr(m) => {
                 let want = s.access(m, None);
@@ -545,12 +560,17 @@ fn run(cfg: PmuConfig, scale: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 s.failing = f;
             }
             Op::SpuriousOverflow(bit) => fake.raise_overflow(CounterId::from_bit(bit)),
+            Op::Enter => pmu.reprogram_dirty(),
         }
         if s.failing {
             s.backend_failed = true;
         }
-        // Exactly the counters the registers enable run in the backend.
-        if !s.backend_failed {
+        if !deferred {
+            prop_assert_eq!(pmu.dirty_counters(), 0, "{}: dirty without deferring", at);
+        }
+        // Exactly the counters the registers enable run in the backend (deferred: once the
+        // dirty ones are reprogrammed, at the next entry).
+        if !s.backend_failed && pmu.dirty_counters() == 0 {
             for bit in (0..8).chain(32..35) {
                 let running = fake.is_running(CounterId::from_bit(bit));
                 prop_assert_eq!(
@@ -586,8 +606,16 @@ fn fuzz(name: &str, config: impl Strategy<Value = PmuConfig>) {
     let before = OPS_RUN.load(Ordering::Relaxed);
     // Mostly one guest event per backend unit; sometimes a backend that counts coarser units.
     let scale = prop_oneof![4 => Just(1u64), 1 => 2u64..5, 1 => Just(1000u64)];
-    let strategy = (config, scale, prop::collection::vec(op(), 1..MAX_OPS));
-    if let Err(e) = runner.run(&strategy, |(cfg, scale, ops)| run(cfg, scale, &ops)) {
+    // Half the cases reprogram at once, half defer to the next entry (the VMM's way).
+    let strategy = (
+        config,
+        scale,
+        any::<bool>(),
+        prop::collection::vec(op(), 1..MAX_OPS),
+    );
+    if let Err(e) = runner.run(&strategy, |(cfg, scale, deferred, ops)| {
+        run(cfg, scale, deferred, &ops)
+    }) {
         panic!("{name}: {e}");
     }
     let ops = OPS_RUN.load(Ordering::Relaxed) - before;

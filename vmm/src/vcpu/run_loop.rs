@@ -4,29 +4,30 @@
 //! |---|-----------------------------------|-------------------------------------------------------|----------------------|-------------------------|
 //! | 1 | `VcpuPmu::follow_mode`            | adopt a run-time accounting-mode switch               | no                   | yes                     |
 //! | 2 | `VcpuRecorder::before_run`        | trace: last exit's record (re-entry TSC), clock record | no                   | yes                     |
-//! | 3 | **gate opens**: `VcpuRecorder::enter_guest`, then `Pmu::enter_guest` | resume the profile counter, then the guest's counters | (from here) | yes |
-//! | 4 | `VcpuFd::run` (KVM_RUN)           | the guest runs                                        | **yes**              | yes                     |
-//! | 5 | **gate closes**: `Pmu::leave_guest`, then `VcpuRecorder::leave_guest` | pause them, first thing after KVM_RUN (nested: the guest's counters see the least) | (up to here) | yes |
-//! | 6 | `exit::kind::classify`            | the exit's one classification                         | no                   | yes                     |
-//! | 7 | `VcpuRecorder::after_run`         | trace: exit TSC, clock record                         | no                   | yes                     |
-//! | 8 | `LastExits::push_event`, `ExitCounts::count` | diagnostic ring, counts                    | no                   | yes                     |
-//! | 9 | test hook (cold)                  | `VmConfig::panic_vcpu_at_exit` (guest_wrong.rs)       | no                   | yes                     |
-//! |10 | `exit::handle` (+ `complete_instruction`) | devices, MSRs (the vPMU), host-quirk fix-ups  | no                   | yes                     |
-//! |11 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due        | no                   | yes                     |
-//! |12 | `VcpuRelay::after_exit`           | SYSCALL relay: install / re-check the int3            | no                   | yes                     |
-//! |13 | `KvmVcpu::commit`                 | write back registers changed during this exit         | no                   | yes                     |
-//! |14 | `Ticker::poll`                    | periodic device work (the pinger)                     | no                   | yes                     |
-//! |15 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI / vector / masked)       | no                   | yes                     |
+//! | 3 | `Pmu::reprogram_dirty`            | the counters guest writes made dirty: one backend call each (KVM's `kvm_pmu_handle_event`) | no | yes |
+//! | 4 | **gate opens**: `VcpuRecorder::enter_guest`, then `Pmu::enter_guest` | resume the profile counter, then the guest's counters | (from here) | yes |
+//! | 5 | `VcpuFd::run` (KVM_RUN)           | the guest runs                                        | **yes**              | yes                     |
+//! | 6 | **gate closes**: `Pmu::leave_guest`, then `VcpuRecorder::leave_guest` | pause them, first thing after KVM_RUN (nested: the guest's counters see the least) | (up to here) | yes |
+//! | 7 | `exit::kind::classify`            | the exit's one classification                         | no                   | yes                     |
+//! | 8 | `VcpuRecorder::after_run`         | trace: exit TSC, clock record                         | no                   | yes                     |
+//! | 9 | `LastExits::push_event`, `ExitCounts::count` | diagnostic ring, counts                    | no                   | yes                     |
+//! |10 | test hook (cold)                  | `VmConfig::panic_vcpu_at_exit` (guest_wrong.rs)       | no                   | yes                     |
+//! |11 | `exit::handle` (+ `complete_instruction`) | devices, MSRs (the vPMU), host-quirk fix-ups  | no                   | yes                     |
+//! |12 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due        | no                   | yes                     |
+//! |13 | `VcpuRelay::after_exit`           | SYSCALL relay: install / re-check the int3            | no                   | yes                     |
+//! |14 | `KvmVcpu::commit`                 | write back registers changed during this exit         | no                   | yes                     |
+//! |15 | `Ticker::poll`                    | periodic device work (the pinger)                     | no                   | yes                     |
+//! |16 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI / vector / masked)       | no                   | yes                     |
 //!
 //! Accounting modes (docs/accounting-modes.md): in **cpu-switch** the soft backend's counters
 //! (and the host profile's cycles counter, `--host-profile-clock auto|cpu-switch`) count only
-//! between the gate's two ends (steps 3-5: the toggles themselves and KVM_RUN); the hardware
+//! between the gate's two ends (steps 4-6: the toggles themselves and KVM_RUN); the hardware
 //! backend gets the same from `exclude_host`. In **domain-switch** every step counts: the host
 //! kernel's per-task perf context is the save/restore, so all the VMM's work on this thread is
 //! charged to the guest. The gate is tight around KVM_RUN on purpose: the tracer's TSC and
-//! clock reads and the exit's classification (steps 2, 6, 7) sit outside it, so tracing is
-//! never charged to the guest in cpu-switch. (The trace's in-KVM_RUN interval, entry TSC to
-//! exit TSC, therefore includes the gate's own toggles.)
+//! clock reads, the backend's reprogramming and the exit's classification (steps 2, 3, 7, 8)
+//! sit outside it, so none of them is charged to the guest in cpu-switch. (The trace's
+//! in-KVM_RUN interval, entry TSC to exit TSC, therefore includes the gate's own toggles.)
 //!
 //! `wall` profile clocks and `--vpmu off` do not gate; the loop order is the same.
 
@@ -78,23 +79,28 @@ impl VcpuRunner {
             if let Some(r) = &mut self.recorder {
                 r.before_run();
             }
-            // 3: the gate opens, right before KVM_RUN; the guest's own counters innermost.
+            // 3: the guest's writes since the last entry reach the backend, once per dirty
+            // counter, outside the gate (an RDMSR before this is answered from the model).
+            if let Some(p) = &mut self.pmu {
+                p.pmu.reprogram_dirty();
+            }
+            // 4: the gate opens, right before KVM_RUN; the guest's own counters innermost.
             if let Some(r) = &mut self.recorder {
                 r.enter_guest();
             }
             if let Some(p) = &mut self.pmu {
                 p.pmu.enter_guest();
             }
-            // 4
+            // 5
             let result = self.fd.run();
-            // 5: the gate closes, right after.
+            // 6: the gate closes, right after.
             if let Some(p) = &mut self.pmu {
                 p.pmu.leave_guest();
             }
             if let Some(r) = &mut self.recorder {
                 r.leave_guest();
             }
-            // 6-8: the one classification of this exit, shared by the trace, the ring and the
+            // 7-9: the one classification of this exit, shared by the trace, the ring and the
             // counts.
             let event = exit::kind::classify(&result);
             if let Some(r) = &mut self.recorder {
@@ -102,11 +108,11 @@ impl VcpuRunner {
             }
             self.last_exits.push_event(event);
             counts.count(event);
-            // 9
+            // 10
             if self.last_exits.total() == panic_at {
                 test_hook_panic(self.id, panic_at);
             }
-            // 10
+            // 11
             let mut cpu = KvmVcpu::new(raw_fd, &mem);
             let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
                 Some(p) => p,
@@ -133,7 +139,7 @@ impl VcpuRunner {
                 }
                 Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
             }
-            // 11-13
+            // 12-14
             if let Some(r) = &mut self.recorder {
                 r.after_exit(&mut cpu);
             }
@@ -149,7 +155,7 @@ impl VcpuRunner {
                         error,
                     }));
             }
-            // 14-15
+            // 15-16
             if let Some(t) = &mut self.ticker {
                 t.poll();
             }

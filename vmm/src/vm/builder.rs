@@ -591,6 +591,8 @@ fn vcpu_pmu(
     let backend = PerfBackend::new(source, plan.mode, perf);
     let mut model = vpmu::Pmu::new(plan.config, Box::new(backend))?;
     model.set_event_filter(cfg.pmu_event_filter.clone());
+    // Guest writes mark counters dirty; the run loop reprograms them once before KVM_RUN.
+    model.set_deferred_reprogram(true);
     Ok(VcpuPmu::new(
         model,
         cfg.pmi_limit,

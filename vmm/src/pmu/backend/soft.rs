@@ -453,6 +453,51 @@ mod tests {
         assert_eq!((l.opened.len(), l.closed.clone()), (3, vec![102]));
     }
 
+    /// The Linux perf driver re-arming a counter (AMD PerfMonV2: global off, PERF_CTL0,
+    /// PERF_CTR0 = -period, global on) through the model: without deferral the global off
+    /// stops the counter (close) and the global on programs it anew (open); deferred, the
+    /// entry's one `program` keeps the host event and only sets its period.
+    #[test]
+    fn a_deferred_rearm_keeps_the_host_event() {
+        const CTL: u32 = 0xc001_0200;
+        const CTR: u32 = 0xc001_0201;
+        const GLOBAL_CTL: u32 = 0xc000_0301;
+        let sel = 0x76 | 1 << 16 | 1 << 17 | 1 << 20 | 1 << 22; // cycles, USR, OS, INT, EN
+        let period = 1_000_000u64;
+        let mut syscalls = Vec::new();
+        for deferred in [false, true] {
+            let (b, log) = backend(
+                Source::Soft { tsc_khz: 1_000_000 },
+                AccountingMode::DomainSwitch,
+            );
+            let config = vpmu::PmuConfig::Amd(vpmu::AmdConfig::PerfMonV2 { counters: 6 });
+            let mut pmu = vpmu::Pmu::new(config, Box::new(b)).unwrap();
+            pmu.set_deferred_reprogram(deferred);
+            pmu.wrmsr(CTL, sel).unwrap();
+            pmu.wrmsr(CTR, period.wrapping_neg() & ((1 << 48) - 1))
+                .unwrap();
+            pmu.reprogram_dirty();
+            let before = {
+                let l = log.lock().unwrap();
+                (l.opened.len(), l.closed.len(), l.periods.len())
+            };
+            pmu.wrmsr(GLOBAL_CTL, 0).unwrap();
+            pmu.wrmsr(CTL, sel).unwrap();
+            pmu.wrmsr(CTR, period.wrapping_neg() & ((1 << 48) - 1))
+                .unwrap();
+            pmu.wrmsr(GLOBAL_CTL, 0x3f).unwrap();
+            pmu.reprogram_dirty();
+            let l = log.lock().unwrap();
+            syscalls.push((
+                l.opened.len() - before.0,
+                l.closed.len() - before.1,
+                l.periods.len() - before.2,
+            ));
+        }
+        // (opens, closes, IOC_PERIODs) per re-arm: eager, deferred.
+        assert_eq!(syscalls, [(1, 1, 0), (0, 0, 1)]);
+    }
+
     #[test]
     fn tiny_periods_are_clamped() {
         let (mut b, log) = backend(
