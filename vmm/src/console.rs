@@ -82,7 +82,11 @@ impl<W: Write> Tee<W> {
 
 impl<W: Write> Write for Tee<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.log.lock().unwrap().push(buf);
+        // A panic elsewhere while this was held must not silence the console: take it as it is.
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(buf);
         self.out.write_all(buf)?;
         if buf.contains(&b'\n') {
             self.out.flush()?;

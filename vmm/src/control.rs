@@ -4,7 +4,7 @@
 //! the pinger and the controller hold it; it imports nothing from `vm`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::console::ConsoleLog;
@@ -137,12 +137,20 @@ impl VmControl {
     }
 
     pub fn register_thread(&self, t: libc::pthread_t) {
-        self.threads.lock().unwrap().push(t);
+        self.threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(t);
     }
 
     /// Kicks every vCPU out of KVM_RUN (it looks at what changed, then re-enters).
     pub fn kick_all(&self) {
-        for &t in self.threads.lock().unwrap().iter() {
+        for &t in self
+            .threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
             kick::kick(t);
         }
     }
@@ -156,7 +164,12 @@ impl VmControl {
             *e = Some(end);
         }
         self.stopping.store(true, Ordering::Release);
-        for &t in self.threads.lock().unwrap().iter() {
+        for &t in self
+            .threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
             kick::kick(t);
         }
         self.ended.notify_all();
@@ -191,12 +204,12 @@ impl VmControl {
     /// SIGINT/SIGTERM, [`crate::stop_signal`]: looked at every 100 ms).
     pub fn wait(&self, timeout: Option<Duration>) -> VmEnd {
         let start = Instant::now();
-        let mut e = self.end.lock().unwrap();
+        let mut e = self.end.lock().unwrap_or_else(PoisonError::into_inner);
         while e.is_none() {
             if let Some(sig) = crate::stop_signal::pending() {
                 drop(e);
                 self.request_end(VmEnd::Signal(sig));
-                e = self.end.lock().unwrap();
+                e = self.end.lock().unwrap_or_else(PoisonError::into_inner);
                 continue;
             }
             const POLL: Duration = Duration::from_millis(100);
@@ -206,12 +219,22 @@ impl VmControl {
                     if left.is_zero() {
                         drop(e);
                         self.request_end(VmEnd::Timeout(t));
-                        e = self.end.lock().unwrap();
+                        e = self.end.lock().unwrap_or_else(PoisonError::into_inner);
                         continue;
                     }
-                    e = self.ended.wait_timeout(e, left.min(POLL)).unwrap().0;
+                    e = self
+                        .ended
+                        .wait_timeout(e, left.min(POLL))
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0;
                 }
-                None => e = self.ended.wait_timeout(e, POLL).unwrap().0,
+                None => {
+                    e = self
+                        .ended
+                        .wait_timeout(e, POLL)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
             }
         }
         e.clone().unwrap()
