@@ -135,7 +135,17 @@ pub fn print(r: &RunReport) {
     }
     if let Some((n, us)) = r.syscall_relay {
         eprintln!(
-            "[vpmu-vmm] syscall relay: {n} guest system calls completed by the VMM, {us:.1} us each in the VMM (exit to registers written)"
+            "[vpmu-vmm] syscall relay: {n} guest system calls completed by the VMM, {us:.1} us each in the VMM (exit to registers written{})",
+            if total.sync_regs { ", through kvm_run: KVM applies them in the next KVM_RUN" } else { "" }
+        );
+        eprintln!(
+            "[vpmu-vmm] vCPU state ioctls on exits: {} (registers {})",
+            total.access_ioctls,
+            if total.sync_regs {
+                "through kvm_run, KVM_CAP_SYNC_REGS"
+            } else {
+                "through ioctls"
+            }
         );
     }
     for l in diagnostic(r) {

@@ -54,6 +54,9 @@ pub struct VcpuRunner {
     /// The SYSCALL relay (host quirks only: guest user space on hosts that emulate guest
     /// kernel code).
     pub relay: Option<host_quirks::syscall_relay::VcpuRelay>,
+    /// Read and write registers through `kvm_run` (KVM_CAP_SYNC_REGS; set by the VM builder
+    /// when the host has regs, sregs and events and the run allows it).
+    pub sync_regs: bool,
 }
 
 /// What every vCPU of a VM shares, handed to [`VcpuRunner::new`] by the VM builder.
@@ -98,6 +101,7 @@ impl VcpuRunner {
             recorder: None,
             last_exits: Default::default(),
             relay,
+            sync_regs: false,
         }
     }
 }
