@@ -27,6 +27,12 @@ use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
 use access::{KvmVcpu, VcpuAccess};
 
+/// Whether this host's KVM copies registers, special registers and vCPU events through
+/// `kvm_run` (KVM_CAP_SYNC_REGS with all three: [`access::SYNC_REGS_WANTED`]).
+pub fn sync_regs_available(vm: &VmFd) -> bool {
+    access::sync_regs_usable(vm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_SYNC_REGS)))
+}
+
 /// Everything one vCPU thread owns or shares.
 pub struct VcpuRunner {
     pub id: u32,

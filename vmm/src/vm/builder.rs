@@ -536,12 +536,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         hide_cx16: plan.quirks,
         hide_hypercall_features: plan.quirks,
     };
-    let sync_regs = cfg.sync_regs
-        && crate::vcpu::access::sync_regs_usable(
-            shared
-                .vm
-                .check_extension_raw(u64::from(kvm_bindings::KVM_CAP_SYNC_REGS)),
-        );
+    let sync_regs = cfg.sync_regs && crate::vcpu::sync_regs_available(&shared.vm);
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
         let fd = shared
