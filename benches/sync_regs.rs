@@ -5,7 +5,7 @@
 //!     registers on / off, median of 5 pairs: what KVM's copy of regs, sregs and events into
 //!     kvm_run at every exit costs. Goal <= 1.05.
 //! R2  a relayed system call's round trip (syscall64, TSC cycles as the guest measures them),
-//!     on / off, median of 5 pairs. Goal < 1 (the register ioctls are gone; KVM applies the
+//!     on / off, median of 7 pairs (and each against the guest's CPL3 `ud2` round trip). Goal < 1 (the register ioctls are gone; KVM applies the
 //!     dirty sets inside KVM_RUN).
 //! R3  the run report's VMM µs per relayed system call (exit to registers written), on / off.
 //!     Goal <= 0.5 (issue 20 item 5).
@@ -49,8 +49,9 @@ fn exit_ns(sync_regs: bool) -> f64 {
     r.run_time.as_nanos() as f64 / r.exits[0].total() as f64
 }
 
-/// (round trip TSC cycles per system call, VMM µs per relayed system call)
-fn syscall(sync_regs: bool) -> (f64, f64) {
+/// (round trip TSC cycles per system call, VMM µs per relayed system call, TSC cycles per CPL3
+/// `ud2` -> #UD -> IRETQ round trip: no VMM involved)
+fn syscall(sync_regs: bool) -> (f64, f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(&tiny_guests::SYSCALL64, dir.path(), sync_regs);
     let r = run(&cfg);
@@ -63,7 +64,7 @@ fn syscall(sync_regs: bool) -> (f64, f64) {
     let (_, us) = r
         .syscall_relay
         .expect("no relayed system calls: not a kvm_pvm host");
-    (w[15] as f64 / w[17] as f64, us)
+    (w[15] as f64 / w[17] as f64, us, w[16] as f64 / w[18] as f64)
 }
 
 fn main() {
@@ -81,16 +82,19 @@ fn main() {
         on / off
     );
     let (mut on, mut off) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
+    for _ in 0..7 {
         on.push(syscall(true));
         off.push(syscall(false));
     }
-    let rt = |v: &[(f64, f64)]| median(v.iter().map(|s| s.0).collect());
-    let us = |v: &[(f64, f64)]| median(v.iter().map(|s| s.1).collect());
+    let rt = |v: &[(f64, f64, f64)]| median(v.iter().map(|s| s.0).collect());
+    let us = |v: &[(f64, f64, f64)]| median(v.iter().map(|s| s.1).collect());
+    let ud2 = |v: &[(f64, f64, f64)]| median(v.iter().map(|s| s.0 / s.2).collect());
     println!(
-        "R2 relayed system call round trip: {:.0} TSC cycles with sync registers, {:.0} without: ratio {:.3} (goal < 1)",
+        "R2 relayed system call round trip: {:.0} TSC cycles with sync registers ({:.2}x a CPL3 ud2 round trip), {:.0} without ({:.2}x): ratio {:.3} (goal < 1)",
         rt(&on),
+        ud2(&on),
         rt(&off),
+        ud2(&off),
         rt(&on) / rt(&off)
     );
     println!(
