@@ -291,6 +291,10 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     /// the thread and the call (exit code 9). off = no filters, for debugging (docs/security.md).
     #[arg(long, value_enum, default_value_t = SeccompSetting::On)]
     pub seccomp: SeccompSetting,
+    /// Read and write vCPU registers with ioctls even where the host has KVM_CAP_SYNC_REGS
+    /// (for A/B measurements of the exit path).
+    #[arg(long, hide = true)]
+    pub no_sync_regs: bool,
 }
 
 const EVENT_FILTER_HELP: &str = "\
@@ -415,6 +419,7 @@ impl RunArgs {
             },
             panic_vcpu_at_exit: None,
             seccomp: self.seccomp,
+            sync_regs: !self.no_sync_regs,
         })
     }
 }

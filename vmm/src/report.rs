@@ -149,7 +149,17 @@ pub fn lines(r: &RunReport) -> Vec<String> {
     }
     if let Some((n, us)) = r.syscall_relay {
         out.push(format!(
-            "[vpmu-vmm] syscall relay: {n} guest system calls completed by the VMM, {us:.1} us each in the VMM (exit to registers written)"
+            "[vpmu-vmm] syscall relay: {n} guest system calls completed by the VMM, {us:.1} us each in the VMM (exit to registers written{})",
+            if total.sync_regs { ", through kvm_run: KVM applies them in the next KVM_RUN" } else { "" }
+        ));
+        out.push(format!(
+            "[vpmu-vmm] vCPU state ioctls on exits: {} (registers {})",
+            total.access_ioctls,
+            if total.sync_regs {
+                "through kvm_run, KVM_CAP_SYNC_REGS"
+            } else {
+                "through ioctls"
+            }
         ));
     }
     out.extend(diagnostic(r));
@@ -253,6 +263,8 @@ fn exits_json(c: &ExitCounts) -> serde_json::Value {
         "interrupted": c.interrupted,
         "internal_error": c.internal_error,
         "other": c.other,
+        "access_ioctls": c.access_ioctls,
+        "sync_regs": c.sync_regs,
     })
 }
 

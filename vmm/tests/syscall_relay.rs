@@ -12,12 +12,94 @@ use std::time::Duration;
 use vmm::end::VmEnd;
 use vmm::host_quirks::syscall_relay::kinds;
 
+/// One run's measurements (after the guest's and the relay's counts were checked).
+struct Sample {
+    /// Relayed system calls (the guest's N and its final one; 0 where SYSCALL is native).
+    relayed: u64,
+    /// TSC cycles per system call round trip and per `ud2` round trip, as the guest saw them.
+    per_syscall: f64,
+    per_ud2: f64,
+    /// The run report's mean VMM µs per relayed system call.
+    vmm_us: Option<f64>,
+    /// Ioctls the access layer made, and whether the vCPU used sync registers.
+    access_ioctls: u64,
+    sync_regs: bool,
+}
+
 #[test]
 fn system_calls_faults_and_ud2_from_guest_user_space() {
     if !common::kvm_available() {
         return;
     }
-    let r = common::run_tiny(&tiny_guests::SYSCALL64, Duration::from_secs(20));
+    let s = run_syscall64(true);
+    eprintln!(
+        "relayed system call: {:.0} TSC cycles round trip; CPL3 ud2 -> #UD -> IRETQ: {:.0} ({:.2}x)",
+        s.per_syscall,
+        s.per_ud2,
+        s.per_syscall / s.per_ud2
+    );
+}
+
+/// Issue 20 item 5: with KVM_CAP_SYNC_REGS a relayed system call reads and writes the vCPU's
+/// registers through `kvm_run`, so KVM_RUN is its only ioctl. Runs the guest with sync
+/// registers and without, interleaved, and prints both (`--nocapture`).
+#[test]
+fn a_relayed_system_call_makes_no_register_ioctl_with_sync_regs() {
+    if !common::kvm_available() {
+        return;
+    }
+    let mut on = Vec::new();
+    let mut off = Vec::new();
+    for _ in 0..3 {
+        on.push(run_syscall64(true));
+        off.push(run_syscall64(false));
+    }
+    for (name, v) in [("sync regs", &on), ("ioctls   ", &off)] {
+        for s in v.iter() {
+            eprintln!(
+                "{name}: {} relayed, VMM {:>6.1} us per relayed call, {} access ioctls ({:.2} per relayed call); round trip {:.0} TSC cycles, ud2 {:.0} ({:.2}x)",
+                s.relayed,
+                s.vmm_us.unwrap_or(f64::NAN),
+                s.access_ioctls,
+                s.access_ioctls as f64 / s.relayed.max(1) as f64,
+                s.per_syscall,
+                s.per_ud2,
+                s.per_syscall / s.per_ud2
+            );
+        }
+    }
+    assert!(off.iter().all(|s| !s.sync_regs), "disabled by the config");
+    if !on[0].sync_regs {
+        eprintln!("no KVM_CAP_SYNC_REGS (regs|sregs|events) on this host: ioctls only");
+        return;
+    }
+    if on[0].relayed == 0 {
+        eprintln!("SYSCALL runs natively here: nothing relayed");
+        return;
+    }
+    for (a, b) in on.iter().zip(&off) {
+        // Without sync registers each relayed call costs at least a register read and write.
+        assert!(
+            b.access_ioctls >= 2 * b.relayed,
+            "ioctl path: {} ioctls for {} relayed calls",
+            b.access_ioctls,
+            b.relayed
+        );
+        // With them, what is left is independent of the number of calls: the relay's LSTAR/IDT
+        // look before it is installed, its one MSR read, and the fix-ups of other exits.
+        assert!(
+            a.access_ioctls < 20 && a.access_ioctls * 10 < a.relayed,
+            "sync regs: {} ioctls for {} relayed calls",
+            a.access_ioctls,
+            a.relayed
+        );
+    }
+}
+
+fn run_syscall64(sync_regs: bool) -> Sample {
+    let r = common::run_tiny_with(&tiny_guests::SYSCALL64, Duration::from_secs(20), |c| {
+        c.sync_regs = sync_regs
+    });
     assert_eq!(
         r.report.end,
         VmEnd::PowerOff,
@@ -48,11 +130,7 @@ fn system_calls_faults_and_ud2_from_guest_user_space() {
     );
     let per_syscall = w[15] as f64 / n as f64;
     let per_ud2 = w[16] as f64 / m as f64;
-    eprintln!(
-        "relayed system call: {per_syscall:.0} TSC cycles round trip; CPL3 ud2 -> #UD -> IRETQ: \
-         {per_ud2:.0} ({:.2}x)",
-        per_syscall / per_ud2
-    );
+    let mut relayed = 0;
     if vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some() {
         let count = |k: &str| {
             r.report
@@ -62,15 +140,20 @@ fn system_calls_faults_and_ud2_from_guest_user_space() {
                 .map(|(_, c)| *c)
                 .unwrap_or(0)
         };
-        assert_eq!(
-            count(kinds::SYSCALL),
-            n + 1,
-            "relayed (N and the final one)"
-        );
+        relayed = count(kinds::SYSCALL);
+        assert_eq!(relayed, n + 1, "relayed (N and the final one)");
         assert_eq!(count(kinds::USER_PF), 2, "user #PFs passed on");
         assert_eq!(count(kinds::USER_JUMP), 1, "the jump to LSTAR passed on");
         assert_eq!(count(kinds::KERNEL_PF), 1, "kernel #PFs passed on");
     } else {
         eprintln!("host quirks are off (VT-x/SVM host): SYSCALL ran natively, no relay counts");
+    }
+    Sample {
+        relayed,
+        per_syscall,
+        per_ud2,
+        vmm_us: r.report.syscall_relay.map(|(_, us)| us),
+        access_ioctls: r.report.exits.iter().map(|e| e.access_ioctls).sum(),
+        sync_regs: r.report.exits.iter().all(|e| e.sync_regs),
     }
 }

@@ -63,6 +63,12 @@ pub struct ExitCounts {
     pub interrupted: u64,
     pub internal_error: u64,
     pub other: u64,
+    /// Ioctls the access layer (`vcpu::access::KvmVcpu`) made while handling exits: register,
+    /// special register, event, MSR and FPU reads and writes (not KVM_RUN, not the PMI path's
+    /// LAPIC/NMI ioctls). With sync registers a relayed system call makes none.
+    pub access_ioctls: u64,
+    /// Whether this vCPU read and wrote registers through `kvm_run` (KVM_CAP_SYNC_REGS).
+    pub sync_regs: bool,
 }
 
 impl ExitCounts {
@@ -98,6 +104,8 @@ impl ExitCounts {
         self.interrupted += o.interrupted;
         self.internal_error += o.internal_error;
         self.other += o.other;
+        self.access_ioctls += o.access_ioctls;
+        self.sync_regs |= o.sync_regs;
     }
 
     pub fn total(&self) -> u64 {

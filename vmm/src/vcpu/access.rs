@@ -10,16 +10,29 @@
 //! KVM_GET_SREGS however many users ask during one exit), changes are kept in the cache and
 //! written back once by [`VcpuAccess::commit`], which the vCPU loop calls before the next
 //! KVM_RUN (special registers first, then registers; KVM_SET_VCPU_EVENTS flushes them first,
-//! because KVM_SET_REGS drops a pending exception). It works on the raw descriptor because the
+//! because KVM_SET_REGS drops a pending exception) — or, with sync registers, no ioctl at all
+//! (below). It works on the raw descriptor because the
 //! exit being handled still borrows the `VcpuFd`.
 //!
-//! **Sync registers (KVM_CAP_SYNC_REGS, 7 on this project's hosts: regs, sregs, events).** The
-//! cache is shaped so that they plug in without changing a user: enable
-//! `kvm_run.kvm_valid_regs = KVM_SYNC_X86_REGS | KVM_SYNC_X86_SREGS | KVM_SYNC_X86_EVENTS` once;
-//! then KVM copies the three into `kvm_run.s.regs` at every exit, so the lazy load becomes a
-//! copy out of `kvm_run` (no ioctl), and the write-back in `commit` becomes a copy into
-//! `kvm_run.s.regs` plus the matching bits in `kvm_run.kvm_dirty_regs`, which KVM applies
-//! (regs, sregs, events, in that order) at the next KVM_RUN. MSRs and FPU stay ioctls.
+//! **Sync registers (KVM_CAP_SYNC_REGS, 7 on this project's hosts: regs, sregs, events).**
+//! Where the host has all three (and `VmConfig::sync_regs`, on by default), the vCPU loop sets
+//! `kvm_run.kvm_valid_regs` once before its first KVM_RUN (KVM never clears it) and makes each
+//! exit's cache with [`KvmVcpu::with_sync_regs`]: KVM copies the three into `kvm_run.s.regs`
+//! at the end of every KVM_RUN (`store_regs` in x86.c, on every return, EINTR included), so the
+//! lazy load is a copy out of `kvm_run` (no ioctl), and `commit` copies the changed sets into
+//! `kvm_run.s.regs` and ORs their bits into `kvm_run.kvm_dirty_regs`. KVM applies them at the
+//! start of the next KVM_RUN (`sync_regs`: regs, then sregs, then events, so a pending
+//! exception survives the register write; before the `immediate_exit` check, so a kicked run
+//! still applies them) and clears each bit as it does. Caveats, from x86.c: a vCPU still
+//! waiting for INIT/SIPI returns from KVM_RUN without applying dirty sets (and `store_regs`
+//! then overwrites them) — the loop writes no registers of such a vCPU; invalid sregs or
+//! events make that KVM_RUN fail with EINVAL instead of a SET ioctl failing. Events carry
+//! KVM_VCPUEVENT_VALID_NMI_PENDING as KVM reports them: written back unchanged it would erase
+//! an NMI the loop queued (KVM_NMI, a PMI) after `commit`, so [`events_to_sync`] drops the flag
+//! unless the caller changed `nmi.pending`. `interrupt_bitmap` in sregs round-trips as with
+//! KVM_GET/SET_SREGS. MSRs, FPU and LAPIC stay ioctls; [`KvmVcpu::ioctls`] counts the ones made
+//! (the run report's `ExitCounts::access_ioctls`: 0 per relayed system call with sync
+//! registers, 3 without).
 //!
 //! **Guest memory.** Guest-virtual reads and writes walk the guest's page tables in software
 //! over the cached CR3/CR4/EFER (no KVM_TRANSLATE), page by page, and are bounded by the
@@ -28,7 +41,13 @@
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_msrs, kvm_regs, kvm_sregs, kvm_vcpu_events, Msrs};
+use std::ptr::{self, NonNull};
+
+use kvm_bindings::{
+    kvm_fpu, kvm_msr_entry, kvm_msrs, kvm_regs, kvm_run, kvm_sregs, kvm_sync_regs, kvm_vcpu_events,
+    Msrs, KVM_SYNC_X86_EVENTS, KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS,
+    KVM_VCPUEVENT_VALID_NMI_PENDING,
+};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::ioctl::{ioctl_with_mut_ptr, ioctl_with_mut_ref, ioctl_with_ref};
 use vmm_sys_util::{ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
@@ -150,29 +169,144 @@ fn check(ret: i32, err: fn(kvm_ioctls::Error) -> KvmVcpuError) -> Result<i32, Kv
     }
 }
 
-/// [`VcpuAccess`] over KVM: ioctls on the vCPU descriptor, cached for one exit (see the module
-/// comment). Make one per exit: after KVM_RUN the cached state is stale.
+/// What [`KvmVcpu`] asks KVM to copy into `kvm_run.s.regs` at every exit (and what it may
+/// write back through `kvm_run.kvm_dirty_regs`): registers, special registers, vCPU events.
+pub const SYNC_REGS_WANTED: u64 =
+    (KVM_SYNC_X86_REGS | KVM_SYNC_X86_SREGS | KVM_SYNC_X86_EVENTS) as u64;
+
+/// Whether a KVM_CHECK_EXTENSION(KVM_CAP_SYNC_REGS) answer covers [`SYNC_REGS_WANTED`].
+pub fn sync_regs_usable(cap: i32) -> bool {
+    cap > 0 && (cap as u64) & SYNC_REGS_WANTED == SYNC_REGS_WANTED
+}
+
+/// Where [`KvmVcpu`] reads and writes registers, special registers and vCPU events.
+#[derive(Clone, Copy)]
+enum Path {
+    /// KVM_GET/SET_REGS, _SREGS, _VCPU_EVENTS.
+    Ioctl,
+    /// `kvm_run.s.regs`, filled by KVM at every exit; writes go back through
+    /// `kvm_run.kvm_dirty_regs` at the next KVM_RUN.
+    Sync(NonNull<kvm_run>),
+}
+
+/// [`VcpuAccess`] over KVM: ioctls on the vCPU descriptor, or the vCPU's `kvm_run` where sync
+/// registers are on, cached for one exit (see the module comment). Make one per exit: after
+/// KVM_RUN the cached state is stale.
 pub struct KvmVcpu<'a> {
     fd: Raw,
     mem: &'a GuestMemoryMmap,
+    path: Path,
     regs: Option<kvm_regs>,
     sregs: Option<kvm_sregs>,
+    events: Option<kvm_vcpu_events>,
     regs_dirty: bool,
     sregs_dirty: bool,
+    events_dirty: bool,
+    ioctls: u32,
 }
 
 impl<'a> KvmVcpu<'a> {
-    /// `fd` must be a vCPU descriptor that outlives this value.
+    /// `fd` must be a vCPU descriptor that outlives this value. Everything goes through ioctls.
     pub fn new(fd: RawFd, mem: &'a GuestMemoryMmap) -> Self {
         KvmVcpu {
             fd: Raw(fd),
             mem,
+            path: Path::Ioctl,
             regs: None,
             sregs: None,
+            events: None,
             regs_dirty: false,
             sregs_dirty: false,
+            events_dirty: false,
+            ioctls: 0,
         }
     }
+
+    /// Like [`new`](Self::new), but registers, special registers and vCPU events are read from
+    /// `run.s.regs` and written back through `run.kvm_dirty_regs` (no ioctl). MSRs and the FPU
+    /// stay ioctls.
+    ///
+    /// # Safety
+    /// `run` must be the `kvm_run` mapping of the vCPU `fd`, valid for as long as this value
+    /// lives, with `kvm_valid_regs` holding [`SYNC_REGS_WANTED`] since before the last KVM_RUN
+    /// (so KVM filled `s.regs` at that exit), and no other code may write `s.regs` or
+    /// `kvm_dirty_regs` meanwhile (KVM only touches them inside KVM_RUN).
+    pub unsafe fn with_sync_regs(
+        fd: RawFd,
+        run: NonNull<kvm_run>,
+        mem: &'a GuestMemoryMmap,
+    ) -> Self {
+        KvmVcpu {
+            path: Path::Sync(run),
+            ..KvmVcpu::new(fd, mem)
+        }
+    }
+
+    /// Whether this value reads and writes registers through `kvm_run` (sync registers).
+    pub fn uses_sync_regs(&self) -> bool {
+        matches!(self.path, Path::Sync(_))
+    }
+
+    /// The ioctls this value has made so far (register, special register, event, MSR and FPU
+    /// reads and writes; 0 for a relayed system call on a sync-registers host).
+    pub fn ioctls(&self) -> u32 {
+        self.ioctls
+    }
+
+    /// The sync-register area and the dirty mask of `run`.
+    fn sync_area(run: NonNull<kvm_run>) -> (*mut kvm_sync_regs, *mut u64) {
+        let run = run.as_ptr();
+        // SAFETY: `run` points to a live kvm_run (with_sync_regs' contract); addr_of_mut! makes
+        // field pointers without creating a reference (the exit being handled may hold one to
+        // another part of the mapping).
+        unsafe {
+            (
+                ptr::addr_of_mut!((*run).s.regs),
+                ptr::addr_of_mut!((*run).kvm_dirty_regs),
+            )
+        }
+    }
+
+    fn ioctl_get<T: Default>(
+        &mut self,
+        nr: libc::c_ulong,
+        err: fn(kvm_ioctls::Error) -> KvmVcpuError,
+    ) -> Result<T, KvmVcpuError> {
+        let mut v = T::default();
+        self.ioctls += 1;
+        // SAFETY: every caller passes a KVM_GET_* request whose argument is one T, which `v`
+        // is; the fd is a vCPU's.
+        let rc = unsafe { ioctl_with_mut_ref(&self.fd, nr, &mut v) };
+        check(rc, err)?;
+        Ok(v)
+    }
+
+    fn ioctl_set<T>(
+        &mut self,
+        nr: libc::c_ulong,
+        v: &T,
+        err: fn(kvm_ioctls::Error) -> KvmVcpuError,
+    ) -> Result<(), KvmVcpuError> {
+        self.ioctls += 1;
+        // SAFETY: every caller passes a KVM_SET_* request whose argument is one T, which `v`
+        // is (KVM only reads it); the fd is a vCPU's.
+        let rc = unsafe { ioctl_with_ref(&self.fd, nr, v) };
+        check(rc, err)?;
+        Ok(())
+    }
+}
+
+/// The vCPU events to hand KVM through sync registers: `new` as the caller wrote it, except
+/// that an unchanged NMI-pending state is not written. (KVM_SET_VCPU_EVENTS with
+/// KVM_VCPUEVENT_VALID_NMI_PENDING replaces the NMI queue; with sync registers the write
+/// happens at the next KVM_RUN, after the loop may have queued a PMI with KVM_NMI, which an
+/// old `nmi.pending = 0` would then erase. The ioctl path writes at once, before KVM_NMI.)
+pub fn events_to_sync(new: &kvm_vcpu_events, stored: &kvm_vcpu_events) -> kvm_vcpu_events {
+    let mut e = *new;
+    if e.nmi.pending == stored.nmi.pending {
+        e.flags &= !KVM_VCPUEVENT_VALID_NMI_PENDING;
+    }
+    e
 }
 
 impl VcpuAccess for KvmVcpu<'_> {
@@ -180,10 +314,15 @@ impl VcpuAccess for KvmVcpu<'_> {
         if let Some(r) = self.regs {
             return Ok(r);
         }
-        let mut r = kvm_regs::default();
-        // SAFETY: KVM_GET_REGS writes one kvm_regs, which `r` is; the fd is a vCPU's.
-        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_REGS(), &mut r) };
-        check(rc, KvmVcpuError::GetRegs)?;
+        let r = match self.path {
+            Path::Ioctl => self.ioctl_get(KVM_GET_REGS(), KvmVcpuError::GetRegs)?,
+            Path::Sync(run) => {
+                let (area, _) = Self::sync_area(run);
+                // SAFETY: `area` is the live sync-register area KVM filled at the last exit
+                // (with_sync_regs' contract); a plain copy out.
+                unsafe { ptr::addr_of!((*area).regs).read() }
+            }
+        };
         Ok(*self.regs.insert(r))
     }
 
@@ -197,10 +336,14 @@ impl VcpuAccess for KvmVcpu<'_> {
         if let Some(s) = self.sregs {
             return Ok(s);
         }
-        let mut s = kvm_sregs::default();
-        // SAFETY: KVM_GET_SREGS writes one kvm_sregs, which `s` is; the fd is a vCPU's.
-        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_SREGS(), &mut s) };
-        check(rc, KvmVcpuError::GetSregs)?;
+        let s = match self.path {
+            Path::Ioctl => self.ioctl_get(KVM_GET_SREGS(), KvmVcpuError::GetSregs)?,
+            Path::Sync(run) => {
+                let (area, _) = Self::sync_area(run);
+                // SAFETY: as in `regs`.
+                unsafe { ptr::addr_of!((*area).sregs).read() }
+            }
+        };
         Ok(*self.sregs.insert(s))
     }
 
@@ -220,6 +363,7 @@ impl VcpuAccess for KvmVcpu<'_> {
             .collect();
         let mut msrs = Msrs::from_entries(&entries)
             .map_err(|_| KvmVcpuError::GetMsrs(kvm_ioctls::Error::new(libc::E2BIG)))?;
+        self.ioctls += 1;
         // SAFETY: the pointer is a kvm_msrs header followed by `nmsrs` entries (the FAM
         // wrapper's allocation); KVM_GET_MSRS writes at most that many; the fd is a vCPU's.
         let n = check(
@@ -233,33 +377,42 @@ impl VcpuAccess for KvmVcpu<'_> {
     }
 
     fn fpu(&mut self) -> Result<kvm_fpu, AccessError> {
-        let mut f = kvm_fpu::default();
-        // SAFETY: KVM_GET_FPU writes one kvm_fpu, which `f` is; the fd is a vCPU's.
-        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_FPU(), &mut f) };
-        check(rc, KvmVcpuError::GetFpu)?;
-        Ok(f)
+        Ok(self.ioctl_get(KVM_GET_FPU(), KvmVcpuError::GetFpu)?)
     }
 
     fn set_fpu(&mut self, fpu: &kvm_fpu) -> Result<(), AccessError> {
-        // SAFETY: KVM_SET_FPU reads one kvm_fpu; the fd is a vCPU's.
-        let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_FPU(), fpu) };
-        check(rc, KvmVcpuError::SetFpu)?;
-        Ok(())
+        Ok(self.ioctl_set(KVM_SET_FPU(), fpu, KvmVcpuError::SetFpu)?)
     }
 
     fn vcpu_events(&mut self) -> Result<kvm_vcpu_events, AccessError> {
-        let mut e = kvm_vcpu_events::default();
-        // SAFETY: KVM_GET_VCPU_EVENTS writes one kvm_vcpu_events, which `e` is.
-        let rc = unsafe { ioctl_with_mut_ref(&self.fd, KVM_GET_VCPU_EVENTS(), &mut e) };
-        check(rc, KvmVcpuError::GetVcpuEvents)?;
-        Ok(e)
+        if let Some(e) = self.events {
+            return Ok(e);
+        }
+        match self.path {
+            // Not cached: the ioctl path writes events at once, so a read after it asks KVM.
+            Path::Ioctl => Ok(self.ioctl_get(KVM_GET_VCPU_EVENTS(), KvmVcpuError::GetVcpuEvents)?),
+            Path::Sync(run) => {
+                let (area, _) = Self::sync_area(run);
+                // SAFETY: as in `regs`.
+                let e = unsafe { ptr::addr_of!((*area).events).read() };
+                Ok(*self.events.insert(e))
+            }
+        }
     }
 
     fn set_vcpu_events(&mut self, events: &kvm_vcpu_events) -> Result<(), AccessError> {
-        self.commit()?;
-        // SAFETY: KVM_SET_VCPU_EVENTS reads one kvm_vcpu_events; the fd is a vCPU's.
-        let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_VCPU_EVENTS(), events) };
-        check(rc, KvmVcpuError::SetVcpuEvents)?;
+        match self.path {
+            Path::Ioctl => {
+                self.commit()?;
+                self.ioctl_set(KVM_SET_VCPU_EVENTS(), events, KvmVcpuError::SetVcpuEvents)?;
+            }
+            // KVM applies dirty registers before dirty events (sync_regs in x86.c), so a
+            // pending exception survives the register write without a commit here.
+            Path::Sync(_) => {
+                self.events = Some(*events);
+                self.events_dirty = true;
+            }
+        }
         Ok(())
     }
 
@@ -268,21 +421,53 @@ impl VcpuAccess for KvmVcpu<'_> {
     }
 
     fn commit(&mut self) -> Result<(), AccessError> {
-        if self.sregs_dirty {
-            if let Some(s) = &self.sregs {
-                // SAFETY: KVM_SET_SREGS reads one kvm_sregs; the fd is a vCPU's.
-                let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_SREGS(), s) };
-                check(rc, KvmVcpuError::SetSregs)?;
+        match self.path {
+            Path::Ioctl => {
+                if self.sregs_dirty {
+                    if let Some(s) = self.sregs {
+                        self.ioctl_set(KVM_SET_SREGS(), &s, KvmVcpuError::SetSregs)?;
+                    }
+                    self.sregs_dirty = false;
+                }
+                if self.regs_dirty {
+                    if let Some(r) = self.regs {
+                        self.ioctl_set(KVM_SET_REGS(), &r, KvmVcpuError::SetRegs)?;
+                    }
+                    self.regs_dirty = false;
+                }
             }
-            self.sregs_dirty = false;
-        }
-        if self.regs_dirty {
-            if let Some(r) = &self.regs {
-                // SAFETY: KVM_SET_REGS reads one kvm_regs; the fd is a vCPU's.
-                let rc = unsafe { ioctl_with_ref(&self.fd, KVM_SET_REGS(), r) };
-                check(rc, KvmVcpuError::SetRegs)?;
+            Path::Sync(run) => {
+                let (area, dirty) = Self::sync_area(run);
+                let mut bits = 0u64;
+                if let (true, Some(r)) = (self.regs_dirty, self.regs) {
+                    // SAFETY: the live sync-register area (with_sync_regs' contract); KVM
+                    // reads it at the next KVM_RUN.
+                    unsafe { ptr::addr_of_mut!((*area).regs).write(r) };
+                    bits |= u64::from(KVM_SYNC_X86_REGS);
+                }
+                if let (true, Some(s)) = (self.sregs_dirty, self.sregs) {
+                    // SAFETY: as above.
+                    unsafe { ptr::addr_of_mut!((*area).sregs).write(s) };
+                    bits |= u64::from(KVM_SYNC_X86_SREGS);
+                }
+                if let (true, Some(e)) = (self.events_dirty, self.events) {
+                    // SAFETY: as above; the stored events are KVM's from the last exit
+                    // until this write replaces them.
+                    unsafe {
+                        let stored = ptr::addr_of!((*area).events).read();
+                        ptr::addr_of_mut!((*area).events).write(events_to_sync(&e, &stored));
+                    }
+                    bits |= u64::from(KVM_SYNC_X86_EVENTS);
+                }
+                if bits != 0 {
+                    // SAFETY: the live kvm_run's dirty mask; KVM clears each bit as it
+                    // applies that set at the next KVM_RUN.
+                    unsafe { dirty.write(dirty.read() | bits) };
+                }
+                self.regs_dirty = false;
+                self.sregs_dirty = false;
+                self.events_dirty = false;
             }
-            self.regs_dirty = false;
         }
         Ok(())
     }
@@ -431,6 +616,121 @@ mod tests {
         cpu.sregs.efer = x86::EFER_LMA;
         cpu.sregs.cr3 = 0x8000;
         assert_eq!(cpu.translate(0x1000), Err(AccessError::NotMapped(0x1000)));
+    }
+
+    /// A kvm_run as KVM leaves it after an exit with sync registers on, and a KvmVcpu over it
+    /// with a descriptor no ioctl can succeed on (each would count, and fail).
+    fn synced() -> (Box<kvm_run>, GuestMemoryMmap) {
+        let mut run = Box::<kvm_run>::default();
+        run.kvm_valid_regs = SYNC_REGS_WANTED;
+        // SAFETY: `regs` is the member KVM fills with sync registers on.
+        let area = unsafe { &mut run.s.regs };
+        area.regs.rip = 0x1000;
+        area.regs.rax = 1;
+        area.sregs.cr3 = 0x5000;
+        area.sregs.cs.selector = 0x33;
+        area.sregs.cr0 = x86::CR0_PE;
+        area.events.flags = KVM_VCPUEVENT_VALID_NMI_PENDING | 4; // | VALID_SHADOW
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        (run, mem)
+    }
+
+    fn area(run: &kvm_run) -> kvm_sync_regs {
+        // SAFETY: `regs` is the member in use (see `synced`).
+        unsafe { run.s.regs }
+    }
+
+    #[test]
+    fn sync_regs_are_read_from_kvm_run_once_and_written_back_with_dirty_bits() {
+        let (mut run, mem) = synced();
+        let ptr = NonNull::from(&mut *run);
+        // SAFETY: `run` outlives `cpu`, and only `cpu` writes it while `cpu` lives.
+        let mut cpu = unsafe { KvmVcpu::with_sync_regs(-1, ptr, &mem) };
+        assert!(cpu.uses_sync_regs());
+        assert_eq!(cpu.rip(), Ok(0x1000));
+        assert_eq!(cpu.cpl(), Ok(3));
+        // Cached for the exit: a later change in kvm_run is not seen (KVM only writes it
+        // inside KVM_RUN).
+        // SAFETY: a write to the live sync area, as KVM would make.
+        unsafe { ptr::addr_of_mut!((*ptr.as_ptr()).s.regs.regs.rip).write(0x2000) };
+        assert_eq!(cpu.rip(), Ok(0x1000));
+        // A write waits for commit, then lands in kvm_run with only its own dirty bit.
+        let mut r = cpu.regs().unwrap();
+        r.rip = 0x1003;
+        cpu.set_regs(&r).unwrap();
+        // SAFETY: a read of the live kvm_run's dirty mask.
+        let dirty = || unsafe { ptr::addr_of!((*ptr.as_ptr()).kvm_dirty_regs).read() };
+        assert_eq!(dirty(), 0, "nothing written before commit");
+        cpu.commit().unwrap();
+        assert_eq!(dirty(), u64::from(KVM_SYNC_X86_REGS));
+        cpu.commit().unwrap();
+        assert_eq!(cpu.ioctls(), 0, "no ioctl on the sync path");
+        assert_eq!(area(&run).regs.rip, 0x1003);
+        assert_eq!(area(&run).sregs.cr3, 0x5000, "sregs untouched");
+
+        // Special registers and events add their bits to the ones still pending (KVM clears
+        // each bit only as it applies that set).
+        let ptr = NonNull::from(&mut *run);
+        // SAFETY: as above.
+        let mut cpu = unsafe { KvmVcpu::with_sync_regs(-1, ptr, &mem) };
+        let mut s = cpu.sregs().unwrap();
+        s.cs.selector = 0x10;
+        cpu.set_sregs(&s).unwrap();
+        let mut e = cpu.vcpu_events().unwrap();
+        e.exception.injected = 1;
+        e.exception.nr = 3;
+        cpu.set_vcpu_events(&e).unwrap();
+        assert_eq!(cpu.vcpu_events().unwrap().exception.nr, 3, "cached");
+        cpu.commit().unwrap();
+        assert_eq!((cpu.ioctls(), cpu.cpl()), (0, Ok(0)));
+        assert_eq!(run.kvm_dirty_regs, SYNC_REGS_WANTED);
+        assert_eq!(area(&run).sregs.cs.selector, 0x10);
+        assert_eq!(
+            (area(&run).events.exception.nr, area(&run).events.flags),
+            (3, 4),
+            "an unchanged NMI-pending state is not written back"
+        );
+    }
+
+    #[test]
+    fn events_keep_the_nmi_flag_only_when_the_caller_changed_nmi_pending() {
+        let mut stored = kvm_vcpu_events {
+            flags: KVM_VCPUEVENT_VALID_NMI_PENDING,
+            ..Default::default()
+        };
+        let mut new = stored;
+        assert_eq!(events_to_sync(&new, &stored).flags, 0);
+        new.nmi.pending = 1;
+        assert_eq!(
+            events_to_sync(&new, &stored).flags,
+            KVM_VCPUEVENT_VALID_NMI_PENDING
+        );
+        stored.nmi.pending = 1;
+        new.nmi.pending = 0;
+        assert_eq!(
+            events_to_sync(&new, &stored).flags,
+            KVM_VCPUEVENT_VALID_NMI_PENDING,
+            "clearing a pending NMI is a change"
+        );
+    }
+
+    #[test]
+    fn the_ioctl_path_counts_its_ioctls_and_the_capability_needs_all_three_sets() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        let mut cpu = KvmVcpu::new(-1, &mem);
+        assert!(!cpu.uses_sync_regs());
+        assert!(cpu.regs().is_err(), "no vCPU behind -1");
+        assert!(cpu.sregs().is_err());
+        // A write is only cached: no ioctl until commit, one per dirty set then.
+        cpu.set_regs(&kvm_regs::default()).unwrap();
+        assert_eq!(cpu.ioctls(), 2);
+        assert!(cpu.commit().is_err());
+        assert_eq!(cpu.ioctls(), 3);
+        assert!(sync_regs_usable(7));
+        assert!(sync_regs_usable(0x1f));
+        assert!(!sync_regs_usable(3));
+        assert!(!sync_regs_usable(0));
+        assert!(!sync_regs_usable(-1));
     }
 
     #[test]

@@ -27,6 +27,12 @@ use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
 use access::{KvmVcpu, VcpuAccess};
 
+/// Whether this host's KVM copies registers, special registers and vCPU events through
+/// `kvm_run` (KVM_CAP_SYNC_REGS with all three: [`access::SYNC_REGS_WANTED`]).
+pub fn sync_regs_available(vm: &VmFd) -> bool {
+    access::sync_regs_usable(vm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_SYNC_REGS)))
+}
+
 /// Everything one vCPU thread owns or shares.
 pub struct VcpuRunner {
     pub id: u32,
@@ -54,6 +60,9 @@ pub struct VcpuRunner {
     /// The SYSCALL relay (host quirks only: guest user space on hosts that emulate guest
     /// kernel code).
     pub relay: Option<host_quirks::syscall_relay::VcpuRelay>,
+    /// Read and write registers through `kvm_run` (KVM_CAP_SYNC_REGS; set by the VM builder
+    /// when the host has regs, sregs and events and the run allows it).
+    pub sync_regs: bool,
 }
 
 /// What every vCPU of a VM shares, handed to [`VcpuRunner::new`] by the VM builder.
@@ -98,6 +107,7 @@ impl VcpuRunner {
             recorder: None,
             last_exits: Default::default(),
             relay,
+            sync_regs: false,
         }
     }
 }

@@ -71,6 +71,16 @@ impl VcpuRunner {
         // mutably around it; a clone of the region list (Arcs) is one borrow that does not
         // tie up `self`.
         let mem = self.mem.clone();
+        // Sync registers: KVM copies regs/sregs/events into kvm_run at every exit (the mask
+        // stays set; KVM never clears it) and applies the sets marked dirty at the next
+        // KVM_RUN, clearing their bits.
+        let sync_run = self.sync_regs.then(|| {
+            let run = self.fd.get_kvm_run();
+            run.kvm_valid_regs = super::access::SYNC_REGS_WANTED;
+            run.kvm_dirty_regs = 0;
+            std::ptr::NonNull::from(run)
+        });
+        counts.sync_regs = sync_run.is_some();
         while !self.control.stopping() {
             // 1-2: outside the gate.
             if let Some(p) = &mut self.pmu {
@@ -113,7 +123,13 @@ impl VcpuRunner {
                 test_hook_panic(self.id, panic_at);
             }
             // 11
-            let mut cpu = KvmVcpu::new(raw_fd, &mem);
+            let mut cpu = match sync_run {
+                // SAFETY: `run` is this vCPU's kvm_run mapping (it lives as long as `self.fd`),
+                // kvm_valid_regs was set before the first KVM_RUN above, and nothing else
+                // writes s.regs or kvm_dirty_regs (`cpu` is dropped before the next KVM_RUN).
+                Some(run) => unsafe { KvmVcpu::with_sync_regs(raw_fd, run, &mem) },
+                None => KvmVcpu::new(raw_fd, &mem),
+            };
             let msrs: &mut dyn exit::MsrHandler = match &mut self.pmu {
                 Some(p) => p,
                 None if self.const_msrs => &mut const_msrs,
@@ -155,6 +171,7 @@ impl VcpuRunner {
                         error,
                     }));
             }
+            counts.access_ioctls += u64::from(cpu.ioctls());
             // 15-16
             if let Some(t) = &mut self.ticker {
                 t.poll();

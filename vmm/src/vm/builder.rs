@@ -536,6 +536,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         hide_cx16: plan.quirks,
         hide_hypercall_features: plan.quirks,
     };
+    let sync_regs = cfg.sync_regs && crate::vcpu::sync_regs_available(&shared.vm);
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
         let fd = shared
@@ -567,7 +568,9 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             _ => None,
         };
         let relay = plan.relay.cloned().map(syscall_relay::VcpuRelay::new);
-        runners.push(VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay));
+        let mut runner = VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay);
+        runner.sync_regs = sync_regs;
+        runners.push(runner);
     }
     Ok(runners)
 }

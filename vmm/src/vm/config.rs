@@ -80,6 +80,10 @@ pub struct VmConfig {
     /// `--seccomp`: confine every thread of the run, the calling thread included (from the end
     /// of setup on, for the rest of its life: call `run` on a fresh thread to do more after).
     pub seccomp: crate::seccomp::SeccompSetting,
+    /// Read and write vCPU registers through `kvm_run` (KVM_CAP_SYNC_REGS) where the host has
+    /// regs, sregs and events; false: always the KVM_GET/SET_REGS/SREGS/VCPU_EVENTS ioctls
+    /// (on by default; off for A/B measurements).
+    pub sync_regs: bool,
 }
 
 impl Boot {
@@ -122,6 +126,7 @@ impl VmConfig {
             controller: None,
             panic_vcpu_at_exit: None,
             seccomp: Default::default(),
+            sync_regs: true,
         }
     }
 }
