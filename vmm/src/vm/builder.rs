@@ -536,7 +536,11 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         hide_cx16: plan.quirks,
         hide_hypercall_features: plan.quirks,
     };
-    let sync_regs = cfg.sync_regs && crate::vcpu::sync_regs_available(&shared.vm);
+    // Registers through kvm_run only where the VMM touches them on many exits: the SYSCALL relay
+    // (host quirks) reads and writes them on every relayed system call. Elsewhere few exits read
+    // a register, and KVM copying all three sets into kvm_run at every exit costs ~4% of a plain
+    // port-write exit here (benches/sync_regs.rs, R1), so the lazy ioctls are cheaper.
+    let sync_regs = cfg.sync_regs && plan.quirks && crate::vcpu::sync_regs_available(&shared.vm);
     let mut runners = Vec::new();
     for id in 0..cfg.vcpus {
         let fd = shared

@@ -81,7 +81,8 @@ pub struct VmConfig {
     /// of setup on, for the rest of its life: call `run` on a fresh thread to do more after).
     pub seccomp: crate::seccomp::SeccompSetting,
     /// Read and write vCPU registers through `kvm_run` (KVM_CAP_SYNC_REGS) where the host has
-    /// regs, sregs and events; false: always the KVM_GET/SET_REGS/SREGS/VCPU_EVENTS ioctls
+    /// regs, sregs and events and the SYSCALL relay runs (host quirks: it touches registers on
+    /// every relayed system call); false: always the KVM_GET/SET_REGS/SREGS/VCPU_EVENTS ioctls
     /// (on by default; off for A/B measurements).
     pub sync_regs: bool,
 }
