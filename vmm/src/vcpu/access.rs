@@ -15,7 +15,8 @@
 //! exit being handled still borrows the `VcpuFd`.
 //!
 //! **Sync registers (KVM_CAP_SYNC_REGS, 7 on this project's hosts: regs, sregs, events).**
-//! Where the host has all three (and `VmConfig::sync_regs`, on by default, and the SYSCALL relay runs: host quirks), the vCPU loop sets
+//! Where the host has all three (and `VmConfig::sync_regs`, on by default, and the SYSCALL
+//! relay runs: host quirks), the vCPU loop sets
 //! `kvm_run.kvm_valid_regs` once before its first KVM_RUN (KVM never clears it) and makes each
 //! exit's cache with [`KvmVcpu::with_sync_regs`]: KVM copies the three into `kvm_run.s.regs`
 //! at the end of every KVM_RUN (`store_regs` in x86.c, on every return, EINTR included), so the
