@@ -115,14 +115,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
             ));
         }
         if !p.uncounted.is_empty() {
-            let list: Vec<String> = p
-                .uncounted
-                .iter()
-                .map(|(u, a)| match a {
-                    Some(a) => format!("{u} ({a:?})"),
-                    None => u.to_string(),
-                })
-                .collect();
+            let list = uncounted_names(&p.uncounted);
             out.push(format!(
                 "[vpmu-vmm] WARNING: the guest programmed events the vPMU's backend cannot count; their \
                  counters stayed still (a guest profiler shows 0 for them, docs/vpmu.md \
@@ -250,6 +243,19 @@ pub fn end_kind(end: &crate::end::VmEnd) -> &'static str {
     }
 }
 
+/// The events the backend could not count, as the text report and the JSON both name them.
+fn uncounted_names<U: std::fmt::Display, A: std::fmt::Debug>(
+    uncounted: &[(U, Option<A>)],
+) -> Vec<String> {
+    uncounted
+        .iter()
+        .map(|(u, a)| match a {
+            Some(a) => format!("{u} ({a:?})"),
+            None => u.to_string(),
+        })
+        .collect()
+}
+
 fn exits_json(c: &ExitCounts) -> serde_json::Value {
     serde_json::json!({
         "total": c.total(),
@@ -307,14 +313,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
                 })
             })
             .collect();
-        let uncounted: Vec<String> = p
-            .uncounted
-            .iter()
-            .map(|(u, a)| match a {
-                Some(a) => format!("{u} ({a:?})"),
-                None => u.to_string(),
-            })
-            .collect();
+        let uncounted = uncounted_names(&p.uncounted);
         json!({
             // As --vpmu spells it: the mode the run started in.
             "setting": clap::ValueEnum::to_possible_value(&r.vpmu)
