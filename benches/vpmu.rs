@@ -196,7 +196,8 @@ fn pmi_run() -> (f64, f64, Vec<f64>) {
 /// One round: every configuration once, in `forward` order or reversed.
 fn round(forward: bool) -> Round {
     let mut r = Round::default();
-    let mut steps: Vec<Box<dyn FnMut(&mut Round)>> = vec![
+    type Step = Box<dyn FnMut(&mut Round)>;
+    let mut steps: Vec<Step> = vec![
         Box::new(|r| r.off = p0(VpmuSetting::Off)),
         Box::new(|r| r.cpu = p0(VpmuSetting::CpuSwitch)),
         Box::new(|r| r.dom = p0(VpmuSetting::DomainSwitch)),
