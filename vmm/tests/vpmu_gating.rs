@@ -25,7 +25,7 @@ use vmm::vm::VpmuSetting;
 const BOOTS: usize = 5;
 
 /// (cpu-switch cycles, domain-switch cycles) of each round of the guest's loops in one boot.
-fn one_boot(model: ModelChoice, io_delay_us: u32) -> Vec<(u64, u64)> {
+fn one_boot(model: ModelChoice, backend: BackendChoice, io_delay_us: u32) -> Vec<(u64, u64)> {
     let guest = match model {
         ModelChoice::Intel => tiny_guests::GATING_PAIR_INTEL64,
         _ => tiny_guests::GATING_PAIR_AMD64,
@@ -33,7 +33,7 @@ fn one_boot(model: ModelChoice, io_delay_us: u32) -> Vec<(u64, u64)> {
     let r = common::run_tiny_with(&guest, Duration::from_secs(120), |cfg| {
         cfg.vpmu = VpmuSetting::CpuSwitch;
         cfg.pmu_model = model;
-        cfg.pmu_backend = BackendChoice::Soft;
+        cfg.pmu_backend = backend;
         cfg.io_delay_us = io_delay_us;
     });
     assert_eq!(
@@ -67,14 +67,20 @@ fn median(mut v: Vec<i64>) -> i64 {
 
 /// Runs the boots; returns the medians over boots of the per-mode sums and the median over all
 /// rounds of (domain-switch - cpu-switch).
-fn measure(model: ModelChoice, io_delay_us: u32) -> (i64, i64, i64, Vec<(u64, u64)>) {
-    let boots: Vec<Vec<(u64, u64)>> = (0..BOOTS).map(|_| one_boot(model, io_delay_us)).collect();
+fn measure(
+    model: ModelChoice,
+    backend: BackendChoice,
+    io_delay_us: u32,
+) -> (i64, i64, i64, Vec<(u64, u64)>) {
+    let boots: Vec<Vec<(u64, u64)>> = (0..BOOTS)
+        .map(|_| one_boot(model, backend, io_delay_us))
+        .collect();
     let sums: Vec<(u64, u64)> = boots
         .iter()
         .map(|b| b.iter().fold((0, 0), |s, r| (s.0 + r.0, s.1 + r.1)))
         .collect();
     eprintln!(
-        "{model:?}, VMM work {io_delay_us} us/exit: (cpu-switch, domain-switch) cycles over \
+        "{model:?}/{backend:?}, VMM work {io_delay_us} us/exit: (cpu-switch, domain-switch) cycles over \
          2000 exits, per boot {sums:?}"
     );
     let c = median(sums.iter().map(|s| s.0 as i64).collect());
@@ -97,11 +103,11 @@ fn measure(model: ModelChoice, io_delay_us: u32) -> (i64, i64, i64, Vec<(u64, u6
     (c, d, diff, sums)
 }
 
-fn cpu_switch_never_charges_more(model: ModelChoice) {
+fn cpu_switch_never_charges_more(model: ModelChoice, backend: BackendChoice) {
     if !common::kvm_available() {
         return;
     }
-    let (c, d, diff, sums) = measure(model, 1);
+    let (c, d, diff, sums) = measure(model, backend, 1);
     // The counter runs in cpu-switch (the guest's own time in KVM_RUN is charged).
     assert!(c > 0, "cpu-switch counted nothing over 2000 exits");
     assert!(
@@ -117,7 +123,7 @@ fn cpu_switch_never_charges_more(model: ModelChoice) {
         assert!(c <= d, "one boot: cpu-switch {c} > domain-switch {d}");
     }
 
-    let (c, d, _, _) = measure(model, 0);
+    let (c, d, _, _) = measure(model, backend, 0);
     assert!(c > 0, "cpu-switch counted nothing over 2000 exits");
     assert!(
         c * 100 <= d * 103,
@@ -127,10 +133,28 @@ fn cpu_switch_never_charges_more(model: ModelChoice) {
 
 #[test]
 fn amd_model_cpu_switch_never_charges_more_than_domain_switch() {
-    cpu_switch_never_charges_more(ModelChoice::Amd);
+    cpu_switch_never_charges_more(ModelChoice::Amd, BackendChoice::Soft);
+}
+
+/// The same on the hw backend's path (40 run-time mode switches per boot: each re-opens the
+/// counter's events with the other mode's exclude bits), over the real hardware PMU where the
+/// host has one that counts, else over the simulated host PMU; says loudly which.
+#[test]
+fn amd_model_on_the_hw_backend_cpu_switch_never_charges_more_than_domain_switch() {
+    if !common::kvm_available() {
+        return;
+    }
+    let backend = if vmm::pmu::setup::host_counts_instructions() {
+        eprintln!("*** hw backend: REAL (this host's hardware PMU counts instructions) ***");
+        BackendChoice::Hw
+    } else {
+        eprintln!("*** hw backend: SIMULATED (no hardware PMU on this host) ***");
+        BackendChoice::Sim
+    };
+    cpu_switch_never_charges_more(ModelChoice::Amd, backend);
 }
 
 #[test]
 fn intel_model_cpu_switch_never_charges_more_than_domain_switch() {
-    cpu_switch_never_charges_more(ModelChoice::Intel);
+    cpu_switch_never_charges_more(ModelChoice::Intel, BackendChoice::Soft);
 }

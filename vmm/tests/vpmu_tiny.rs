@@ -28,7 +28,11 @@ struct Report {
 const DELAY_US: u32 = 300;
 const PMI_LIMIT: u32 = 500;
 
-fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
+fn run(
+    model: ModelChoice,
+    mode: VpmuSetting,
+    backend: BackendChoice,
+) -> (Report, vmm::vm::RunReport) {
     let guest = match model {
         ModelChoice::Intel => tiny_guests::PMU_INTEL64,
         _ => tiny_guests::PMU_AMD64,
@@ -36,7 +40,7 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
     let r = common::run_tiny_with(&guest, Duration::from_secs(120), |cfg| {
         cfg.vpmu = mode;
         cfg.pmu_model = model;
-        cfg.pmu_backend = BackendChoice::Soft;
+        cfg.pmu_backend = backend;
         cfg.pmi_limit = PMI_LIMIT;
         cfg.io_delay_us = DELAY_US;
     });
@@ -71,7 +75,7 @@ fn run(model: ModelChoice, mode: VpmuSetting) -> (Report, vmm::vm::RunReport) {
     };
     let p = &r.report.pmu;
     eprintln!(
-        "{model:?}/{mode:?}: {rep:?}\n  vmm: {} NMIs, {} masked, {} throttled in {:?}",
+        "{model:?}/{mode:?}/{backend:?}: {rep:?}\n  vmm: {} NMIs, {} masked, {} throttled in {:?}",
         p.pmis_nmi, p.pmis_masked, p.pmis_throttled, r.report.run_time
     );
     (rep, r.report)
@@ -118,11 +122,11 @@ fn storm_stayed_under_the_limit(p: &vmm::pmu::PmuStats) {
     );
 }
 
-fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
+fn check_one_mode(model: ModelChoice, mode: VpmuSetting, backend: BackendChoice) -> Report {
     if !common::kvm_available() {
         panic!("unreachable: kvm_available panics or returns true unless skipping");
     }
-    let (rep, vm) = run(model, mode);
+    let (rep, vm) = run(model, mode, backend);
     // Counting: cycles advance over the busy loop and over the I/O loop.
     assert!(rep.v1 > rep.v0, "{rep:?}");
     assert!(rep.v2 > rep.v1, "{rep:?}");
@@ -182,15 +186,15 @@ fn check_one_mode(model: ModelChoice, mode: VpmuSetting) -> Report {
     rep
 }
 
-fn compare_modes(model: ModelChoice) {
+fn compare_modes(model: ModelChoice, backend: BackendChoice) {
     if !common::kvm_available() {
         return;
     }
-    let cpu = check_one_mode(model, VpmuSetting::CpuSwitch);
-    let dom = check_one_mode(model, VpmuSetting::DomainSwitch);
+    let cpu = check_one_mode(model, VpmuSetting::CpuSwitch, backend);
+    let dom = check_one_mode(model, VpmuSetting::DomainSwitch, backend);
     let (cpu_io, dom_io) = (cpu.v2 - cpu.v1, dom.v2 - dom.v1);
     eprintln!(
-        "{model:?}: I/O loop cycles cpu-switch {cpu_io}, domain-switch {dom_io} ({:.1}x)",
+        "{model:?}/{backend:?}: I/O loop cycles cpu-switch {cpu_io}, domain-switch {dom_io} ({:.1}x)",
         dom_io as f64 / cpu_io as f64
     );
     // 100 port writes x 300 us of VMM work: charged in domain-switch only.
@@ -202,12 +206,40 @@ fn compare_modes(model: ModelChoice) {
 
 #[test]
 fn amd_model_counts_samples_and_charges_by_mode() {
-    compare_modes(ModelChoice::Amd);
+    compare_modes(ModelChoice::Amd, BackendChoice::Soft);
 }
 
 #[test]
 fn intel_model_counts_samples_and_charges_by_mode() {
-    compare_modes(ModelChoice::Intel);
+    compare_modes(ModelChoice::Intel, BackendChoice::Soft);
+}
+
+/// The hw backend's path (raw hardware events, exclude_host/exclude_guest per mode, split
+/// periods, multiplex scaling): on the real hardware PMU where the host has one that counts
+/// (a perf_event_open of PERF_TYPE_HARDWARE / INSTRUCTIONS works), else over the simulated
+/// host PMU (`--vpmu-backend sim`: backend/sim_host.rs). Says loudly which.
+fn hw_backend() -> BackendChoice {
+    if vmm::pmu::setup::host_counts_instructions() {
+        eprintln!("*** hw backend: REAL (this host's hardware PMU counts instructions) ***");
+        BackendChoice::Hw
+    } else {
+        eprintln!("*** hw backend: SIMULATED (no hardware PMU on this host) ***");
+        BackendChoice::Sim
+    }
+}
+
+#[test]
+fn amd_model_on_the_hw_backend_counts_samples_and_charges_by_mode() {
+    if common::kvm_available() {
+        compare_modes(ModelChoice::Amd, hw_backend());
+    }
+}
+
+#[test]
+fn intel_model_on_the_hw_backend_counts_samples_and_charges_by_mode() {
+    if common::kvm_available() {
+        compare_modes(ModelChoice::Intel, hw_backend());
+    }
 }
 
 /// Without the rewrite, this host's KVM answers RDPMC with #GP: the tiny guest (no #GP handler)

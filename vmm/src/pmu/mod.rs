@@ -25,6 +25,11 @@ pub enum BackendChoice {
     Soft,
     /// perf raw hardware events (needs a host PMU and VT-x/SVM).
     Hw,
+    /// Hidden, for tests: the hw source over a simulated host PMU (`backend::SimHost`: every
+    /// hardware event counts the vCPU thread's CPU time x TSC rate, split at KVM_RUN into guest
+    /// and host mode). Checks the hw path end to end on hosts without a PMU.
+    #[value(hide = true)]
+    Sim,
 }
 
 /// Which PMU (and, for Intel on a non-Intel host, which CPU) the guest sees.

@@ -121,6 +121,11 @@ pub trait PerfSys: Send {
     /// Read with a plain load: no system call. (The control page's `lock` word is no use here:
     /// measured, it moves when the thread sleeps but not when it is preempted.)
     fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>>;
+    /// Just before KVM_RUN, inside the cpu-switch gate. A host's hardware sees VM entry by
+    /// itself (nothing to do); the simulated host (`backend/sim_host.rs`) is told here.
+    fn guest_entry(&mut self) {}
+    /// Just after KVM_RUN returns (see [`guest_entry`](Self::guest_entry)).
+    fn guest_exit(&mut self) {}
 }
 
 /// See [`PerfSys::switch_seq`]; it stays valid while the event's fd is open.

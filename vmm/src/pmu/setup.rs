@@ -21,6 +21,30 @@ pub fn host_has_pmu() -> bool {
         .any(|d| Path::new("/sys/bus/event_source/devices").join(d).exists())
 }
 
+/// Whether the host's hardware PMU really counts for this process: a `perf_event_open` of
+/// PERF_TYPE_HARDWARE / INSTRUCTIONS on the calling thread opens and counts some instructions
+/// (what `perf stat -e instructions true` needs). The tests run the hw backend for real only
+/// where this holds, and over the simulated host PMU (`--vpmu-backend sim`) elsewhere.
+pub fn host_counts_instructions() -> bool {
+    use super::perf::{HostPerf, PerfEvent, PerfRequest, PerfSys};
+    const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
+    let mut perf = HostPerf {
+        signal: crate::vcpu::kick::kick_signal(),
+    };
+    let req = PerfRequest {
+        exclude_kernel: true,
+        ..PerfRequest::counting(PerfEvent::Hardware(PERF_COUNT_HW_INSTRUCTIONS))
+    };
+    let Ok(fd) = perf.open(&req) else {
+        return false;
+    };
+    let work: u64 = (0..10_000u64).map(std::hint::black_box).sum();
+    std::hint::black_box(work);
+    let n = perf.read(fd);
+    perf.close(fd);
+    n > 0
+}
+
 /// Resolves `--vpmu-backend auto`.
 pub fn resolve_backend(choice: BackendChoice) -> BackendChoice {
     match choice {

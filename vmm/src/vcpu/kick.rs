@@ -130,6 +130,14 @@ impl KickTimer {
         // SAFETY: a timer created by timer_create and not yet deleted; `spec` is valid.
         unsafe { libc::timer_settime(self.timer, 0, &spec, null_mut()) };
     }
+
+    /// Cancels a kick that has not come yet.
+    pub fn disarm(&self) {
+        // SAFETY: itimerspec is plain data; all-zero (it_value 0) disarms the timer.
+        let spec: libc::itimerspec = unsafe { std::mem::zeroed() };
+        // SAFETY: a timer created by timer_create and not yet deleted; `spec` is valid.
+        unsafe { libc::timer_settime(self.timer, 0, &spec, null_mut()) };
+    }
 }
 
 // SAFETY: a timer_t is an id the kernel resolves for any thread of the process; the timer is

@@ -34,8 +34,12 @@ use crate::devices::{
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
 use crate::net::{self, pinger::Pinger};
 use crate::pmu::{
-    self, backend::PerfBackend, mode::ModeSwitch, perf::HostPerf, rdpmc::RdpmcSites, BackendChoice,
-    ModelChoice, VcpuPmu,
+    self,
+    backend::{PerfBackend, SimHost, Source},
+    mode::ModeSwitch,
+    perf::{HostPerf, PerfSys},
+    rdpmc::RdpmcSites,
+    BackendChoice, ModelChoice, VcpuPmu,
 };
 use crate::trace::recorder::Recording;
 use crate::vcpu::{cpuid, identity, kick, regs, ticker::Ticker, VcpuRunner, VcpuShared};
@@ -470,6 +474,13 @@ fn plan_vpmu(
         cfg.pmi_limit,
         ranges.len()
     );
+    if backend == BackendChoice::Sim {
+        log::warn!(
+            "vPMU: hw backend over a SIMULATED host PMU (--vpmu-backend sim, a test backend): \
+             every hardware event counts the vCPU thread's CPU time x TSC rate, split at KVM_RUN \
+             into guest and host mode"
+        );
+    }
     if let Some(f) = &cfg.pmu_event_filter {
         log::info!("vPMU event filter: {f}");
     }
@@ -586,15 +597,22 @@ fn vcpu_pmu(
     fd: &VcpuFd,
     mode_switch: &Option<Arc<ModeSwitch>>,
 ) -> Result<VcpuPmu, VmError> {
-    let source = match plan.backend {
-        BackendChoice::Hw => pmu::backend::Source::Hw,
-        _ => pmu::backend::Source::Soft {
-            tsc_khz: u64::from(fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?),
-        },
+    let tsc_khz = || -> Result<u64, VmError> {
+        Ok(u64::from(fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?))
     };
-    let perf = Box::new(HostPerf {
+    let host = Box::new(HostPerf {
         signal: kick::kick_signal(),
     });
+    let (source, perf): (_, Box<dyn PerfSys>) = match plan.backend {
+        BackendChoice::Hw => (Source::Hw, host),
+        BackendChoice::Sim => (Source::Hw, Box::new(SimHost::new(tsc_khz()?))),
+        BackendChoice::Soft | BackendChoice::Auto => (
+            Source::Soft {
+                tsc_khz: tsc_khz()?,
+            },
+            host,
+        ),
+    };
     let backend = PerfBackend::new(source, plan.mode, perf);
     let mut model = vpmu::Pmu::new(plan.config, Box::new(backend))?;
     model.set_event_filter(cfg.pmu_event_filter.clone());

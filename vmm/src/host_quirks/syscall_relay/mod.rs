@@ -241,12 +241,22 @@ impl SyscallRelay {
 /// per exit in guests that never set LSTAR, VMM work that domain-switch then charged.
 const POLL_INTERVAL_TSC: u64 = 5_000_000;
 
+/// Each look that finds the guest not ready doubles the interval, up to this (about 64 ms at
+/// 2.6 GHz): a guest that never sets LSTAR (a tiny guest, a kernel without user space) then
+/// pays ~12 us per 64 ms instead of per 2 ms. The ~12 us fell on the PMI exit of every sample
+/// of the PMI benchmark guest, whose only exits are PMIs ~2 ms apart: half the VMM's cost per
+/// delivered sample (issue 20 item 2, P2). A Linux guest sets LSTAR early in boot, tens of
+/// seconds here before its first system call from user space.
+const MAX_POLL_INTERVAL_TSC: u64 = 32 * POLL_INTERVAL_TSC;
+
 /// One vCPU's view of the relay: its SYSCALL MSRs, read once and kept.
 pub struct VcpuRelay {
     pub shared: Arc<SyscallRelay>,
     msrs: Option<SyscallMsrs>,
     /// TSC before which this vCPU does not look for LSTAR/IDT again (not installed yet).
     next_poll: u64,
+    /// The wait after the next look that finds the guest not ready (doubles each time).
+    poll_interval: u64,
 }
 
 impl VcpuRelay {
@@ -255,18 +265,21 @@ impl VcpuRelay {
             shared,
             msrs: None,
             next_poll: 0,
+            poll_interval: POLL_INTERVAL_TSC,
         }
     }
 
     /// After every exit: one memory read once installed; before that, a look at the guest's
-    /// LSTAR and IDT at most every [`POLL_INTERVAL_TSC`].
+    /// LSTAR and IDT at most every [`POLL_INTERVAL_TSC`], backing off to
+    /// [`MAX_POLL_INTERVAL_TSC`] while the guest is not ready.
     pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
         if self.shared.installed_at().is_none() {
             let now = crate::tsc::now();
             if now < self.next_poll {
                 return;
             }
-            self.next_poll = now.saturating_add(POLL_INTERVAL_TSC);
+            self.next_poll = now.saturating_add(self.poll_interval);
+            self.poll_interval = (2 * self.poll_interval).min(MAX_POLL_INTERVAL_TSC);
         }
         self.shared.after_exit(cpu);
     }
@@ -610,6 +623,15 @@ mod tests {
         v.after_exit(&mut cpu);
         v.after_exit(&mut cpu);
         assert_eq!(cpu.msr_reads, 1, "one look per poll interval, not per exit");
+        // Each look that finds the guest not ready waits twice as long, up to the cap.
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            v.next_poll = 0;
+            let before = crate::tsc::now();
+            v.after_exit(&mut cpu);
+            waits.push((v.next_poll - before) / POLL_INTERVAL_TSC);
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 32, 32, 32, 32]);
         v.next_poll = 0;
         cpu.msrs.insert(MSR_LSTAR, LSTAR);
         v.after_exit(&mut cpu);

@@ -7,7 +7,9 @@
 //!   [`Gate`] (gate.rs: RDTSC on each side of KVM_RUN, a `read(2)` of a thread clock only
 //!   after the host switched the thread out).
 //! * `hw` ([`Source::Hw`], hw.rs) — perf raw hardware events from the guest's event select.
-//!   **Hardware-only**: needs a host PMU and VT-x/SVM.
+//!   Needs a host PMU and VT-x/SVM; on hosts without them it runs end to end over a
+//!   simulated host PMU (sim_host.rs, `--vpmu-backend sim`: sim.rs's counting core driven by
+//!   the vCPU thread's CPU time, split at KVM_RUN into guest and host mode).
 //!
 //! Accounting modes, the same meaning on both:
 //! * cpu-switch — count only inside KVM_RUN (hw: `exclude_host=1`; soft: the gate).
@@ -16,8 +18,8 @@
 
 mod gate;
 mod hw;
-#[cfg(test)]
 mod sim;
+mod sim_host;
 mod soft;
 #[cfg(test)]
 mod testutil;
@@ -30,6 +32,7 @@ use super::perf::{PerfRequest, PerfSys};
 
 pub use gate::Gate;
 pub use hw::MIN_HW_PERIOD;
+pub use sim_host::SimHost;
 pub use soft::MIN_SOFT_PERIOD_NS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,6 +211,7 @@ impl CounterBackend for PerfBackend {
     fn enter_guest(&mut self) {
         let (src, sys) = self.parts();
         src.enter_guest(sys);
+        sys.guest_entry();
     }
 
     fn set_mode(&mut self, mode: AccountingMode) {
@@ -217,6 +221,7 @@ impl CounterBackend for PerfBackend {
 
     fn leave_guest(&mut self) {
         let (src, sys) = self.parts();
+        sys.guest_exit();
         src.leave_guest(sys);
     }
 }

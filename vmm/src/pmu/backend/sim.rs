@@ -25,6 +25,10 @@
 //!   cycles-like event).
 //!
 //! Software events (task-clock, switch records) count nothing here.
+//!
+//! Two drivers share this counting core: the unit tests' scripted timeline ([`Sim::run`]) and
+//! `sim_host.rs`, which drives it with the vCPU thread's real CPU time so a whole VM can run on
+//! the hw source (`--vpmu-backend sim`).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -42,6 +46,8 @@ pub(super) struct Ctx {
     pub user: bool,
 }
 
+// The scripted tests use every context; a live run (sim_host.rs) only two.
+#[cfg_attr(not(test), allow(dead_code))]
 impl Ctx {
     pub const GUEST_USER: Ctx = Ctx {
         guest: true,
@@ -146,6 +152,36 @@ impl SimState {
         }
     }
 
+    /// `n` events in `ctx`, cut where the multiplexing rotates; returns the overflows.
+    pub(super) fn run(&mut self, ctx: Ctx, n: u64) -> u64 {
+        let mut signals = 0;
+        let mut left = n;
+        while left > 0 {
+            let chunk = match self.budget {
+                Some((_, interval)) => left.min(interval - self.clock % interval),
+                None => left,
+            };
+            signals += self.step(ctx, chunk);
+            left -= chunk;
+        }
+        signals
+    }
+
+    /// Counts until the first sampling event that counts in `ctx` overflows, if any (the
+    /// events not on a counter now included: an early answer only costs the caller a look).
+    pub(super) fn next_overflow(&self, ctx: Ctx) -> Option<u64> {
+        self.events
+            .values()
+            .filter(|e| e.req.sample_period.is_some() && e.counts_in(ctx))
+            .map(|e| e.period_left)
+            .min()
+    }
+
+    /// Sets a counter budget: `counters` hardware counters, rotated every `interval` units.
+    pub(super) fn set_budget(&mut self, counters: usize, interval: u64) {
+        self.budget = Some((counters, interval.max(1)));
+    }
+
     /// `n` events in `ctx` with no rotation in between; returns the overflows.
     fn step(&mut self, ctx: Ctx, n: u64) -> u64 {
         let on = self.scheduled();
@@ -172,18 +208,30 @@ impl SimState {
     }
 }
 
+/// Overflow notifications: the kick signal on the calling thread (the vCPU thread, which
+/// opened the events), as perf sends it (at most a few: one is enough for the watch).
+pub(super) fn notify(signals: u64) {
+    for _ in 0..signals.min(4) {
+        // SAFETY: raising the kick signal on this thread; `Sim::new` (or the VMM) installed its
+        // handler.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+    }
+}
+
 /// The simulated host (shared by the test and the backend's [`PerfSys`]).
 #[derive(Clone, Default)]
 pub(super) struct Sim(Arc<Mutex<SimState>>);
 
 impl Sim {
     /// A fresh host; installs the kick signal's handler (overflows raise it).
+    #[cfg(test)]
     pub fn new() -> Sim {
         crate::vcpu::kick::install_handler().unwrap();
         Sim::default()
     }
 
     /// The perf layer a backend is given.
+    #[cfg(test)]
     pub fn perf(&self) -> Box<dyn PerfSys> {
         Box::new(SimPerf(self.clone()))
     }
@@ -194,34 +242,22 @@ impl Sim {
 
     /// A host with `counters` hardware counters, rotating multiplexed events every
     /// `interval` time units.
+    #[cfg(test)]
     pub fn with_counters(counters: usize, interval: u64) -> Sim {
         let sim = Sim::new();
-        sim.state().budget = Some((counters, interval.max(1)));
+        sim.state().set_budget(counters, interval);
         sim
     }
 
     /// The event happens `n` times in `ctx`; overflowing events notify.
+    #[cfg(test)]
     pub fn run(&self, ctx: Ctx, n: u64) {
-        let mut signals = 0;
-        {
-            let mut s = self.state();
-            let mut left = n;
-            while left > 0 {
-                let chunk = match s.budget {
-                    Some((_, interval)) => left.min(interval - s.clock % interval),
-                    None => left,
-                };
-                signals += s.step(ctx, chunk);
-                left -= chunk;
-            }
-        }
-        for _ in 0..signals.min(4) {
-            // SAFETY: raising the kick signal on this thread; `new` installed its handler.
-            unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
-        }
+        let signals = self.state().run(ctx, n);
+        notify(signals);
     }
 
     /// PERF_EVENT_IOC_RESET: the count goes to 0, the period's progress stays.
+    #[cfg(test)]
     pub fn reset(&self, fd: RawFd) {
         if let Some(e) = self.state().events.get_mut(&fd) {
             e.count = 0;
@@ -229,12 +265,13 @@ impl Sim {
     }
 
     /// The fds open now.
+    #[cfg(test)]
     pub fn open_fds(&self) -> Vec<RawFd> {
         self.state().events.keys().copied().collect()
     }
 }
 
-struct SimPerf(Sim);
+pub(super) struct SimPerf(pub(super) Sim);
 
 struct NoSwitches;
 impl SwitchSeq for NoSwitches {

@@ -1,0 +1,111 @@
+//! Tier 2 (issue 20 item 5): in cpu-switch nothing of the VMM's tracing is charged to the
+//! guest. The recorder's work around KVM_RUN (TSC and clock reads, records into the writer's
+//! buffers: run_loop.rs steps 2 and 8) sits outside the gate, so a guest that counts its own
+//! cycles in cpu-switch over a fixed amount of work with many exits reads the same with and
+//! without `--trace`.
+//!
+//! The guest (`gating_pair_amd64`) counts cycles around 2 x 2000 unclaimed port writes, 20
+//! rounds of 100 in each mode (switching through the vPMU control port). Boots with and
+//! without `--trace` alternate, BOOTS of each; the medians of the per-boot cpu-switch sums must
+//! agree within TOLERANCE. domain-switch, which charges the VMM's work, is printed beside it.
+//!
+//! What it can and cannot catch (measured on this project's build machine, 2 shared cores):
+//! the recorder's per-exit work is well under 1 % of a ~8 us exit here, below the boot-to-boot
+//! noise (medians of 5 least-disturbed rounds still land 0-3 % apart). Moving the whole
+//! recorder and `reprogram_dirty` inside the gate (run_loop.rs) gave 0.9997x: this test did
+//! NOT fail then. It bounds what tracing may charge in cpu-switch at TOLERANCE (5 %, not the
+//! issue's 2 %, which flakes here): it fails if tracing work of about half a microsecond per
+//! exit or more (a system call per exit, say) lands inside the gate. The 2 % figure belongs in
+//! a bench on a quiet machine.
+
+mod common;
+
+use std::time::Duration;
+
+use vmm::end::VmEnd;
+use vmm::pmu::{BackendChoice, ModelChoice};
+use vmm::vm::VpmuSetting;
+
+const BOOTS: usize = 5;
+/// |with - without| / without of the cpu-switch medians.
+const TOLERANCE: f64 = 0.05;
+
+/// (cpu-switch, domain-switch) cycles the guest counted in its least disturbed round of 100
+/// exits (the fastest: load on the shared machine only adds), x 20: the 2000 exits' cost
+/// without the noise the sums carry.
+fn one_boot(trace: bool) -> (u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace");
+    let r = common::run_tiny_with(
+        &tiny_guests::GATING_PAIR_AMD64,
+        Duration::from_secs(120),
+        |cfg| {
+            cfg.vpmu = VpmuSetting::CpuSwitch;
+            cfg.pmu_model = ModelChoice::Amd;
+            cfg.pmu_backend = BackendChoice::Soft;
+            cfg.io_delay_us = 0;
+            if trace {
+                cfg.record.trace = Some(path.clone());
+            }
+        },
+    );
+    assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
+    let w: Vec<u64> = r
+        .serial2
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(w.len(), 41, "guest report incomplete");
+    if trace {
+        let t = vmm::trace::format::Trace::read_file(&path).unwrap();
+        let n: usize = t
+            .vcpus
+            .iter()
+            .map(|v| v.records.len() + v.dropped as usize)
+            .sum();
+        assert!(n >= 4000, "the trace recorded the exits: {n} records");
+    }
+    let rounds = w[1..].chunks(2);
+    let min = |i: usize| rounds.clone().map(|p| p[i]).min().unwrap() * 20;
+    (min(0), min(1))
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+#[test]
+fn tracing_is_not_charged_to_the_guest_in_cpu_switch() {
+    if !common::kvm_available() {
+        return;
+    }
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in 0..BOOTS {
+        // A/B, then B/A: drift falls on both.
+        for trace in [i % 2 == 0, i % 2 != 0] {
+            let v = one_boot(trace);
+            if trace {
+                with.push(v);
+            } else {
+                without.push(v);
+            }
+        }
+    }
+    let cpu_with = median(with.iter().map(|v| v.0).collect());
+    let cpu_without = median(without.iter().map(|v| v.0).collect());
+    let dom_with = median(with.iter().map(|v| v.1).collect());
+    let dom_without = median(without.iter().map(|v| v.1).collect());
+    let cpu = cpu_with as f64 / cpu_without as f64;
+    let dom = dom_with as f64 / dom_without as f64;
+    eprintln!(
+        "cycles over 2000 exits, medians of {BOOTS} boots: cpu-switch {cpu_with} with --trace, \
+         {cpu_without} without ({cpu:.4}x); domain-switch {dom_with} / {dom_without} ({dom:.4}x)\n\
+         with: {with:?}\nwithout: {without:?}"
+    );
+    assert!(cpu_without > 0, "cpu-switch counted nothing");
+    assert!(
+        (cpu - 1.0).abs() <= TOLERANCE,
+        "tracing changed what cpu-switch charges the guest: {cpu:.4}x (allowed {TOLERANCE})"
+    );
+}
