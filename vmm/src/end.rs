@@ -193,7 +193,7 @@ Exit codes:
   9  a VMM thread made a system call its seccomp filter forbids (see --seccomp)
   10  a vCPU exited on HLT, which the in-kernel irqchip should have handled (KVM or VMM bug)
   11  the guest wrote 0 to the isa-debug-exit port 0xf4 (kvm-unit-tests: no test failed)
-  12  the guest wrote a non-zero value to port 0xf4 (kvm-unit-tests: a test failed; the value is in the report)
+  12  the guest wrote a non-zero value to port 0xf4 (kvm-unit-tests: a test failed; see the report)
   130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
 On any end but 0, 11 and 12 a line per vCPU names its RIP and its last exits.";
 

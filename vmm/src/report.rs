@@ -554,7 +554,9 @@ mod tests {
         assert!(j["console_tail"].as_array().unwrap().is_empty());
         let text = lines(&r).join("\n");
         assert!(
-            text.contains("guest wrote 0x1 to the isa-debug-exit port (QEMU would exit with status 3)"),
+            text.contains(
+                "guest wrote 0x1 to the isa-debug-exit port (QEMU would exit with status 3)"
+            ),
             "{text}"
         );
         assert!(!text.contains("last guest console lines"), "{text}");

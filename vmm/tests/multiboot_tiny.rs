@@ -50,7 +50,7 @@ fn boot(kernel: &Path, extra: &[&str]) -> Run {
 }
 
 fn tiny_kernel(dir: &Path) -> std::path::PathBuf {
-    assert!(MULTIBOOT32.multiboot, "multiboot32 is built as an ELF32");
+    const { assert!(MULTIBOOT32.multiboot, "multiboot32 is built as an ELF32") };
     let path = dir.join("multiboot32.elf");
     std::fs::write(&path, MULTIBOOT32.image).unwrap();
     path
@@ -72,7 +72,10 @@ fn multiboot_kernel_gets_protected_mode_the_info_block_and_its_environment() {
     }
     let dir = tempfile::tempdir().unwrap();
     let kernel = tiny_kernel(dir.path());
-    let r = boot(&kernel, &["--memory", "64", "--cpus", "2", "--cmdline=-v 0"]);
+    let r = boot(
+        &kernel,
+        &["--memory", "64", "--cpus", "2", "--cmdline=-v 0"],
+    );
     let c = &r.console;
     assert_eq!(hex_field(c, "eax"), BOOTLOADER_MAGIC, "{c}");
     let cr0 = hex_field(c, "cr0");
@@ -81,7 +84,13 @@ fn multiboot_kernel_gets_protected_mode_the_info_block_and_its_environment() {
     assert_eq!(hex_field(c, "efer") & (1 << 10), 0, "not long mode: {c}");
     assert_eq!(hex_field(c, "cs"), 8, "{c}");
     let flags = hex_field(c, "flags");
-    for (bit, what) in [(0, "mem"), (2, "cmdline"), (3, "mods"), (6, "mmap"), (9, "loader")] {
+    for (bit, what) in [
+        (0, "mem"),
+        (2, "cmdline"),
+        (3, "mods"),
+        (6, "mmap"),
+        (9, "loader"),
+    ] {
         assert_ne!(flags & (1 << bit), 0, "flag {what}: {c}");
     }
     assert_eq!(hex_field(c, "mem_lower"), 639, "{c}");
@@ -109,7 +118,11 @@ fn multiboot_kernel_gets_protected_mode_the_info_block_and_its_environment() {
         "{}",
         r.stderr
     );
-    assert!(!r.stderr.contains("last exits"), "no diagnostic: {}", r.stderr);
+    assert!(
+        !r.stderr.contains("last exits"),
+        "no diagnostic: {}",
+        r.stderr
+    );
 }
 
 #[test]
@@ -120,7 +133,11 @@ fn a_nonzero_debug_exit_value_is_exit_code_12_with_the_value_reported() {
     let dir = tempfile::tempdir().unwrap();
     let kernel = tiny_kernel(dir.path());
     let r = boot(&kernel, &["--memory", "32", "--cmdline", "x 3"]);
-    assert!(r.console.contains("NR_CPUS=1\nMEMSIZE=32\n"), "{}", r.console);
+    assert!(
+        r.console.contains("NR_CPUS=1\nMEMSIZE=32\n"),
+        "{}",
+        r.console
+    );
     assert_eq!(r.code, code::DEBUG_EXIT_NONZERO, "{}", r.stderr);
     assert_eq!(r.report["end"]["debug_exit"]["value"], 3);
     assert_eq!(r.report["end"]["debug_exit"]["qemu_status"], 7);
@@ -147,13 +164,21 @@ fn corrupt_multiboot_kernels_exit_1_with_a_clear_error() {
     no_header[at + 8] ^= 1;
     for (name, bytes, says) in [
         ("outside.elf", outside, "outside the"),
-        ("noheader.elf", no_header, "without a valid Multiboot header"),
+        (
+            "noheader.elf",
+            no_header,
+            "without a valid Multiboot header",
+        ),
     ] {
         let path = dir.path().join(name);
         std::fs::write(&path, bytes).unwrap();
         let r = boot(&path, &["--memory", "32"]);
         assert_eq!(r.code, code::ERROR, "{name}: {}", r.stderr);
         assert!(r.stderr.contains(says), "{name}: {}", r.stderr);
-        assert!(r.stderr.contains("Multiboot kernel"), "{name}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("Multiboot kernel"),
+            "{name}: {}",
+            r.stderr
+        );
     }
 }

@@ -96,7 +96,11 @@ pub enum MultibootError {
         file_len: usize,
     },
     #[error("ELF32 program header {index}: file size {filesz:#x} is larger than its memory size {memsz:#x}")]
-    SegmentFileLargerThanMemory { index: usize, filesz: u64, memsz: u64 },
+    SegmentFileLargerThanMemory {
+        index: usize,
+        filesz: u64,
+        memsz: u64,
+    },
     #[error("ELF32 program header {index}: guest-physical {start:#x}..{end:#x} is outside the kernel's RAM {HIMEM_START:#x}..{ram_end:#x} (give more --memory if the kernel is just big)")]
     SegmentOutsideRam {
         index: usize,
@@ -133,8 +137,7 @@ pub fn find_header(image: &[u8]) -> Option<Header> {
     (0..end.saturating_sub(11)).step_by(4).find_map(|offset| {
         let word = |i: usize| le32(image, offset + 4 * i);
         let (magic, flags, checksum) = (word(0)?, word(1)?, word(2)?);
-        let valid = magic == HEADER_MAGIC
-            && magic.wrapping_add(flags).wrapping_add(checksum) == 0;
+        let valid = magic == HEADER_MAGIC && magic.wrapping_add(flags).wrapping_add(checksum) == 0;
         valid.then_some(Header { offset, flags })
     })
 }
@@ -460,7 +463,16 @@ mod tests {
         f[42..44].copy_from_slice(&32u16.to_le_bytes());
         f[44..46].copy_from_slice(&1u16.to_le_bytes());
         let filesz = 12 + code.len() as u32;
-        let ph = [PT_LOAD, 0x100, paddr, paddr, filesz, filesz + bss, 5, 0x1000];
+        let ph = [
+            PT_LOAD,
+            0x100,
+            paddr,
+            paddr,
+            filesz,
+            filesz + bss,
+            5,
+            0x1000,
+        ];
         f[52..84].copy_from_slice(&words(&ph));
         f.extend_from_slice(&header(flags));
         f.extend_from_slice(code);
@@ -486,7 +498,13 @@ mod tests {
     fn the_header_is_found_only_with_a_good_checksum_and_alignment() {
         let mut f = vec![0u8; 64];
         f[16..28].copy_from_slice(&header(3));
-        assert_eq!(find_header(&f), Some(Header { offset: 16, flags: 3 }));
+        assert_eq!(
+            find_header(&f),
+            Some(Header {
+                offset: 16,
+                flags: 3
+            })
+        );
         f[24] ^= 1; // checksum off by one
         assert_eq!(find_header(&f), None);
         let mut g = vec![0u8; 64];
@@ -509,7 +527,10 @@ mod tests {
         assert!(!is_multiboot(b"nothing"));
         let mut raw = vec![0u8; 32];
         raw[..12].copy_from_slice(&header(1 << 16));
-        assert!(is_multiboot(&raw), "a non-ELF with a header is refused here");
+        assert!(
+            is_multiboot(&raw),
+            "a non-ELF with a header is refused here"
+        );
         let m = mem();
         assert!(matches!(
             load(&m, &raw, &info()),
@@ -528,7 +549,11 @@ mod tests {
         let b: u8 = m.read_obj(GuestAddress(0x20_000d)).unwrap();
         assert_eq!(b, 0xf4);
         let i = MULTIBOOT_INFO_ADDR;
-        assert_eq!(read32(&m, i), 0x24d, "mem, cmdline, mods, mmap, loader name");
+        assert_eq!(
+            read32(&m, i),
+            0x24d,
+            "mem, cmdline, mods, mmap, loader name"
+        );
         assert_eq!(read32(&m, i + 4), 639);
         assert_eq!(read32(&m, i + 8), (RAM as u32 - 0x10_0000) / 1024);
         let cmdline = read32(&m, i + 16) as u64;
@@ -584,7 +609,10 @@ mod tests {
         };
         assert!(matches!(refused(&no_header), MultibootError::NoHeader));
         let video = elf(0x20_0000, &[0xf4], 0, header_flags::VIDEO_MODE);
-        assert!(matches!(refused(&video), MultibootError::UnsupportedFlags(4)));
+        assert!(matches!(
+            refused(&video),
+            MultibootError::UnsupportedFlags(4)
+        ));
         let mut big_endian = good.clone();
         big_endian[5] = 2;
         assert!(matches!(refused(&big_endian), MultibootError::BadElf(_)));
@@ -622,7 +650,10 @@ mod tests {
         ));
         let low = elf(0x7000, &[0xf4], 0, 0);
         let err = refused(&low);
-        assert!(err.to_string().contains("outside the kernel's RAM"), "{err}");
+        assert!(
+            err.to_string().contains("outside the kernel's RAM"),
+            "{err}"
+        );
         let mut bad_entry = good.clone();
         bad_entry[24..28].copy_from_slice(&0x1234u32.to_le_bytes());
         assert!(matches!(

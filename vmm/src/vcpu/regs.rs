@@ -304,18 +304,30 @@ mod tests {
     #[test]
     fn multiboot_state_is_flat_32_bit_protected_mode_with_paging_off() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let mut start = kvm_sregs::default();
-        start.efer = EFER_LME | EFER_LMA;
-        start.cr0 = X86_CR0_PG | X86_CR0_PE;
-        start.cr4 = X86_CR4_PAE;
+        let start = kvm_sregs {
+            efer: EFER_LME | EFER_LMA,
+            cr0: X86_CR0_PG | X86_CR0_PE,
+            cr4: X86_CR4_PAE,
+            ..Default::default()
+        };
         let s = protected_mode_sregs(&mem, start).unwrap();
         assert_eq!((s.cr0, s.cr4, s.efer), (X86_CR0_PE | X86_CR0_ET, 0, 0));
         assert_eq!(
-            (s.cs.l, s.cs.db, s.cs.type_, s.cs.base, s.cs.limit, s.cs.selector),
+            (
+                s.cs.l,
+                s.cs.db,
+                s.cs.type_,
+                s.cs.base,
+                s.cs.limit,
+                s.cs.selector
+            ),
             (0, 1, 0xb, 0, 0xffff_ffff, 8)
         );
         for seg in [s.ds, s.es, s.fs, s.gs, s.ss] {
-            assert_eq!((seg.db, seg.type_, seg.base, seg.limit), (1, 3, 0, 0xffff_ffff));
+            assert_eq!(
+                (seg.db, seg.type_, seg.base, seg.limit),
+                (1, 3, 0, 0xffff_ffff)
+            );
             assert_eq!(seg.selector, 16);
         }
         // The GDT in memory says the same (a far jump or segment reload keeps the state).

@@ -28,8 +28,8 @@ use crate::console::{ConsoleLog, Tee};
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
-    acpi_shutdown::AcpiShutdown, debug_exit, delay, i8042, packet_gate, serial, vpmu_control, MmioBus, PioBus,
-    PioDevice,
+    acpi_shutdown::AcpiShutdown, debug_exit, delay, i8042, packet_gate, serial, vpmu_control,
+    MmioBus, PioBus, PioDevice,
 };
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
 use crate::net::{self, pinger::Pinger};
