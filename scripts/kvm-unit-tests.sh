@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvm-unit-tests' x86/pmu (unmodified upstream, ../shared/third_party/kvm-unit-tests-*.tar.gz) on
 # vpmu-vmm, in the configurations scripts/test.sh does not boot (docs/kvm-unit-tests.md).
-# Each configuration is one boot of 9-18 minutes here (the test's CPL 0 measurement loops are
+# Each configuration is one boot of up to ~25 minutes here (the test's CPL 0 code is
 # emulated), run one after the other by the tier-3 test vmm/tests/kvm_unit_tests.rs, which
 # compares the guest's result lines with
 # guest-image/kvm-unit-tests/pmu.MODEL.VPMU.BACKEND.HOST-host.expected (HOST: the host's vendor).
@@ -40,7 +40,7 @@ for config in "$@"; do
 	host=amd
 	grep -q GenuineIntel /proc/cpuinfo && host=intel
 	name=pmu.$model.$vpmu.$backend.$host-host
-	say "$name: booting x86/pmu ($(date +%T); 9-18 minutes)"
+	say "$name: booting x86/pmu ($(date +%T); up to ~25 minutes)"
 	if VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL="$model" VPMU_TEST_KUT_VPMU="$vpmu" \
 		VPMU_TEST_KUT_BACKEND="$backend" VPMU_TEST_KUT_OUT="$OUT/$name.observed" \
 		cargo test --release -p vmm --test kvm_unit_tests -- --ignored --nocapture \

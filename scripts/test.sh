@@ -67,7 +67,7 @@ VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
 # an Intel host). docs/kvm-unit-tests.md.
 kut_model=amd
 grep -q GenuineIntel /proc/cpuinfo && kut_model=intel
-say "tier 3: kvm-unit-tests x86/pmu, $kut_model model, cpu-switch (one boot, 9-18 min here), against guest-image/kvm-unit-tests/pmu.$kut_model.cpu-switch.soft.*-host.expected"
+say "tier 3: kvm-unit-tests x86/pmu, $kut_model model, cpu-switch (one boot, ~24 min here), against guest-image/kvm-unit-tests/pmu.$kut_model.cpu-switch.soft.*-host.expected"
 VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL=$kut_model VPMU_TEST_KUT_VPMU=cpu-switch VPMU_TEST_KUT_BACKEND=soft \
   cargo test --release -p vmm --test kvm_unit_tests -- --ignored --nocapture
 
