@@ -3,7 +3,7 @@
 #
 # Usage: guest-image/build.sh [TARGET...]
 #   all              (default) initramfs, initramfs-tiny, spin-initramfs, debian-kernel, default-kernel,
-#                    rootfs
+#                    rootfs, kvm-unit-tests
 #   default-kernel   minimal kernel from Debian's unmodified linux-source-6.1:
 #                    tinyconfig + guest-image/kernel/minimal.config (4-6 min on 2 cores)
 #   debian-kernel    the prebuilt linux-image-6.1.*-cloud-amd64 (downloaded, never installed;
@@ -21,6 +21,9 @@
 #                    symbols for its profilers and a manifest (guest path, build-id) beside it
 #   spin-initramfs   only /init = guest-image/initramfs/spin-init.S: never makes a system call, so
 #                    the kernel stays up where guest user space cannot run (docs/virtio-net.md)
+#   kvm-unit-tests   x86/pmu.flat (a Multiboot v1 ELF32) built from the unmodified
+#                    ../shared/third_party/kvm-unit-tests-*.tar.gz (KVM_UNIT_TESTS_TARBALL overrides):
+#                    ./configure --arch=x86_64 && make x86/pmu.flat (docs/kvm-unit-tests.md)
 #   paths            print NAME=PATH lines for the built artifacts: eval "$(build.sh paths)"
 #   -h, --help       this text
 #
@@ -656,6 +659,74 @@ build_spin_initramfs() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# kvm-unit-tests
+
+KUT_PKGS=(build-essential)
+# kvm-unit-tests' source: unmodified upstream (see the README there); KVM_UNIT_TESTS_TARBALL overrides.
+KUT_TARBALL_GLOB=$HERE/../../shared/third_party/kvm-unit-tests-*.tar.gz
+# The tests built (x86/NAME.flat); the VMM boots them with `run --kernel` (Multiboot v1).
+KUT_TESTS=(pmu)
+
+kut_tarball() {
+	local t=${KVM_UNIT_TESTS_TARBALL:-}
+	if [ -z "$t" ]; then
+		local glob=$KUT_TARBALL_GLOB common
+		# In a git worktree elsewhere, ../shared is beside the main clone.
+		common=$(git -C "$HERE" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+		if ! compgen -G "$glob" >/dev/null && [ -n "$common" ]; then
+			glob=$(dirname "$common")/../shared/third_party/kvm-unit-tests-*.tar.gz
+		fi
+		# shellcheck disable=SC2086 # the glob is meant to expand
+		set -- $glob
+		[ $# -eq 1 ] || die "expected one kvm-unit-tests-*.tar.gz in ${glob%/*}, found $#: $*"
+		t=$1
+	fi
+	[ -f "$t" ] || die "kvm-unit-tests source not found: $t (set KVM_UNIT_TESTS_TARBALL to the kvm-unit-tests-*.tar.gz)"
+	readlink -f "$t"
+}
+
+build_kvm_unit_tests() {
+	need_pkgs "${KUT_PKGS[@]}"
+	local tarball sum k final log t
+	tarball=$(kut_tarball)
+	sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+	k=$(key kvm-unit-tests "$sum" "${KUT_TESTS[*]}" "$(gcc --version | head -n 1)" \
+		"$(pkg_version binutils)" "$(declare -f build_kvm_unit_tests kut_tarball)")
+	final=$CACHE/kvm-unit-tests-$k
+	if [ ! -f "$final/pmu.flat" ]; then
+		lock kvm-unit-tests
+		if [ ! -f "$final/pmu.flat" ]; then
+			new_tmp kvm-unit-tests
+			mkdir -p "$CACHE/logs"
+			log=$CACHE/logs/kvm-unit-tests-$k.log
+			: >"$log"
+			say "kvm-unit-tests from ${tarball##*/}, key $k; log: $log"
+			tar -C "$TMP" -xzf "$tarball"
+			local src
+			src=$(find "$TMP" -mindepth 1 -maxdepth 1 -type d -name 'kvm-unit-tests*' | head -n 1)
+			[ -n "$src" ] || die "${tarball##*/} holds no kvm-unit-tests* directory"
+			run_logged "$log" "kvm-unit-tests: configure --arch=x86_64" env -C "$src" ./configure --arch=x86_64
+			local targets=()
+			for t in "${KUT_TESTS[@]}"; do targets+=("x86/$t.flat"); done
+			run_logged "$log" "kvm-unit-tests: make ${targets[*]}" make -C "$src" -j"$JOBS" "${targets[@]}"
+			for t in "${KUT_TESTS[@]}"; do
+				# Multiboot v1 wants a 32-bit ELF: the Makefile objcopies to elf32-i386.
+				readelf -h "$src/x86/$t.flat" | grep -q 'Class:.*ELF32' || die "x86/$t.flat is not an ELF32"
+				cp "$src/x86/$t.flat" "$TMP/$t.flat"
+			done
+			cp "$log" "$TMP/build.log"
+			rm -rf "$src"
+			publish "$final"
+			say "built: kvm-unit-tests ${KUT_TESTS[*]}: $final"
+		fi
+		unlock
+	else
+		say "cached: kvm-unit-tests (key $k): $final"
+	fi
+	for t in "${KUT_TESTS[@]}"; do link "kvm-unit-tests-$t.flat" "$final/$t.flat"; done
+}
+
+# ---------------------------------------------------------------------------------------------
 
 print_paths() {
 	local var file
@@ -663,7 +734,7 @@ print_paths() {
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
 		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
-		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv; do
+		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv KUT_PMU_FLAT:kvm-unit-tests-pmu.flat; do
 		file=$CACHE/current/${var#*:}
 		[ -e "$file" ] || continue
 		printf '%s=%q\n' "${var%%:*}" "$(readlink -f "$file")"
@@ -682,6 +753,7 @@ for target in "$@"; do
 		build_debian_kernel
 		build_default_kernel
 		build_rootfs
+		build_kvm_unit_tests
 		;;
 	default-kernel) build_default_kernel ;;
 	debian-kernel) build_debian_kernel ;;
@@ -689,6 +761,7 @@ for target in "$@"; do
 	rootfs) build_rootfs ;;
 	initramfs-tiny) build_initramfs_tiny ;;
 	spin-initramfs) build_spin_initramfs ;;
+	kvm-unit-tests) build_kvm_unit_tests ;;
 	*)
 		usage >&2
 		die "unknown target: $target"

@@ -186,7 +186,10 @@ pub struct ResultsArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// Guest kernel: an ELF vmlinux, or a bzImage (its vmlinux is extracted; gzip, xz, lz4, zstd).
+    /// Guest kernel: an ELF vmlinux, or a bzImage (its vmlinux is extracted; gzip, xz, lz4, zstd),
+    /// or a Multiboot v1 ELF32 kernel such as kvm-unit-tests' x86/*.flat (entered in 32-bit
+    /// protected mode; its environment module gives NR_CPUS, MEMSIZE, MEMLIMIT from --cpus and
+    /// --memory; it may end the run through the isa-debug-exit port 0xf4: exit code 11 or 12).
     #[arg(long, value_name = "PATH")]
     pub kernel: PathBuf,
     /// initramfs (cpio, optionally compressed) placed at the top of guest memory.
@@ -195,7 +198,8 @@ pub struct RunArgs {
     /// Extra kernel command line, appended to the defaults
     #[arg(long, value_name = "STR", default_value = "", long_help = format!(
         "Extra kernel command line, appended to the defaults \"{DEFAULT_CMDLINE}\" (and, on hosts that \
-emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", crate::host_quirks::KERNEL_OPTIONS))]
+emulate guest kernel code, \"{}\"); a later option overrides an earlier one. A Multiboot kernel gets \
+its file name followed by this text alone (kvm-unit-tests reads it as its arguments).", crate::host_quirks::KERNEL_OPTIONS))]
     pub cmdline: String,
     /// Guest memory in MiB.
     #[arg(long, value_name = "MiB", default_value_t = 256,

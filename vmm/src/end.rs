@@ -33,6 +33,12 @@ pub mod code {
     /// HLT itself (the vCPU sleeps in KVM until an interrupt), so this exit means something is
     /// wrong in KVM or in the VMM's setup, not in the guest.
     pub const UNEXPECTED_HLT: i32 = 10;
+    /// The guest wrote 0 to the isa-debug-exit port (0xf4): kvm-unit-tests' "no test failed"
+    /// (QEMU's status would be 1). Its own code, so no existing one changes meaning.
+    pub const DEBUG_EXIT_ZERO: i32 = 11;
+    /// The guest wrote a non-zero value to the isa-debug-exit port: kvm-unit-tests' "some test
+    /// failed" (QEMU: `(value << 1) | 1`). The value is in the report (`end.debug_exit`).
+    pub const DEBUG_EXIT_NONZERO: i32 = 12;
 }
 
 /// Why KVM failed the run (exit code 5): typed, so a caller can tell the cases apart; the text
@@ -107,6 +113,8 @@ pub enum VmEnd {
     Signal(i32),
     /// KVM_EXIT_HLT reached the VMM (see [`code::UNEXPECTED_HLT`]).
     UnexpectedHlt,
+    /// The guest wrote this value to the isa-debug-exit port (`devices::debug_exit`).
+    DebugExit(u32),
 }
 
 impl VmEnd {
@@ -121,11 +129,20 @@ impl VmEnd {
             VmEnd::VmmPanic(_) => code::VMM_BUG,
             VmEnd::Signal(s) => code::SIGNAL_BASE + s,
             VmEnd::UnexpectedHlt => code::UNEXPECTED_HLT,
+            VmEnd::DebugExit(0) => code::DEBUG_EXIT_ZERO,
+            VmEnd::DebugExit(_) => code::DEBUG_EXIT_NONZERO,
         }
     }
 
     pub fn is_clean(&self) -> bool {
         self.exit_code() == code::CLEAN
+    }
+
+    /// Whether the report explains the end with each vCPU's RIP and last exits and the console's
+    /// last lines: on every end but a clean one and the guest's own isa-debug-exit (the guest
+    /// chose to end there, and its console already says why).
+    pub fn needs_diagnostic(&self) -> bool {
+        !self.is_clean() && !matches!(self, VmEnd::DebugExit(_))
     }
 }
 
@@ -147,8 +164,19 @@ impl std::fmt::Display for VmEnd {
                 "unexpected HLT exit (KVM_EXIT_HLT): with the in-kernel irqchip KVM handles HLT \
                  itself, so KVM or the VMM's vCPU setup is wrong (not the guest)"
             ),
+            VmEnd::DebugExit(v) => write!(
+                f,
+                "guest wrote {v:#x} to the isa-debug-exit port (QEMU would exit with status {})",
+                qemu_status(*v)
+            ),
         }
     }
+}
+
+/// The exit status QEMU gives when the guest writes `value` to its isa-debug-exit device:
+/// `(value << 1) | 1` (an int: bit 31 of the value is lost). Reported beside this VMM's own code.
+pub fn qemu_status(value: u32) -> u32 {
+    (value << 1) | 1
 }
 
 pub const EXIT_CODES_HELP: &str = "\
@@ -164,5 +192,49 @@ Exit codes:
   8  VMM bug (a vCPU thread panicked)
   9  a VMM thread made a system call its seccomp filter forbids (see --seccomp)
   10  a vCPU exited on HLT, which the in-kernel irqchip should have handled (KVM or VMM bug)
+  11  the guest wrote 0 to the isa-debug-exit port 0xf4 (kvm-unit-tests: no test failed)
+  12  the guest wrote a non-zero value to port 0xf4 (kvm-unit-tests: a test failed; see the report)
   130, 143  stopped by SIGINT (Ctrl-C) / SIGTERM (a second one kills at once)
-On any end but 0 a line per vCPU names its RIP and its last exits.";
+On any end but 0, 11 and 12 a line per vCPU names its RIP and its last exits.";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_exit_has_its_own_codes_and_no_diagnostic() {
+        assert_eq!(VmEnd::DebugExit(0).exit_code(), code::DEBUG_EXIT_ZERO);
+        assert_eq!(VmEnd::DebugExit(1).exit_code(), code::DEBUG_EXIT_NONZERO);
+        assert_eq!(VmEnd::DebugExit(u32::MAX).exit_code(), 12);
+        assert!(!VmEnd::DebugExit(0).is_clean());
+        assert!(!VmEnd::DebugExit(0).needs_diagnostic());
+        assert!(VmEnd::TripleFault.needs_diagnostic());
+        assert!(!VmEnd::PowerOff.needs_diagnostic());
+        let text = VmEnd::DebugExit(1).to_string();
+        assert!(text.contains("0x1") && text.contains("status 3"), "{text}");
+        // No other ending shares the two codes.
+        let others = [
+            VmEnd::PowerOff,
+            VmEnd::Reboot,
+            VmEnd::GuestPanic(String::new()),
+            VmEnd::TripleFault,
+            VmEnd::EmulationFailure(String::new()),
+            VmEnd::Timeout(Duration::ZERO),
+            VmEnd::Stopped(String::new()),
+            VmEnd::VmmPanic(String::new()),
+            VmEnd::Signal(2),
+            VmEnd::Signal(15),
+            VmEnd::UnexpectedHlt,
+        ];
+        for e in others {
+            assert!(![11, 12].contains(&e.exit_code()), "{e}");
+        }
+    }
+
+    #[test]
+    fn qemu_status_is_value_shifted_with_bit_0_set() {
+        assert_eq!(qemu_status(0), 1);
+        assert_eq!(qemu_status(1), 3);
+        assert_eq!(qemu_status(0x8000_0001), 3);
+    }
+}

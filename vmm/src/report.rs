@@ -156,7 +156,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         ));
     }
     out.extend(diagnostic(r));
-    if !r.end.is_clean() && !r.console_tail.is_empty() {
+    if r.end.needs_diagnostic() && !r.console_tail.is_empty() {
         out.push("[vpmu-vmm] last guest console lines:".to_string());
         for l in &r.console_tail {
             out.push(format!("  | {l}"));
@@ -212,7 +212,7 @@ fn print_net(out: &mut Vec<String>, n: &crate::net::NetReport) {
 /// On any end but a clean one: one line per vCPU with its RIP and its last exits
 /// (`[vpmu-vmm] vCPU 0 at RIP 0x100034 (CPL 0), ended the run, 12 exits, last: ...`).
 pub fn diagnostic(r: &RunReport) -> Vec<String> {
-    if r.end.is_clean() {
+    if !r.end.needs_diagnostic() {
         return Vec::new();
     }
     r.vcpu_states
@@ -240,6 +240,7 @@ pub fn end_kind(end: &crate::end::VmEnd) -> &'static str {
         VmEnd::VmmPanic(_) => "vmm-bug",
         VmEnd::Signal(_) => "signal",
         VmEnd::UnexpectedHlt => "unexpected-hlt",
+        VmEnd::DebugExit(_) => "debug-exit",
     }
 }
 
@@ -381,6 +382,13 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             "text": r.end.to_string(),
             "exit_code": r.end.exit_code(),
             "clean": r.end.is_clean(),
+            "debug_exit": match r.end {
+                crate::end::VmEnd::DebugExit(v) => json!({
+                    "value": v,
+                    "qemu_status": crate::end::qemu_status(v),
+                }),
+                _ => serde_json::Value::Null,
+            },
         },
         "setup_secs": r.setup_time.as_secs_f64(),
         "run_secs": r.run_time.as_secs_f64(),
@@ -391,7 +399,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
         "host_quirk_fixups": fixups,
         "syscall_relay": r.syscall_relay.map(|(n, us)| json!({"calls": n, "us_each": us})),
         "diagnostic": diagnostic(r),
-        "console_tail": if r.end.is_clean() { Vec::new() } else { r.console_tail.clone() },
+        "console_tail": if r.end.needs_diagnostic() { r.console_tail.clone() } else { Vec::new() },
     })
 }
 
@@ -532,5 +540,27 @@ mod tests {
         let back: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
         assert_eq!(back, j);
+    }
+
+    #[test]
+    fn a_debug_exit_is_reported_with_its_value_and_no_diagnostic() {
+        let mut r = report();
+        r.end = crate::end::VmEnd::DebugExit(1);
+        let j = to_json(&r);
+        assert_eq!(j["end"]["kind"], "debug-exit");
+        assert_eq!(j["end"]["exit_code"], 12);
+        assert_eq!(j["end"]["debug_exit"]["value"], 1);
+        assert_eq!(j["end"]["debug_exit"]["qemu_status"], 3);
+        assert!(j["console_tail"].as_array().unwrap().is_empty());
+        let text = lines(&r).join("\n");
+        assert!(
+            text.contains(
+                "guest wrote 0x1 to the isa-debug-exit port (QEMU would exit with status 3)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("last guest console lines"), "{text}");
+        r.end = crate::end::VmEnd::Timeout(Duration::from_secs(1));
+        assert!(to_json(&r)["end"]["debug_exit"].is_null());
     }
 }

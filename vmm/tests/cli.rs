@@ -287,6 +287,8 @@ fn help_exit_codes_match_end_rs() {
         code::VMM_BUG,
         code::SECCOMP,
         code::UNEXPECTED_HLT,
+        code::DEBUG_EXIT_ZERO,
+        code::DEBUG_EXIT_NONZERO,
         code::SIGNAL_BASE + libc::SIGINT,
         code::SIGNAL_BASE + libc::SIGTERM,
     ];
@@ -297,6 +299,8 @@ fn help_exit_codes_match_end_rs() {
     assert!(line_of(code::TIMEOUT).contains("--timeout"));
     assert!(line_of(code::VMM_BUG).contains("VMM bug"));
     assert!(line_of(code::UNEXPECTED_HLT).contains("HLT"));
+    assert!(line_of(code::DEBUG_EXIT_ZERO).contains("0xf4"));
+    assert!(line_of(code::DEBUG_EXIT_NONZERO).contains("0xf4"));
     assert!(help.contains("a line per vCPU names its RIP and its last exits"));
     // Every "exit code N" an option's help names is one of the list's, and the right one.
     for n in exit_code_mentions(&help) {

@@ -1,9 +1,11 @@
 //! Guest physical memory layout used by the direct (64-bit boot protocol) kernel boot.
 //!
 //! ```text
-//! 0x0000_0500  GDT                      0x0000_7000  zero page (boot_params)
+//! 0x0000_0500  GDT                      0x0000_7000  zero page (boot_params), or the Multiboot
+//!                                                     information page (Multiboot kernels)
 //! 0x0000_8ff0  boot stack (grows down)  0x0000_9000  PML4, 0xa000 PDPT, 0xb000-0xefff PDs (4 GiB identity map)
-//! 0x0002_0000  kernel command line      0x0009_fc00  end of low RAM (EBDA above)
+//! 0x0002_0000  kernel command line      0x0002_1000  Multiboot module (the environment, <= 64 KiB)
+//! 0x0009_fc00  end of low RAM (EBDA above)
 //! 0x000e_0000  ACPI tables (RSDP first) 0x0010_0000  high RAM starts; the kernel loads where its ELF says
 //! top of RAM   initramfs, page-aligned, as high as the kernel allows
 //! 0xd000_0000  virtio-net MMIO registers (4 KiB, `--net` only; described in the DSDT)
@@ -21,6 +23,12 @@ pub const PD_ADDR: u64 = 0xb000;
 pub const IDENTITY_MAP_GIB: u64 = 4;
 pub const CMDLINE_ADDR: u64 = 0x20000;
 pub const CMDLINE_MAX_SIZE: usize = 4096;
+/// A Multiboot kernel has no zero page: its information block, module list, memory map and
+/// loader name take that page instead.
+pub const MULTIBOOT_INFO_ADDR: u64 = ZERO_PAGE_ADDR;
+/// The Multiboot module (page-aligned, right after the command line's 4 KiB).
+pub const MULTIBOOT_MODULE_ADDR: u64 = CMDLINE_ADDR + CMDLINE_MAX_SIZE as u64;
+pub const MULTIBOOT_MODULE_MAX: usize = 0x1_0000;
 pub const EBDA_START: u64 = 0x9fc00;
 pub const HIMEM_START: u64 = 0x100000;
 /// KVM needs three pages for the TSS somewhere the guest does not use (below 4 GiB).

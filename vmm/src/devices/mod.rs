@@ -4,6 +4,7 @@
 
 pub mod acpi_shutdown;
 pub mod bus;
+pub mod debug_exit;
 pub mod delay;
 pub mod i8042;
 pub mod packet_gate;
@@ -20,6 +21,8 @@ pub enum DeviceEvent {
     Reset,
     /// The guest asked to power off (ACPI S5).
     PowerOff,
+    /// The guest wrote this value to the isa-debug-exit port (kvm-unit-tests' exit status).
+    DebugExit(u32),
 }
 
 /// A device with periodic work (generating traffic), run by a vCPU thread when it falls due.

@@ -144,6 +144,7 @@ fn device_event(e: DeviceEvent) -> Outcome {
     match e {
         DeviceEvent::Reset => Outcome::Stop(VmEnd::Reboot),
         DeviceEvent::PowerOff => Outcome::Stop(VmEnd::PowerOff),
+        DeviceEvent::DebugExit(value) => Outcome::Stop(VmEnd::DebugExit(value)),
     }
 }
 

@@ -149,6 +149,9 @@ pub enum GuestCode<'a> {
     Elf(Vec<u8>),
     /// A flat binary at an identity-mapped address (tiny guests).
     Flat { image: &'a [u8], base: u64 },
+    /// Code run exactly as given (Multiboot kernels: kvm-unit-tests checks the unmodified
+    /// instructions): nothing is looked for, nothing rewritten.
+    Unpatched,
 }
 
 /// Finds the guest's RDPMC sites, rewrites them to RDMSR in guest memory, and logs each.
@@ -159,6 +162,10 @@ pub fn patch_rdpmc(
     let sites = match code {
         GuestCode::Elf(elf) => rdpmc::find_sites(elf)?,
         GuestCode::Flat { image, base } => rdpmc::find_sites_flat(image, *base)?,
+        GuestCode::Unpatched => {
+            log::info!("RDPMC: the guest's code is run unmodified (no RDPMC rewritten)");
+            return Ok(Vec::new());
+        }
     };
     rdpmc::patch(mem, &sites)?;
     for s in &sites {

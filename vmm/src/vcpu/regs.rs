@@ -175,6 +175,89 @@ pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
     Ok(())
 }
 
+/// Writes a flat 32-bit GDT and returns the special registers of the Multiboot v1 machine state
+/// (spec 3.2): protected mode with paging off, CS a 32-bit flat code segment, DS/ES/FS/GS/SS a
+/// flat data segment, CR4 and EFER clear, no IDT.
+pub fn protected_mode_sregs(
+    mem: &GuestMemoryMmap,
+    mut sregs: kvm_sregs,
+) -> Result<kvm_sregs, RegsError> {
+    let gdt = [
+        gdt_entry(0, 0, 0),            // null
+        gdt_entry(0xc09b, 0, 0xfffff), // 32-bit code, 4 GiB
+        gdt_entry(0xc093, 0, 0xfffff), // data, 4 GiB
+        gdt_entry(0x808b, 0, 0xfffff), // TSS
+    ];
+    for (i, e) in gdt.iter().enumerate() {
+        mem.write_obj(*e, GuestAddress(GDT_ADDR + 8 * i as u64))?;
+    }
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
+    sregs.idt.base = 0;
+    sregs.idt.limit = 0;
+    let data = segment_from_gdt(gdt[2], 2);
+    sregs.cs = segment_from_gdt(gdt[1], 1);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.tr = segment_from_gdt(gdt[3], 3);
+    sregs.cr0 = X86_CR0_PE | X86_CR0_ET;
+    sregs.cr3 = 0;
+    sregs.cr4 = 0;
+    sregs.efer = 0;
+    Ok(sregs)
+}
+
+/// Sets up the boot vCPU to enter a Multiboot v1 kernel at `entry` (32-bit protected mode,
+/// paging off) with EAX = the boot loader magic and EBX = the information block.
+pub fn setup_multiboot(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    entry: u32,
+    info: u32,
+) -> Result<(), RegsError> {
+    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    let sregs = protected_mode_sregs(mem, sregs)?;
+    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    let regs = kvm_regs {
+        rflags: 0x2,
+        rip: entry.into(),
+        rax: crate::boot::multiboot::BOOTLOADER_MAGIC.into(),
+        rbx: info.into(),
+        // The spec leaves ESP undefined; a kernel sets its own. This one is valid meanwhile.
+        rsp: BOOT_STACK_POINTER,
+        ..Default::default()
+    };
+    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    Ok(())
+}
+
+/// How vCPU 0 starts (the other vCPUs wait in KVM for INIT/SIPI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootEntry {
+    /// 64-bit long mode at `rip` (Linux 64-bit boot protocol: RSI = the zero page; tiny guests).
+    LongMode { rip: u64 },
+    /// Real mode at `rip` (CS base 0; tiny guests).
+    RealMode { rip: u64 },
+    /// 32-bit protected mode, paging off, EAX/EBX as Multiboot v1 says.
+    Multiboot { entry: u32, info: u32 },
+}
+
+/// Puts vCPU 0 in the state `entry` names.
+pub fn setup_boot_entry(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    entry: BootEntry,
+) -> Result<(), RegsError> {
+    match entry {
+        BootEntry::LongMode { rip } => setup_boot_vcpu(vcpu, mem, rip),
+        BootEntry::RealMode { rip } => setup_real_mode(vcpu, rip),
+        BootEntry::Multiboot { entry, info } => setup_multiboot(vcpu, mem, entry, info),
+    }
+}
+
 /// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
 pub fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
     let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
@@ -216,6 +299,40 @@ mod tests {
         let data = segment_from_gdt(gdt_entry(0xc093, 0, 0xfffff), 2);
         assert_eq!((data.l, data.db, data.type_, data.selector), (0, 1, 3, 16));
         assert_eq!(segment_from_gdt(0, 0).unusable, 1);
+    }
+
+    #[test]
+    fn multiboot_state_is_flat_32_bit_protected_mode_with_paging_off() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let start = kvm_sregs {
+            efer: EFER_LME | EFER_LMA,
+            cr0: X86_CR0_PG | X86_CR0_PE,
+            cr4: X86_CR4_PAE,
+            ..Default::default()
+        };
+        let s = protected_mode_sregs(&mem, start).unwrap();
+        assert_eq!((s.cr0, s.cr4, s.efer), (X86_CR0_PE | X86_CR0_ET, 0, 0));
+        assert_eq!(
+            (
+                s.cs.l,
+                s.cs.db,
+                s.cs.type_,
+                s.cs.base,
+                s.cs.limit,
+                s.cs.selector
+            ),
+            (0, 1, 0xb, 0, 0xffff_ffff, 8)
+        );
+        for seg in [s.ds, s.es, s.fs, s.gs, s.ss] {
+            assert_eq!(
+                (seg.db, seg.type_, seg.base, seg.limit),
+                (1, 3, 0, 0xffff_ffff)
+            );
+            assert_eq!(seg.selector, 16);
+        }
+        // The GDT in memory says the same (a far jump or segment reload keeps the state).
+        let code: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 8)).unwrap();
+        assert_eq!(segment_from_gdt(code, 1).db, 1);
     }
 
     #[test]

@@ -28,8 +28,8 @@ use crate::console::{ConsoleLog, Tee};
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
-    acpi_shutdown::AcpiShutdown, delay, i8042, packet_gate, serial, vpmu_control, MmioBus, PioBus,
-    PioDevice,
+    acpi_shutdown::AcpiShutdown, debug_exit, delay, i8042, packet_gate, serial, vpmu_control,
+    MmioBus, PioBus, PioDevice,
 };
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
 use crate::net::{self, pinger::Pinger};
@@ -60,7 +60,7 @@ pub(super) struct BuiltVm {
     pub relay: Option<Arc<syscall_relay::SyscallRelay>>,
     /// Whether the vPMU is on (a [`VpmuPlan`] was made).
     pub vpmu_on: bool,
-    /// The Linux kernel command line (None for a flat image).
+    /// The kernel command line: Linux's, or a Multiboot kernel's (None for a flat image).
     pub cmdline: Option<String>,
     /// `--trace` / `--host-profile`: the writers (each vCPU has its recorder already).
     pub recording: Option<Recording>,
@@ -185,8 +185,8 @@ fn create_memory(vm: &VmFd, mib: u64) -> Result<GuestMemoryMmap, VmError> {
 
 /// A guest in memory.
 struct LoadedGuest<'a> {
-    /// Where vCPU 0 starts.
-    entry: u64,
+    /// How vCPU 0 starts.
+    entry: regs::BootEntry,
     /// The Linux kernel command line (None for a flat image).
     cmdline: Option<String>,
     /// Where the RDPMC sites are looked for.
@@ -204,12 +204,15 @@ fn load_guest<'a>(
             kernel,
             initrd,
             cmdline,
-        } => load_linux(cfg, mem, kernel, initrd.as_deref(), cmdline, quirks),
+        } => match multiboot_image(kernel)? {
+            Some(image) => load_multiboot(cfg, mem, kernel, &image, initrd.is_some(), cmdline),
+            None => load_linux(cfg, mem, kernel, initrd.as_deref(), cmdline, quirks),
+        },
         Boot::Flat {
             image,
             load_addr,
             entry,
-            ..
+            long_mode,
         } => {
             let fits = load_addr
                 .checked_add(image.len() as u64)
@@ -222,8 +225,12 @@ fn load_guest<'a>(
             }
             mem.write_slice(image, GuestAddress(*load_addr))
                 .map_err(VmError::LoadImage)?;
+            let entry = match long_mode {
+                true => regs::BootEntry::LongMode { rip: *entry },
+                false => regs::BootEntry::RealMode { rip: *entry },
+            };
             Ok(LoadedGuest {
-                entry: *entry,
+                entry,
                 cmdline: None,
                 code: pmu::setup::GuestCode::Flat {
                     image,
@@ -272,9 +279,76 @@ fn load_linux<'a>(
     );
     log::info!("kernel command line: {full}");
     Ok(LoadedGuest {
-        entry: loaded.entry.raw_value(),
+        entry: regs::BootEntry::LongMode {
+            rip: loaded.entry.raw_value(),
+        },
         cmdline: Some(full),
         code: pmu::setup::GuestCode::Elf(loaded.elf),
+    })
+}
+
+/// The kernel file's bytes when it is a Multiboot kernel (an ELF32: kvm-unit-tests).
+fn multiboot_image(kernel: &Path) -> Result<Option<Vec<u8>>, VmError> {
+    boot::multiboot::probe(kernel).map_err(|source| VmError::Multiboot {
+        path: kernel.into(),
+        source,
+    })
+}
+
+/// A Multiboot v1 kernel (kvm-unit-tests): its ELF32 segments, the information block, its
+/// command line (the file's name, then `--cmdline`, as QEMU gives it: kvm-unit-tests takes it
+/// as argv) and one module, the environment built from `--cpus` and `--memory`. No Linux
+/// options, no initrd; the ACPI tables are there for kernels that look for them. Its code is
+/// run as it is: no RDPMC is rewritten.
+fn load_multiboot<'a>(
+    cfg: &VmConfig,
+    mem: &GuestMemoryMmap,
+    kernel: &Path,
+    image: &[u8],
+    initrd: bool,
+    user_cmdline: &str,
+) -> Result<LoadedGuest<'a>, VmError> {
+    let err = |source| VmError::Multiboot {
+        path: kernel.into(),
+        source,
+    };
+    if initrd {
+        return Err(err(boot::multiboot::MultibootError::Initrd));
+    }
+    boot::acpi::create_acpi_tables_with(
+        mem,
+        cfg.vcpus as u8,
+        layout::IOAPIC_ADDR,
+        layout::LAPIC_ADDR,
+        &[],
+    )?;
+    let name = kernel.file_name().unwrap_or(kernel.as_os_str());
+    let cmdline = [name.to_string_lossy().trim(), user_cmdline.trim()]
+        .join(" ")
+        .trim()
+        .to_string();
+    let env = boot::multiboot::kvm_unit_tests_env(cfg.vcpus, cfg.memory_mib);
+    let info = boot::multiboot::BootInfo {
+        cmdline: &cmdline,
+        module: env.as_bytes(),
+    };
+    let loaded = boot::multiboot::load(mem, image, &info).map_err(err)?;
+    log::info!(
+        "Multiboot kernel {} entry {:#x} (32-bit protected mode), ends {:#x}; info block at {:#x}, environment module: {:?}",
+        kernel.display(),
+        loaded.entry,
+        loaded.kernel_end,
+        loaded.info,
+        env
+    );
+    log::info!("Multiboot command line: {cmdline}");
+    Ok(LoadedGuest {
+        entry: regs::BootEntry::Multiboot {
+            entry: loaded.entry,
+            info: loaded.info,
+        },
+        cmdline: Some(cmdline),
+        code: pmu::setup::GuestCode::Unpatched,
     })
 }
 
@@ -320,7 +394,7 @@ pub(super) struct Devices {
 }
 
 /// Creates the devices and puts them on the buses: COM1, COM2, i8042, the ACPI sleep register,
-/// the vPMU control port, the delay port and the packet gate on port I/O; the network card on
+/// the isa-debug-exit port (0xf4, always there: kvm-unit-tests ends through it), the vPMU control port, the delay port and the packet gate on port I/O; the network card on
 /// MMIO. Starts the stdin reader with `--console-in`.
 fn attach_devices(
     cfg: &VmConfig,
@@ -344,7 +418,12 @@ fn attach_devices(
     pio.insert(serial::COM1_BASE, serial::UART_LEN, com1.clone())?
         .insert(serial::COM2_BASE, serial::UART_LEN, shared(com2))?
         .insert(i8042::I8042_BASE, i8042::I8042_LEN, shared(i8042::I8042))?
-        .insert(boot::acpi::SHUTDOWN_PORT, 2, shared(AcpiShutdown))?;
+        .insert(boot::acpi::SHUTDOWN_PORT, 2, shared(AcpiShutdown))?
+        .insert(
+            debug_exit::DEBUG_EXIT_PORT,
+            debug_exit::DEBUG_EXIT_LEN,
+            shared(debug_exit::DebugExit),
+        )?;
     if let Some(m) = mode_switch {
         let c = control.clone();
         let kick_all = Box::new(move || c.kick_all());
@@ -526,8 +605,8 @@ struct VcpuPlan<'a> {
     supported: &'a [kvm_cpuid_entry2],
     /// Host quirks detected before boot (CPUID hides what the host cannot run).
     quirks: bool,
-    /// vCPU 0's first instruction.
-    entry: u64,
+    /// How vCPU 0 starts.
+    entry: regs::BootEntry,
     vpmu: Option<&'a VpmuPlan>,
     mode_switch: &'a Option<Arc<ModeSwitch>>,
     net_card: Option<&'a NetCard>,
@@ -568,12 +647,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         fd.set_cpuid2(&table).map_err(kvm("KVM_SET_CPUID2"))?;
         regs::setup_common(&fd)?;
         if id == 0 {
-            match &cfg.boot {
-                Boot::Flat {
-                    long_mode: false, ..
-                } => regs::setup_real_mode(&fd, plan.entry)?,
-                _ => regs::setup_boot_vcpu(&fd, &shared.mem, plan.entry)?,
-            }
+            regs::setup_boot_entry(&fd, &shared.mem, plan.entry)?;
         }
         // The pinger's clock runs on vCPU 0's thread: its work is charged to that vCPU.
         let ticker = match (plan.net_card, cfg.net) {

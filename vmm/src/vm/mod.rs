@@ -47,6 +47,11 @@ pub enum VmError {
     },
     #[error(transparent)]
     Kernel(#[from] boot::kernel::KernelError),
+    #[error("{path}: Multiboot kernel: {source}")]
+    Multiboot {
+        path: PathBuf,
+        source: boot::multiboot::MultibootError,
+    },
     #[error(transparent)]
     Acpi(#[from] boot::acpi::AcpiError),
     #[error(transparent)]

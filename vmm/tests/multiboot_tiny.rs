@@ -1,0 +1,184 @@
+//! Tier 2: the Multiboot v1 loader and the isa-debug-exit port, with a tiny ELF32 Multiboot
+//! kernel (guest-image/tiny/asm/multiboot32.S) booted through `vpmu-vmm run --kernel`, as
+//! kvm-unit-tests' x86/*.flat are: it prints the machine state and the information block it was
+//! given, then writes the last digit of its command line to port 0xf4.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use tiny_guests::MULTIBOOT32;
+use vmm::boot::layout;
+use vmm::boot::multiboot::BOOTLOADER_MAGIC;
+use vmm::end::code;
+
+const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
+
+struct Run {
+    code: i32,
+    console: String,
+    stderr: String,
+    report: serde_json::Value,
+}
+
+fn boot(kernel: &Path, extra: &[&str]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let console = dir.path().join("console");
+    let json = dir.path().join("report.json");
+    let o = Command::new(BIN)
+        .args(["run", "--kernel"])
+        .arg(kernel)
+        .arg("--console")
+        .arg(&console)
+        .arg("--report-json")
+        .arg(&json)
+        .args(["--timeout", "60"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    let report = std::fs::read_to_string(&json)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(serde_json::Value::Null);
+    Run {
+        code: o.status.code().unwrap_or(-1),
+        console: std::fs::read_to_string(&console).unwrap_or_default(),
+        stderr,
+        report,
+    }
+}
+
+fn tiny_kernel(dir: &Path) -> std::path::PathBuf {
+    const { assert!(MULTIBOOT32.multiboot, "multiboot32 is built as an ELF32") };
+    let path = dir.join("multiboot32.elf");
+    std::fs::write(&path, MULTIBOOT32.image).unwrap();
+    path
+}
+
+/// The value after `key=` on the console's line that has it (8 hex digits).
+fn hex_field(console: &str, key: &str) -> u32 {
+    let at = console
+        .find(&format!("{key}="))
+        .unwrap_or_else(|| panic!("no {key}= in:\n{console}"));
+    let digits = &console[at + key.len() + 1..][..8];
+    u32::from_str_radix(digits, 16).unwrap_or_else(|_| panic!("{key}={digits}"))
+}
+
+#[test]
+fn multiboot_kernel_gets_protected_mode_the_info_block_and_its_environment() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = tiny_kernel(dir.path());
+    let r = boot(
+        &kernel,
+        &["--memory", "64", "--cpus", "2", "--cmdline=-v 0"],
+    );
+    let c = &r.console;
+    assert_eq!(hex_field(c, "eax"), BOOTLOADER_MAGIC, "{c}");
+    let cr0 = hex_field(c, "cr0");
+    assert_eq!(cr0 & 1, 1, "protected mode: {c}");
+    assert_eq!(cr0 & (1 << 31), 0, "paging off: {c}");
+    assert_eq!(hex_field(c, "efer") & (1 << 10), 0, "not long mode: {c}");
+    assert_eq!(hex_field(c, "cs"), 8, "{c}");
+    let flags = hex_field(c, "flags");
+    for (bit, what) in [
+        (0, "mem"),
+        (2, "cmdline"),
+        (3, "mods"),
+        (6, "mmap"),
+        (9, "loader"),
+    ] {
+        assert_ne!(flags & (1 << bit), 0, "flag {what}: {c}");
+    }
+    assert_eq!(hex_field(c, "mem_lower"), 639, "{c}");
+    assert_eq!(hex_field(c, "mem_upper"), (64 << 10) - 1024, "{c}");
+    assert_eq!(hex_field(c, "mods_count"), 1, "{c}");
+    assert!(c.contains("mb: cmdline=multiboot32.elf -v 0\n"), "{c}");
+    assert!(c.contains("mb: loader=vpmu-vmm\n"), "{c}");
+    let module = format!(
+        "mb: module at {:08x}\nNR_CPUS=2\nMEMSIZE=64\nMEMLIMIT=64\nmb: module end\n",
+        layout::MULTIBOOT_MODULE_ADDR
+    );
+    assert!(c.contains(&module), "{c}");
+    assert!(c.contains("mb: mmap 00000000 0009fc00 00000001\n"), "{c}");
+    assert!(c.contains("mb: mmap 00100000 03f00000 00000001\n"), "{c}");
+    assert!(!c.contains("still running"), "{c}");
+    // Value 0: exit code 11, and the report says what was written.
+    assert_eq!(r.code, code::DEBUG_EXIT_ZERO, "{}", r.stderr);
+    let end = &r.report["end"];
+    assert_eq!(end["kind"], "debug-exit", "{}", r.report);
+    assert_eq!(end["debug_exit"]["value"], 0);
+    assert_eq!(end["debug_exit"]["qemu_status"], 1);
+    assert!(
+        r.stderr
+            .contains("guest wrote 0x0 to the isa-debug-exit port (QEMU would exit with status 1)"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("last exits"),
+        "no diagnostic: {}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_nonzero_debug_exit_value_is_exit_code_12_with_the_value_reported() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = tiny_kernel(dir.path());
+    let r = boot(&kernel, &["--memory", "32", "--cmdline", "x 3"]);
+    assert!(
+        r.console.contains("NR_CPUS=1\nMEMSIZE=32\n"),
+        "{}",
+        r.console
+    );
+    assert_eq!(r.code, code::DEBUG_EXIT_NONZERO, "{}", r.stderr);
+    assert_eq!(r.report["end"]["debug_exit"]["value"], 3);
+    assert_eq!(r.report["end"]["debug_exit"]["qemu_status"], 7);
+    assert_eq!(r.report["end"]["exit_code"], 12);
+}
+
+#[test]
+fn corrupt_multiboot_kernels_exit_1_with_a_clear_error() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let good = MULTIBOOT32.image;
+    // The first program header's p_filesz (ELF32: e_phoff 52, p_filesz at +16) made huge.
+    let mut outside = good.to_vec();
+    outside[52 + 16..52 + 20].copy_from_slice(&0x7fff_0000u32.to_le_bytes());
+    outside[52 + 20..52 + 24].copy_from_slice(&0x7fff_0000u32.to_le_bytes());
+    // The header's checksum broken: an ELF32 without a Multiboot header.
+    let mut no_header = good.to_vec();
+    let at = (0..no_header.len() - 4)
+        .step_by(4)
+        .find(|&i| no_header[i..i + 4] == 0x1BAD_B002u32.to_le_bytes())
+        .unwrap();
+    no_header[at + 8] ^= 1;
+    for (name, bytes, says) in [
+        ("outside.elf", outside, "outside the"),
+        (
+            "noheader.elf",
+            no_header,
+            "without a valid Multiboot header",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let r = boot(&path, &["--memory", "32"]);
+        assert_eq!(r.code, code::ERROR, "{name}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{name}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("Multiboot kernel"),
+            "{name}: {}",
+            r.stderr
+        );
+    }
+}
