@@ -9,11 +9,10 @@
 #                                     stock perf and OProfile in the guest (guest_profilers: one
 #                                     boot for both modes, one per compare profiler;
 #                                     VPMU_GUEST_PROFILERS=0 skips it, said loudly); and kvm-unit-tests'
-#                                     x86/pmu, unmodified, booted as a Multiboot kernel (the PMU model
-#                                     of the host's vendor, so that the guest's CPUID and the model
-#                                     agree: AMD on AMD hosts; cpu-switch; scripts/kvm-unit-tests.sh
-#                                     runs the other configurations), its results compared with
-#                                     guest-image/kvm-unit-tests/*.expected
+#                                     x86/pmu, unmodified, booted as a Multiboot kernel (AMD model,
+#                                     cpu-switch; scripts/kvm-unit-tests.sh runs the other
+#                                     configurations), its results compared with
+#                                     guest-image/kvm-unit-tests/*.expected for the host's vendor
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 set -euo pipefail
@@ -62,13 +61,14 @@ VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
   cargo test --release -p vmm --test linux_compare -- --ignored --nocapture
 
 : "${KUT_PMU_FLAT:?guest-image/build.sh paths did not name KUT_PMU_FLAT}"
-# The model of the host's vendor: with the other one the guest's CPUID vendor and the model
-# disagree and x86/pmu stops at once (SKIP "No Intel Arch PMU is detected!" for the AMD model on
-# an Intel host). docs/kvm-unit-tests.md.
-kut_model=amd
-grep -q GenuineIntel /proc/cpuinfo && kut_model=intel
-say "tier 3: kvm-unit-tests x86/pmu, $kut_model model, cpu-switch (one boot, ~24 min here), against guest-image/kvm-unit-tests/pmu.$kut_model.cpu-switch.soft.*-host.expected"
-VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL=$kut_model VPMU_TEST_KUT_VPMU=cpu-switch VPMU_TEST_KUT_BACKEND=soft \
+# One boot of KVM's own vPMU conformance test here: the AMD model in cpu-switch (issue 20). Its
+# results depend on the host's CPU vendor (the guest's CPUID vendor): on an Intel host x86/pmu
+# sees no Intel PMU with the AMD model and stops at once (~3 min); on an AMD host it runs the AMD
+# sub-tests. A configuration without an expected file for this host's vendor is reported as NOT
+# CHECKED before booting. The Intel model (~24 min a boot here) and domain-switch run from
+# scripts/kvm-unit-tests.sh (README). docs/kvm-unit-tests.md.
+say "tier 3: kvm-unit-tests x86/pmu, AMD model, cpu-switch (one boot), against guest-image/kvm-unit-tests/pmu.amd.cpu-switch.soft.<host vendor>-host.expected"
+VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL=amd VPMU_TEST_KUT_VPMU=cpu-switch VPMU_TEST_KUT_BACKEND=soft \
   cargo test --release -p vmm --test kvm_unit_tests -- --ignored --nocapture
 
 # Stock perf and OProfile inside the guest (both modes in one boot) and `compare --profiler

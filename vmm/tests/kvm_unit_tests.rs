@@ -191,6 +191,20 @@ fn kvm_unit_tests_pmu_matches_its_expected_results() {
     let vpmu = env_or("VPMU_TEST_KUT_VPMU", "cpu-switch");
     let backend = env_or("VPMU_TEST_KUT_BACKEND", "soft");
     let expected_file = expected_path(&model, &vpmu, &backend);
+    // Which sub-tests x86/pmu runs depends on the guest's CPU vendor (the host's here), so each
+    // configuration is recorded per host vendor by a person who writes down the reasons. One not
+    // recorded yet is not checked, said loudly, before spending a boot on it (unless this run is
+    // the recording: VPMU_TEST_KUT_OUT).
+    if !expected_file.exists() && std::env::var_os("VPMU_TEST_KUT_OUT").is_none() {
+        eprintln!(
+            "\n*** kvm-unit-tests x86/pmu ({model} model, {vpmu}, {backend}) NOT CHECKED on this {} host: \
+             no expected results recorded ({} is missing); record them with \
+             scripts/kvm-unit-tests.sh (docs/kvm-unit-tests.md) ***\n",
+            host_vendor(),
+            expected_file.display()
+        );
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let console = dir.path().join("console");
     let json = dir.path().join("report.json");
