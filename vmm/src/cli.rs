@@ -223,7 +223,7 @@ emulate guest kernel code, \"{}\"); a later option overrides an earlier one.", c
     pub pmi_limit: u32,
     /// RDPMC in the guest kernel: patch = rewrite each RDPMC to RDMSR before boot (logged per
     /// site) and answer it from the vPMU; off = leave it to KVM (it faults on hosts without a PMU).
-    #[arg(long, value_enum, default_value_t = RdpmcSetting::Patch)]
+    #[arg(long, value_enum, default_value_t = RdpmcSetting::Auto)]
     pub rdpmc: RdpmcSetting,
     /// Switch the accounting mode at run time: MODE:SECONDS,... (e.g.
     /// cpu-switch:60,domain-switch:60), each in turn from the start, the last one staying; end
