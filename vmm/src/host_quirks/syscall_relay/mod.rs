@@ -572,4 +572,44 @@ mod tests {
         cpu.regs.rsp = 0xffff_8888_0000_0000;
         assert!(v.on_emulation_failure(&mut cpu).is_err());
     }
+
+    #[test]
+    fn a_moved_gate_moves_the_int3_and_puts_the_old_byte_back() {
+        let mut cpu = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
+        let (shared, fixups) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(HANDLER));
+        // The guest points its #PF gate at a new handler (an ENDBR64) on the same page.
+        let new = HANDLER + 0x100;
+        cpu.mem
+            .write_slice(&[0xf3, 0x0f, 0x1e, 0xfa], GuestAddress(HANDLER_PA + 0x100))
+            .unwrap();
+        let mut gate = [0u8; 16];
+        gate[0..2].copy_from_slice(&(new as u16).to_le_bytes());
+        gate[5] = 0x8e;
+        gate[6..8].copy_from_slice(&((new >> 16) as u16).to_le_bytes());
+        gate[8..12].copy_from_slice(&((new >> 32) as u32).to_le_bytes());
+        cpu.mem
+            .write_slice(&gate, GuestAddress(IDT_PA + 14 * 16))
+            .unwrap();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(HANDLER), "not looked at before the poll");
+        v.poll.reset();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(new));
+        let byte = |cpu: &FakeVcpu, pa| cpu.mem.read_obj::<u8>(GuestAddress(pa)).unwrap();
+        assert_eq!(byte(&cpu, HANDLER_PA), 0x90, "the old handler's NOP is back");
+        assert_eq!(byte(&cpu, HANDLER_PA + 0x100), INT3);
+        assert_eq!(shared.trap.displaced(), Displaced::Nop(4));
+        assert_eq!(fixups.snapshot(), vec![(kinds::MOVED, 1)]);
+        // A #PF now stops at the new handler and steps over its ENDBR64.
+        cpu.regs.rip = new;
+        cpu.mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap();
+        assert_eq!(
+            v.on_emulation_failure(&mut cpu),
+            Ok(Handled::Done(PfKind::UserFault))
+        );
+        assert_eq!(cpu.regs.rip, new + 4);
+    }
 }
