@@ -511,7 +511,10 @@ mod tests {
         )));
         assert!(text.contains(&format!("{} held back by the rate limit", p["throttled"])));
         let t = &j["vpmu"]["rdpmc_trap"];
-        assert_eq!((t["served"].as_u64(), t["gp_delivered"].as_u64()), (Some(5), Some(4)));
+        assert_eq!(
+            (t["served"].as_u64(), t["gp_delivered"].as_u64()),
+            (Some(5), Some(4))
+        );
         assert!(text.contains(&format!(
             "RDPMC trap: {} RDPMCs served through the guest's #GP handler; {} #GPs passed to the \
              guest ({} of them RDPMCs",

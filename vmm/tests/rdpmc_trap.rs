@@ -63,7 +63,11 @@ fn check(model: ModelChoice, rdpmc: RdpmcSetting) {
     assert_eq!(((a, d), gp), (served(K0), 0), "{model:?}: CPL0 RDPMC 0");
     // Width: Intel's legacy counter write is sign-extended from 32 bits and masked to 48; AMD
     // masks an all-ones write to 48 bits.
-    let width = if intel { 0xffff_8000_0000 } else { 0xffff_ffff_ffff };
+    let width = if intel {
+        0xffff_8000_0000
+    } else {
+        0xffff_ffff_ffff
+    };
     let (a, d, gp) = probe(&w, 1);
     assert_eq!(((a, d), gp), (served(width), 0), "{model:?}: width");
     // Fixed counter 0 (ECX bit 30): Intel serves it; AMD has none, so #GP.
@@ -71,27 +75,55 @@ fn check(model: ModelChoice, rdpmc: RdpmcSetting) {
     if intel {
         assert_eq!(((a, d), gp), (served(K_FIXED), 0), "{model:?}: fixed 0");
     } else {
-        assert_eq!(((a, d), gp), (unchanged, 1), "{model:?}: AMD ECX 0x40000000");
+        assert_eq!(
+            ((a, d), gp),
+            (unchanged, 1),
+            "{model:?}: AMD ECX 0x40000000"
+        );
     }
     let gp_before = gp;
     // ECX bit 31 ("fast read", only on non-architectural Intel PMUs) and an index naming no
     // counter: #GP, delivered to the guest's handler.
     let (a, d, gp) = probe(&w, 3);
-    assert_eq!(((a, d), gp), (unchanged, gp_before + 1), "{model:?}: ECX bit 31");
+    assert_eq!(
+        ((a, d), gp),
+        (unchanged, gp_before + 1),
+        "{model:?}: ECX bit 31"
+    );
     let (a, d, gp) = probe(&w, 4);
-    assert_eq!(((a, d), gp), (unchanged, gp_before + 2), "{model:?}: ECX 0x20");
+    assert_eq!(
+        ((a, d), gp),
+        (unchanged, gp_before + 2),
+        "{model:?}: ECX 0x20"
+    );
     // A REX.W-prefixed RDPMC is served too (3 bytes stepped over, not 2).
     let (a, d, gp) = probe(&w, 5);
-    assert_eq!(((a, d), gp), (served(K0), gp_before + 2), "{model:?}: REX RDPMC");
+    assert_eq!(
+        ((a, d), gp),
+        (served(K0), gp_before + 2),
+        "{model:?}: REX RDPMC"
+    );
     // (b) CPL3 with CR4.PCE: served.
     let (a, d, gp) = probe(&w, 6);
-    assert_eq!(((a, d), gp), (served(K0), gp_before + 2), "{model:?}: CPL3 PCE");
+    assert_eq!(
+        ((a, d), gp),
+        (served(K0), gp_before + 2),
+        "{model:?}: CPL3 PCE"
+    );
     // (c) CPL3 without CR4.PCE: #GP in the guest's handler, from the user RDPMC.
     let (a, d, gp) = probe(&w, 7);
-    assert_eq!(((a, d), gp), (unchanged, gp_before + 3), "{model:?}: CPL3 no PCE");
+    assert_eq!(
+        ((a, d), gp),
+        (unchanged, gp_before + 3),
+        "{model:?}: CPL3 no PCE"
+    );
     let user_rdpmc = w[26];
     assert!(user_rdpmc >= USER_BASE, "{w:x?}");
-    assert_eq!((w[24], w[25]), (user_rdpmc, 0x33), "{model:?}: the #GP frame");
+    assert_eq!(
+        (w[24], w[25]),
+        (user_rdpmc, 0x33),
+        "{model:?}: the #GP frame"
+    );
     // The VMM's own count agrees with the guest's.
     let p = &report.pmu;
     assert_eq!(
@@ -155,6 +187,10 @@ fn without_the_trap_the_guest_takes_every_gp() {
     }
     assert_eq!(report.end, VmEnd::PowerOff, "console {console}");
     assert_eq!(w.len(), WORDS, "{w:x?}");
-    assert_eq!(probe(&w, 0), (u64::MAX, u64::MAX, 1), "the first RDPMC faulted");
+    assert_eq!(
+        probe(&w, 0),
+        (u64::MAX, u64::MAX, 1),
+        "the first RDPMC faulted"
+    );
     assert_eq!(report.pmu.rdpmc_trapped, 0);
 }

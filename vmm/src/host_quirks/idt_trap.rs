@@ -149,12 +149,7 @@ impl Patch {
     }
 
     /// Patches the handler at `gva` (physical `gpa`) if its first instruction can be displaced.
-    fn patch_at(
-        &self,
-        mem: &GuestMemoryMmap,
-        gva: u64,
-        gpa: u64,
-    ) -> Result<Displaced, PatchError> {
+    fn patch_at(&self, mem: &GuestMemoryMmap, gva: u64, gpa: u64) -> Result<Displaced, PatchError> {
         let mut bytes = [0u8; 15];
         let n = (0x1000 - (gpa & 0xfff) as usize).min(15);
         mem.read_slice(&mut bytes[..n], GuestAddress(gpa))
@@ -177,7 +172,10 @@ impl Patch {
     /// still there, and marks the patch gone.
     fn restore(&self, mem: &GuestMemoryMmap) {
         if self.intact(mem) {
-            let _ = mem.write_obj(self.original.load(Ordering::Acquire), GuestAddress(self.gpa()));
+            let _ = mem.write_obj(
+                self.original.load(Ordering::Acquire),
+                GuestAddress(self.gpa()),
+            );
         }
         self.uninstall();
     }

@@ -13,9 +13,9 @@
 //!    of the same MSR number (answered by KVM as before, through KVM_GET_MSRS).
 //!
 //! Not covered: RDPMC executed by guest *user* code (CR4.PCE; perf's self-monitoring mmap page)
-//! and code the guest writes or loads later (modules). On a VT-x/SVM host the alternative is to
-//! keep KVM's RDPMC and push the vPMU's counter values into KVM's PMU with KVM_SET_MSRS before each
-//! KVM_RUN (docs/guest.md).
+//! and code the guest writes or loads later (modules): `--rdpmc trap` ([`super::rdpmc_trap`])
+//! serves those, with no patching, through the guest's #GP handler; `--rdpmc auto` uses it when
+//! this module refuses a site.
 
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
@@ -98,7 +98,10 @@ impl RdpmcError {
     /// The error came before any byte of guest memory was rewritten (the sites were refused or
     /// could not be found), so the guest can still be served another way (`--rdpmc auto`).
     pub fn nothing_patched(&self) -> bool {
-        !matches!(self, RdpmcError::NotLoaded { .. } | RdpmcError::Memory { .. })
+        !matches!(
+            self,
+            RdpmcError::NotLoaded { .. } | RdpmcError::Memory { .. }
+        )
     }
 }
 

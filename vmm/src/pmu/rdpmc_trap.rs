@@ -62,7 +62,9 @@ impl GpCause {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// An RDPMC the vPMU serves, `len` bytes long.
-    Rdpmc { len: u8 },
+    Rdpmc {
+        len: u8,
+    },
     Deliver(GpCause),
 }
 
@@ -151,7 +153,9 @@ pub fn iret_return(
         .ok_or(GpCause::BadFrame("CS outside the GDT"))?;
     let code = cs.s == 1 && cs.type_ & 0x8 != 0;
     if !code || cs.present == 0 || u16::from(cs.dpl) != rpl || (cs.l == 1 && cs.db == 1) {
-        return Err(GpCause::BadFrame("CS is not a present code segment of its RPL"));
+        return Err(GpCause::BadFrame(
+            "CS is not a present code segment of its RPL",
+        ));
     }
     let ss = if ss_sel & !3 == 0 {
         if rpl != 0 {
@@ -168,7 +172,9 @@ pub fn iret_return(
             .ok_or(GpCause::BadFrame("SS outside the GDT"))?;
         let writable_data = ss.s == 1 && ss.type_ & 0xa == 0x2;
         if !writable_data || ss.present == 0 || ss.dpl != cs.dpl || ss_sel & 3 != rpl {
-            return Err(GpCause::BadFrame("SS is not a present writable data segment of its RPL"));
+            return Err(GpCause::BadFrame(
+                "SS is not a present writable data segment of its RPL",
+            ));
         }
         ss
     };
@@ -259,7 +265,10 @@ pub fn on_gp(
         pmu.stats.gp_delivered += 1;
         if cause.is_rdpmc() {
             pmu.stats.rdpmc_gp += 1;
-            log::debug!("trapped RDPMC at {:#x}: #GP to the guest ({cause:?})", frame.rip);
+            log::debug!(
+                "trapped RDPMC at {:#x}: #GP to the guest ({cause:?})",
+                frame.rip
+            );
         }
     }
     Ok(outcome)
@@ -304,7 +313,10 @@ mod tests {
     fn prefixes_count_in_the_length_and_other_instructions_are_not_served() {
         let k = frame(0x10, 0x1000);
         // REX.W and an operand-size prefix: still RDPMC, longer.
-        assert_eq!(decide(&k, &[0x48, 0x0f, 0x33], 0), Decision::Rdpmc { len: 3 });
+        assert_eq!(
+            decide(&k, &[0x48, 0x0f, 0x33], 0),
+            Decision::Rdpmc { len: 3 }
+        );
         assert_eq!(
             decide(&k, &[0x66, 0x0f, 0x33], 0),
             Decision::Rdpmc { len: 3 }
@@ -339,30 +351,30 @@ mod tests {
         );
     }
 
-    fn flat(selector: u16, dpl: u64, code: bool) -> u64 {
+    fn flat(dpl: u64, code: bool) -> u64 {
         // Base 0, limit 0xfffff, G; code: type 0xb, L; data: type 3, D/B.
         let ty: u64 = if code { 0xb } else { 0x3 };
         let flags: u64 = if code { 1 << 53 } else { 1 << 54 };
-        let _ = selector;
         0xffff | (0xf << 48) | (ty << 40) | (1 << 44) | (dpl << 45) | (1 << 47) | flags | (1 << 55)
     }
 
     /// Linux's GDT layout: 0x10 kernel CS, 0x18 kernel DS, 0x2b user DS, 0x33 user CS.
     fn gdt(sel: u16) -> Option<u64> {
         match sel & !3 {
-            0x10 => Some(flat(sel, 0, true)),
-            0x18 => Some(flat(sel, 0, false)),
-            0x28 => Some(flat(sel, 3, false)),
-            0x30 => Some(flat(sel, 3, true)),
+            0x10 => Some(flat(0, true)),
+            0x18 => Some(flat(0, false)),
+            0x28 => Some(flat(3, false)),
+            0x30 => Some(flat(3, true)),
             _ => None,
         }
     }
 
     fn handler_sregs() -> kvm_sregs {
-        let mut s = kvm_sregs::default();
-        s.cs = segment_from_descriptor(0x10, flat(0x10, 0, true));
-        s.ss = segment_from_descriptor(0x18, flat(0x18, 0, false));
-        s
+        kvm_sregs {
+            cs: segment_from_descriptor(0x10, flat(0, true)),
+            ss: segment_from_descriptor(0x18, flat(0, false)),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -390,15 +402,15 @@ mod tests {
         let s = handler_sregs();
         let cases: &[(u64, u64, u64)] = &[
             // (cs, ss, rip)
-            (0x33, 0x2b, 0x7fff_ffff_ffff),      // RIP + 2 not canonical
-            (0x31, 0x29, 0x1000),                // ring 1
-            (0x43, 0x2b, 0x1000),                // CS outside the GDT
-            (0x1b, 0x2b, 0x1000),                // a data segment as CS
-            (0x13, 0x2b, 0x1000),                // DPL 0 code with RPL 3
-            (0x33, 0x0, 0x1000),                 // null SS at CPL3
-            (0x33, 0x33, 0x1000),                // code as SS
-            (0x33, 0x18, 0x1000),                // SS RPL 0 for CPL3
-            (0x37, 0x2f, 0x1000),                // LDT selectors
+            (0x33, 0x2b, 0x7fff_ffff_ffff), // RIP + 2 not canonical
+            (0x31, 0x29, 0x1000),           // ring 1
+            (0x43, 0x2b, 0x1000),           // CS outside the GDT
+            (0x1b, 0x2b, 0x1000),           // a data segment as CS
+            (0x13, 0x2b, 0x1000),           // DPL 0 code with RPL 3
+            (0x33, 0x0, 0x1000),            // null SS at CPL3
+            (0x33, 0x33, 0x1000),           // code as SS
+            (0x33, 0x18, 0x1000),           // SS RPL 0 for CPL3
+            (0x37, 0x2f, 0x1000),           // LDT selectors
             (0xffff_ffff_ffff_ffff, !0, !0 - 1), // all ones
         ];
         for &(cs, ss, rip) in cases {
@@ -426,7 +438,10 @@ mod tests {
     #[test]
     fn descriptors_decode() {
         let cs = segment_from_descriptor(0x10, 0x00af_9b00_0000_ffff);
-        assert_eq!((cs.type_, cs.s, cs.dpl, cs.present, cs.l, cs.db, cs.g), (0xb, 1, 0, 1, 1, 0, 1));
+        assert_eq!(
+            (cs.type_, cs.s, cs.dpl, cs.present, cs.l, cs.db, cs.g),
+            (0xb, 1, 0, 1, 1, 0, 1)
+        );
         assert_eq!((cs.base, cs.limit), (0, 0xffff_ffff));
         let ds = segment_from_descriptor(0x2b, 0x00cf_f300_0000_ffff);
         assert_eq!((ds.type_, ds.dpl, ds.db), (0x3, 3, 1));

@@ -258,7 +258,10 @@ mod trap_tests {
 
     #[test]
     fn kvm_pmu_is_turned_off_only_where_kvm_offers_it() {
-        assert!(!can_disable_kvm_pmu(0), "enable_pmu=N (this host): nothing to turn off");
+        assert!(
+            !can_disable_kvm_pmu(0),
+            "enable_pmu=N (this host): nothing to turn off"
+        );
         assert!(!can_disable_kvm_pmu(-22), "an error is not an offer");
         assert!(can_disable_kvm_pmu(KVM_PMU_CAP_DISABLE as i32));
         assert!(!can_disable_kvm_pmu(2), "a flag that is not DISABLE");

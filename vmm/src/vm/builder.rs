@@ -490,7 +490,8 @@ fn plan_vpmu(
         RdpmcSetting::Off => (RdpmcSites::default(), None),
     };
     if let Some(path) = rdpmc_trap {
-        let off = pmu::setup::disable_kvm_pmu(vm).map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
+        let off = pmu::setup::disable_kvm_pmu(vm)
+            .map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
         log::info!(
             "RDPMC trap: int3 over the guest's #GP handler, reaching the VMM by {path:?}; KVM's own PMU {}",
             if off { "turned off for this VM" } else { "absent (RDPMC faults already)" }

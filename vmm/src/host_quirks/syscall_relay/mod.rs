@@ -40,6 +40,7 @@ pub mod classify;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub use super::idt_trap::{displaceable, idt_gate_target, Displaced, NotDisplaceable, PatchError};
 use super::idt_trap::{TrapError, TrapNames, TrapPoll, VectorTrap};
 use super::FixupCounts;
 use crate::arch::x86::{MSR_LSTAR, MSR_SFMASK, MSR_STAR, VECTOR_PF};
@@ -50,7 +51,6 @@ pub use classify::{
     classify, complete_syscall, kernel_segments, syscall_error_code, PfFrame, PfKind, SyscallMsrs,
     PF_ERR_SYSCALL,
 };
-pub use super::idt_trap::{displaceable, idt_gate_target, Displaced, NotDisplaceable, PatchError};
 
 /// Why the relay could not finish with an exception that reached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -282,9 +282,9 @@ mod tests {
         })
     }
 
+    use crate::host_quirks::idt_trap::INT3;
     use classify::tests::{syscall_frame, LSTAR, MSRS};
     use kvm_bindings::{kvm_regs, kvm_sregs};
-    use crate::host_quirks::idt_trap::INT3;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     /// A guest memory with 4-level tables: `va` -> `pa` in 4 KiB pages, plus one 2 MiB page.
@@ -594,12 +594,20 @@ mod tests {
             .write_slice(&gate, GuestAddress(IDT_PA + 14 * 16))
             .unwrap();
         v.after_exit(&mut cpu);
-        assert_eq!(shared.installed_at(), Some(HANDLER), "not looked at before the poll");
+        assert_eq!(
+            shared.installed_at(),
+            Some(HANDLER),
+            "not looked at before the poll"
+        );
         v.poll.reset();
         v.after_exit(&mut cpu);
         assert_eq!(shared.installed_at(), Some(new));
         let byte = |cpu: &FakeVcpu, pa| cpu.mem.read_obj::<u8>(GuestAddress(pa)).unwrap();
-        assert_eq!(byte(&cpu, HANDLER_PA), 0x90, "the old handler's NOP is back");
+        assert_eq!(
+            byte(&cpu, HANDLER_PA),
+            0x90,
+            "the old handler's NOP is back"
+        );
         assert_eq!(byte(&cpu, HANDLER_PA + 0x100), INT3);
         assert_eq!(shared.trap.displaced(), Displaced::Nop(4));
         assert_eq!(fixups.snapshot(), vec![(kinds::MOVED, 1)]);
