@@ -11,7 +11,7 @@
 //! exits arrive at the owner's one handler ([`VectorTrap::stopped_at_handler`]). Used by the
 //! SYSCALL relay (#PF) and the RDPMC trap (#GP, `pmu::rdpmc_trap`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
@@ -220,8 +220,12 @@ pub struct VectorTrap {
     patch: Patch,
     /// Serialises (re)installation.
     install: Mutex<()>,
-    /// Set when the handler cannot be patched (said once); no more attempts.
-    refused: AtomicBool,
+    /// The handler last refused (its entry cannot be displaced; 0: none): not tried again
+    /// until the guest's gate names another one (an early-boot handler is often refused, the
+    /// final one not).
+    refused_at: AtomicU64,
+    /// Refusals said at warning level so far (a guest flipping its gate cannot flood the log).
+    warnings: AtomicU64,
     fixups: Arc<FixupCounts>,
 }
 
@@ -232,7 +236,8 @@ impl VectorTrap {
             names,
             patch: Patch::default(),
             install: Mutex::new(()),
-            refused: AtomicBool::new(false),
+            refused_at: AtomicU64::new(0),
+            warnings: AtomicU64::new(0),
             fixups,
         }
     }
@@ -254,17 +259,29 @@ impl VectorTrap {
         self.patch.displaced()
     }
 
+    /// Whether the trap is off because the handler the guest's gate named last was refused.
     pub fn refused(&self) -> bool {
-        self.refused.load(Ordering::Acquire)
+        self.installed_at().is_none() && self.refused_at.load(Ordering::Acquire) != 0
     }
 
-    /// Turns the trap off for good, saying why once.
-    pub fn refuse(&self, why: impl std::fmt::Display) {
-        if !self.refused.swap(true, Ordering::AcqRel) {
+    /// Leaves `handler` alone (the trap stays off until the gate names another handler), saying
+    /// why (at warning level for the first few).
+    fn refuse(&self, handler: u64, why: impl std::fmt::Display) {
+        if self.refused_at.swap(handler, Ordering::AcqRel) == handler {
+            return;
+        }
+        if self.warnings.fetch_add(1, Ordering::Relaxed) < MAX_REFUSAL_WARNINGS {
             log::warn!(
-                "{}: {} will NOT work on this host: {why}",
+                "{}: {} will NOT work on this host while the guest's {} handler is the one at \
+                 {handler:#x}: {why}",
                 self.names.owner,
-                self.names.without
+                self.names.without,
+                self.names.exception
+            );
+        } else {
+            log::debug!(
+                "{}: refused the handler at {handler:#x}: {why}",
+                self.names.owner
             );
         }
     }
@@ -294,12 +311,12 @@ impl VectorTrap {
         if self.installed_at().is_some() {
             return true;
         }
-        if self.refused() {
-            return false;
-        }
         let Some((handler, gpa)) = self.handler_in_idt(cpu) else {
             return false;
         };
+        if self.refused_at.load(Ordering::Acquire) == handler {
+            return false;
+        }
         let mem = cpu.memory();
         let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
         if self.installed_at().is_some() {
@@ -315,7 +332,7 @@ impl VectorTrap {
                 true
             }
             Err(why) => {
-                self.refuse(why);
+                self.refuse(handler, why);
                 false
             }
         }
@@ -347,7 +364,7 @@ impl VectorTrap {
             }
             Err(why) => {
                 self.patch.uninstall();
-                self.refuse(format!("after the guest rewrote it, {why}"));
+                self.refuse(gva, format!("after the guest rewrote it, {why}"));
             }
         }
     }
@@ -381,7 +398,7 @@ impl VectorTrap {
                     );
                 }
             }
-            Err(why) => self.refuse(format!("after the guest moved its handler, {why}")),
+            Err(why) => self.refuse(handler, format!("after the guest moved its handler, {why}")),
         }
     }
 
@@ -424,6 +441,9 @@ impl VectorTrap {
     }
 }
 
+/// Refusals logged at warning level (the rest at debug level).
+const MAX_REFUSAL_WARNINGS: u64 = 4;
+
 /// Host TSC cycles between a vCPU's looks at a trap that is not installed yet, and between its
 /// looks at the IDT gate once it is (about 2 ms): looking after every exit cost ~10 us per exit
 /// in guests that never set up the vector, VMM work that domain-switch then charged.
@@ -462,11 +482,11 @@ impl TrapPoll {
 }
 
 /// After every exit, for a trap whose owner has nothing more to check first: installs it when
-/// the guest is ready and a look is due; once installed, re-checks the entry (every exit) and
+/// the guest is ready and a look is due (also after a refusal: the guest may change its gate); once installed, re-checks the entry (every exit) and
 /// the gate (when a look is due).
 pub fn after_exit(trap: &VectorTrap, poll: &mut TrapPoll, cpu: &mut dyn VcpuAccess) {
     if trap.installed_at().is_none() {
-        if !trap.refused() && poll.due() {
+        if poll.due() {
             trap.try_install(cpu);
         }
         return;

@@ -153,9 +153,6 @@ impl SyscallRelay {
         if self.installed_at().is_some() {
             return true;
         }
-        if self.trap.refused() {
-            return false;
-        }
         match syscall_msrs(cpu) {
             Ok(msrs) if msrs.lstar != 0 => {
                 let done = self.trap.try_install(cpu);
@@ -196,7 +193,7 @@ impl VcpuRelay {
     pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
         let trap = &self.shared.trap;
         if trap.installed_at().is_none() {
-            if !trap.refused() && self.poll.due() {
+            if self.poll.due() {
                 self.shared.try_install(cpu);
             }
             return;
@@ -505,6 +502,31 @@ mod tests {
             cpu.mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(),
             0x55
         );
+        // Not tried again on the same handler; tried, and installed, once the guest's gate names
+        // another one (an early-boot handler, then the final one).
+        v.poll.reset();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), None);
+        cpu.mem
+            .write_slice(&[0x90], GuestAddress(HANDLER_PA + 0x100))
+            .unwrap();
+        point_gate(&cpu, HANDLER + 0x100);
+        v.poll.reset();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(HANDLER + 0x100));
+        assert!(!shared.trap.refused());
+    }
+
+    /// Points the guest's #PF gate at `handler`.
+    fn point_gate(cpu: &FakeVcpu, handler: u64) {
+        let mut gate = [0u8; 16];
+        gate[0..2].copy_from_slice(&(handler as u16).to_le_bytes());
+        gate[5] = 0x8e;
+        gate[6..8].copy_from_slice(&((handler >> 16) as u16).to_le_bytes());
+        gate[8..12].copy_from_slice(&((handler >> 32) as u32).to_le_bytes());
+        cpu.mem
+            .write_slice(&gate, GuestAddress(IDT_PA + 14 * 16))
+            .unwrap();
     }
 
     #[test]
@@ -585,14 +607,7 @@ mod tests {
         cpu.mem
             .write_slice(&[0xf3, 0x0f, 0x1e, 0xfa], GuestAddress(HANDLER_PA + 0x100))
             .unwrap();
-        let mut gate = [0u8; 16];
-        gate[0..2].copy_from_slice(&(new as u16).to_le_bytes());
-        gate[5] = 0x8e;
-        gate[6..8].copy_from_slice(&((new >> 16) as u16).to_le_bytes());
-        gate[8..12].copy_from_slice(&((new >> 32) as u32).to_le_bytes());
-        cpu.mem
-            .write_slice(&gate, GuestAddress(IDT_PA + 14 * 16))
-            .unwrap();
+        point_gate(&cpu, new);
         v.after_exit(&mut cpu);
         assert_eq!(
             shared.installed_at(),
