@@ -14,7 +14,7 @@ use vmm::vm::{RdpmcSetting, VpmuSetting};
 const K0: u64 = 0x1234_5678_9abc;
 const K_FIXED: u64 = 0xabcd_ef01_2345;
 const USER_BASE: u64 = 0x20_0000;
-const WORDS: usize = 27;
+const WORDS: usize = 30;
 
 fn guest(model: ModelChoice) -> TinyGuest {
     match model {
@@ -46,6 +46,14 @@ fn probe(w: &[u64], i: usize) -> (u64, u64, u64) {
 /// RDPMC's answer in RAX/RDX: the value split in halves, the upper 32 bits of each cleared.
 fn served(v: u64) -> (u64, u64) {
     (v & 0xffff_ffff, v >> 32)
+}
+
+/// TSC cycles per second of this host (the guest's TSC runs at the host's here).
+fn tsc_hz() -> f64 {
+    let (t0, c0) = (std::time::Instant::now(), vmm::tsc::now());
+    std::thread::sleep(Duration::from_millis(50));
+    let (t1, c1) = (std::time::Instant::now(), vmm::tsc::now());
+    (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
 }
 
 fn check(model: ModelChoice, rdpmc: RdpmcSetting) {
@@ -124,12 +132,20 @@ fn check(model: ModelChoice, rdpmc: RdpmcSetting) {
         (user_rdpmc, 0x33),
         "{model:?}: the #GP frame"
     );
-    // The VMM's own count agrees with the guest's.
+    // The VMM's own count agrees with the guest's (probes, then two timing loops).
+    let loops = w[29];
+    let served_probes = if intel { 5 } else { 4 };
     let p = &report.pmu;
     assert_eq!(
         (p.rdpmc_trapped, p.rdpmc_reads),
-        (if intel { 5 } else { 4 }, if intel { 5 } else { 4 }),
+        (served_probes + 2 * loops, served_probes + 2 * loops),
         "{model:?}: RDPMCs served by the trap"
+    );
+    let hz = tsc_hz();
+    eprintln!(
+        "{model:?}: a served RDPMC costs {:.1} us at CPL0, {:.1} us at CPL3 (guest TSC, {loops} each)",
+        w[27] as f64 / loops as f64 / hz * 1e6,
+        w[28] as f64 / loops as f64 / hz * 1e6
     );
     assert_eq!(p.gp_delivered, gp_before + 3, "{model:?}: #GPs delivered");
     assert_eq!(p.rdpmc_gp, p.gp_delivered, "{model:?}: all of them RDPMCs");
