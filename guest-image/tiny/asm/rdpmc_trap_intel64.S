@@ -5,4 +5,5 @@
 #define WIDTH_MSR   0xc1                // legacy counter write: sign-extended from 32 bits
 #define WIDTH_VAL   0x80000000
 #define FIXED_CTR0  0x309
+#define GP_ENTRY_PUSH                   // the #GP entry starts with pushq $13
 #include "rdpmc_trap_body.inc"

@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic};
+use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic, OpKind};
 use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -57,13 +57,16 @@ pub enum Displaced {
     Nop(u8),
     /// CLAC: clear RFLAGS.AC.
     Clac(u8),
+    /// `push imm` (64-bit operand size): push the sign-extended immediate. The entry stubs of
+    /// Linux's early IDT and of kvm-unit-tests start with one (`pushq $13`).
+    Push(u8, u64),
 }
 
 impl Displaced {
     /// Bytes to step over (an instruction: never 0).
     pub fn length(self) -> u8 {
         match self {
-            Displaced::Nop(n) | Displaced::Clac(n) => n,
+            Displaced::Nop(n) | Displaced::Clac(n) | Displaced::Push(n, _) => n,
         }
     }
 }
@@ -80,6 +83,14 @@ pub fn displaceable(bytes: &[u8], ip: u64) -> Result<Displaced, NotDisplaceable>
         )),
         Mnemonic::Nop | Mnemonic::Endbr64 => Ok(Displaced::Nop(len)),
         Mnemonic::Clac => Ok(Displaced::Clac(len)),
+        Mnemonic::Push
+            if matches!(
+                instr.op0_kind(),
+                OpKind::Immediate8to64 | OpKind::Immediate32to64
+            ) =>
+        {
+            Ok(Displaced::Push(len, instr.immediate(0)))
+        }
         _ => {
             let mut text = String::new();
             IntelFormatter::new().format(&instr, &mut text);
@@ -110,8 +121,9 @@ struct Patch {
     gva: AtomicU64,
     /// Its guest-physical address.
     gpa: AtomicU64,
-    /// Length of the displaced instruction; bit 7 set: it is CLAC.
+    /// Length of the displaced instruction; bit 7 set: it is CLAC; bit 6: a push of `pushed`.
     displaced: AtomicU8,
+    pushed: AtomicU64,
     /// The byte the int3 replaced (put back when the guest moves its handler).
     original: AtomicU8,
 }
@@ -136,10 +148,13 @@ impl Patch {
 
     fn displaced(&self) -> Displaced {
         let d = self.displaced.load(Ordering::Acquire);
+        let len = d & 0x3f;
         if d & 0x80 != 0 {
-            Displaced::Clac(d & 0x7f)
+            Displaced::Clac(len)
+        } else if d & 0x40 != 0 {
+            Displaced::Push(len, self.pushed.load(Ordering::Acquire))
         } else {
-            Displaced::Nop(d)
+            Displaced::Nop(len)
         }
     }
 
@@ -161,6 +176,10 @@ impl Patch {
         let code = match d {
             Displaced::Nop(n) => n,
             Displaced::Clac(n) => n | 0x80,
+            Displaced::Push(n, value) => {
+                self.pushed.store(value, Ordering::Release);
+                n | 0x40
+            }
         };
         self.displaced.store(code, Ordering::Release);
         self.gpa.store(gpa, Ordering::Release);
@@ -434,8 +453,13 @@ impl VectorTrap {
         let mut regs = stopped.regs;
         let d = self.displaced();
         regs.rip = stopped.handler.wrapping_add(u64::from(d.length()));
-        if let Displaced::Clac(_) = d {
-            regs.rflags &= !RFLAGS_AC;
+        match d {
+            Displaced::Nop(_) => {}
+            Displaced::Clac(_) => regs.rflags &= !RFLAGS_AC,
+            Displaced::Push(_, value) => {
+                regs.rsp = regs.rsp.wrapping_sub(8);
+                cpu.write_virt(regs.rsp, &value.to_le_bytes())?;
+            }
         }
         cpu.set_regs(&regs)
     }
@@ -511,6 +535,19 @@ mod tests {
             Ok(Displaced::Nop(4))
         );
         assert_eq!(displaceable(&[0x0f, 0x01, 0xca], 0), Ok(Displaced::Clac(3)));
+        // push imm8 / imm32, sign-extended (kvm-unit-tests' and Linux's early entry stubs).
+        assert_eq!(displaceable(&[0x6a, 0x0d], 0), Ok(Displaced::Push(2, 13)));
+        assert_eq!(
+            displaceable(&[0x6a, 0xff], 0),
+            Ok(Displaced::Push(2, u64::MAX))
+        );
+        assert_eq!(
+            displaceable(&[0x68, 0x78, 0x56, 0x34, 0x12], 0),
+            Ok(Displaced::Push(5, 0x1234_5678))
+        );
+        // A 16-bit push and a register push are not stood in for.
+        assert!(displaceable(&[0x66, 0x6a, 0x0d], 0).is_err());
+        assert!(displaceable(&[0x50], 0).is_err());
         let e = displaceable(&[0x48, 0x89, 0xe5], 0).unwrap_err();
         assert!(e.to_string().contains("mov"), "{e}");
         assert!(displaceable(&[0x0f, 0xff], 0).is_err());

@@ -7,8 +7,9 @@
 //! 1. **Install.** Once the guest has an LSTAR and an IDT, the first byte of its #PF handler
 //!    (vector 14's gate) is overwritten with `int3`. An int3 at CPL0 is an emulation failure on
 //!    these hosts, so every #PF then exits to the VMM at the handler's first instruction. Only an
-//!    instruction the relay can step over is displaced (NOP forms, ENDBR64, CLAC); otherwise the
-//!    relay says once why guest user space will not run, and stays off.
+//!    instruction the relay can step over is displaced (NOP forms, ENDBR64, CLAC, `push imm`);
+//!    otherwise the relay says why guest user space will not run, and tries again if the guest
+//!    points its gate at another handler.
 //! 2. **Classify** the exception frame on the guest's kernel stack, as the CPU would tell the cases
 //!    apart: a system call is a user-mode (CPL3) instruction-fetch fault on a present page
 //!    (error 0x15) at LSTAR with CR2 = LSTAR, whose RFLAGS have every SFMASK bit clear and agree
@@ -634,5 +635,27 @@ mod tests {
             Ok(Handled::Done(PfKind::UserFault))
         );
         assert_eq!(cpu.regs.rip, new + 4);
+    }
+
+    #[test]
+    fn a_displaced_push_is_pushed_when_the_fault_goes_to_the_guest() {
+        let user = PfFrame {
+            error: 0x6,
+            rip: 0x40_1000,
+            ..syscall_frame()
+        };
+        // kvm-unit-tests' entry stub: pushq $14; jmp __handle_exception
+        let mut cpu = guest(&[0x6a, 0x0e, 0xe9, 0, 0, 0, 0], &user, 0x50_0000);
+        let (shared, _) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.trap.displaced(), Displaced::Push(2, 14));
+        assert_eq!(
+            v.on_emulation_failure(&mut cpu),
+            Ok(Handled::Done(PfKind::UserFault))
+        );
+        assert_eq!((cpu.regs.rip, cpu.regs.rsp), (HANDLER + 2, STACK - 8));
+        let pushed: u64 = cpu.mem.read_obj(GuestAddress(STACK_PA - 8)).unwrap();
+        assert_eq!(pushed, 14);
     }
 }
