@@ -19,11 +19,12 @@ use std::time::Instant;
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
+use crate::arch::x86::ExceptionFrame;
 use crate::control::VmControl;
 use crate::devices::{MmioBus, PioBus};
 use crate::end::{KvmFailure, VmEnd};
 use crate::exit::ExitCounts;
-use crate::host_quirks::idt_trap::TrapError;
+use crate::host_quirks::idt_trap::{Stopped, TrapError};
 use crate::host_quirks::{self, FixupCounts};
 use crate::pmu::rdpmc_trap::{GpCause, GpOutcome};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
@@ -380,10 +381,21 @@ impl VcpuRunner {
             Ok(Some(s)) => s,
             Err(TrapError::Access(e)) => return Err(failed("rdpmc trap".into(), e)),
             Err(TrapError::Frame { rsp, source }) => {
-                return Err(failed(
-                    format!("rdpmc trap: reading the #GP frame at RSP {rsp:#x}"),
-                    source,
-                ))
+                // No frame where the CPU pushes one (guest code jumped to the handler with a
+                // bad RSP): nothing to serve; the guest's handler runs, as it would.
+                log::debug!("rdpmc trap: no #GP frame at RSP {rsp:#x} ({source}): passed on");
+                let regs = cpu.regs().map_err(|e| failed("rdpmc trap".into(), e))?;
+                let stopped = Stopped {
+                    handler: regs.rip,
+                    regs,
+                    frame: ExceptionFrame::default(),
+                };
+                trap.deliver(cpu, &stopped)
+                    .map_err(|e| failed("rdpmc trap: giving the guest its #GP".into(), e))?;
+                if let Some(p) = &mut self.pmu {
+                    p.stats.gp_delivered += 1;
+                }
+                return Ok(true);
             }
         };
         let outcome = match &mut self.pmu {
