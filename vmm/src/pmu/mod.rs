@@ -55,7 +55,7 @@ pub enum VpmuSetting {
 /// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs, pmu/rdpmc_trap.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum RdpmcSetting {
-    /// patch when every RDPMC in the guest kernel can be proven safe to rewrite, else trap
+    /// Patch when every RDPMC in the guest kernel can be proven safe to rewrite, else trap
     /// (the log says which and why).
     #[default]
     Auto,
