@@ -225,9 +225,13 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     /// At most N PMIs per second per vCPU are delivered (0 = no limit); the rest are counted.
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub pmi_limit: u32,
-    /// RDPMC in the guest kernel: patch = rewrite each RDPMC to RDMSR before boot (logged per
-    /// site) and answer it from the vPMU; off = leave it to KVM (it faults on hosts without a PMU).
-    #[arg(long, value_enum, default_value_t = RdpmcSetting::Patch)]
+    /// How guest RDPMC reaches the vPMU (docs/vpmu.md, "RDPMC"): patch = rewrite each RDPMC in
+    /// the guest kernel to RDMSR before boot (logged per site; refuses a site it cannot prove
+    /// safe); trap = no patching: an int3 over the guest's #GP handler brings every faulting
+    /// RDPMC (kernel, or user with CR4.PCE) to the VMM, which answers it and passes every other
+    /// #GP on; auto = patch, or trap when patching is refused (the log says which); off = leave
+    /// it to KVM (it faults on hosts without a PMU).
+    #[arg(long, value_enum, default_value_t = RdpmcSetting::Auto)]
     pub rdpmc: RdpmcSetting,
     /// Switch the accounting mode at run time: MODE:SECONDS,... (e.g.
     /// cpu-switch:60,domain-switch:60), each in turn from the start, the last one staying; end

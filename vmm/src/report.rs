@@ -101,6 +101,13 @@ pub fn lines(r: &RunReport) -> Vec<String> {
                 p.rdpmc_fixed
             ));
         }
+        if p.rdpmc_trapped + p.gp_delivered > 0 {
+            out.push(format!(
+                "[vpmu-vmm] RDPMC trap: {} RDPMCs served through the guest's #GP handler; {} #GPs \
+                 passed to the guest ({} of them RDPMCs that fault as on hardware)",
+                p.rdpmc_trapped, p.gp_delivered, p.rdpmc_gp
+            ));
+        }
         if let Some(f) = &r.pmu_event_filter {
             let per: Vec<String> = p
                 .filter_blocked_by_vcpu
@@ -325,6 +332,11 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             "rdpmc_served": p.rdpmc_reads,
             "rdpmc_fixed": p.rdpmc_fixed,
             "rdpmc_left_to_kvm": p.rdpmc_genuine_msr,
+            "rdpmc_trap": {
+                "served": p.rdpmc_trapped,
+                "gp_delivered": p.gp_delivered,
+                "rdpmc_gp": p.rdpmc_gp,
+            },
             "pmis": {
                 "raised": p.pmis_raised,
                 "delivered": p.pmis_nmi + p.pmis_vector,
@@ -444,6 +456,9 @@ mod tests {
             pmis_merged: 6,
             pmis_held_at_end: 1,
             signals: 99,
+            rdpmc_trapped: 5,
+            gp_delivered: 4,
+            rdpmc_gp: 3,
             ..Default::default()
         };
         pmu.by_mode[0].pmis = 8;
@@ -503,6 +518,16 @@ mod tests {
             p["raised"], p["delivered"], p["dropped_masked"], p["merged"]
         )));
         assert!(text.contains(&format!("{} held back by the rate limit", p["throttled"])));
+        let t = &j["vpmu"]["rdpmc_trap"];
+        assert_eq!(
+            (t["served"].as_u64(), t["gp_delivered"].as_u64()),
+            (Some(5), Some(4))
+        );
+        assert!(text.contains(&format!(
+            "RDPMC trap: {} RDPMCs served through the guest's #GP handler; {} #GPs passed to the \
+             guest ({} of them RDPMCs",
+            t["served"], t["gp_delivered"], t["rdpmc_gp"]
+        )));
         let m = &j["vpmu"]["by_mode"];
         assert_eq!(m[0]["mode"], "cpu-switch");
         assert_eq!(m[0]["secs"], 1.0);

@@ -17,6 +17,7 @@
 #define NOT_PRESENT 0x400000
 #define SUPERVISOR 0x600000
 #include "msr.inc"
+#include "user_mode.inc"
     .code64
     .globl start
 start:
@@ -46,33 +47,7 @@ start:
     or $2, %rax
     mov %rax, %cr0
     // --- GDT (Linux layout) with a 64-bit TSS at 0x40
-    lea tss(%rip), %rax
-    lea gdt+64(%rip), %rdi
-    movw $0x67, (%rdi)
-    mov %ax, 2(%rdi)
-    shr $16, %rax
-    mov %al, 4(%rdi)
-    movb $0x89, 5(%rdi)
-    movb $0, 6(%rdi)
-    mov %ah, 7(%rdi)
-    shr $16, %rax
-    mov %eax, 8(%rdi)
-    movl $0, 12(%rdi)
-    lea kstack_top(%rip), %rax
-    mov %rax, tss+4(%rip)           // RSP0
-    lea gdt(%rip), %rax
-    mov %rax, gdtr_base(%rip)
-    lgdt gdtr(%rip)
-    pushq $0x10
-    lea 1f(%rip), %rax
-    push %rax
-    lretq
-1:  mov $0x18, %ax
-    mov %ax, %ds
-    mov %ax, %es
-    mov %ax, %ss
-    mov $0x40, %ax
-    ltr %ax
+    LINUX_GDT_SETUP
     // --- IDT: every exception fails the test except #UD and #PF
     lea idt(%rip), %rdi
     xor %ecx, %ecx
@@ -312,26 +287,11 @@ cyc_ud:     .quad 0
 report_end:
 npf:        .quad 0
 
-    .balign 16
-gdt:
-    .quad 0
-    .quad 0x00cf9b000000ffff        // 0x08 KERNEL32_CS
-    .quad 0x00af9b000000ffff        // 0x10 KERNEL_CS
-    .quad 0x00cf93000000ffff        // 0x18 KERNEL_DS
-    .quad 0x00cffb000000ffff        // 0x23 USER32_CS
-    .quad 0x00cff3000000ffff        // 0x2b USER_DS
-    .quad 0x00affb000000ffff        // 0x33 USER_CS
-    .quad 0
-    .quad 0, 0                      // 0x40 TSS (filled in)
-gdt_end:
-gdtr:       .word gdt_end - gdt - 1
-gdtr_base:  .quad 0
+    LINUX_GDT_DATA
     .balign 16
 idt:        .fill 64, 8, 0
 idtr:       .word 32 * 16 - 1
 idtr_base:  .quad 0
-    .balign 16
-tss:        .fill 26, 4, 0
     .balign 4096
 pml4:       .fill 512, 8, 0
 pdpt:       .fill 512, 8, 0

@@ -38,6 +38,8 @@ pub const CR4_PSE: u64 = Cr4::CR4_ENABLE_PSE.bits() as u64;
 pub const CR4_PAE: u64 = Cr4::CR4_ENABLE_PAE.bits() as u64;
 pub const CR4_LA57: u64 = Cr4::CR4_ENABLE_LA57.bits() as u64;
 pub const CR4_SMEP: u64 = Cr4::CR4_ENABLE_SMEP.bits() as u64;
+/// RDPMC allowed at CPL > 0.
+pub const CR4_PCE: u64 = Cr4::CR4_ENABLE_PPMC.bits() as u64;
 
 // ---- EFER (by hand: the x86 crate names no EFER bits) ----
 /// System-call extensions.
@@ -61,11 +63,15 @@ pub const RFLAGS_IF: u64 = RFlags::FLAGS_IF.bits();
 pub const RFLAGS_OF: u64 = RFlags::FLAGS_OF.bits();
 pub const RFLAGS_RF: u64 = RFlags::FLAGS_RF.bits();
 pub const RFLAGS_AC: u64 = RFlags::FLAGS_AC.bits();
+pub const RFLAGS_VM: u64 = RFlags::FLAGS_VM.bits();
+/// The RFLAGS bits IRETQ can load (the rest are reserved: bits 22-63, 15, 5 and 3).
+pub const RFLAGS_LOADABLE: u64 = 0x3f_7fd5;
 
 // ---- Exceptions (by hand: vector numbers and #PF error bits are not in the x86 crate's
 // `irq` module in the form needed here) ----
 pub const VECTOR_BP: u8 = 3;
 pub const VECTOR_UD: u8 = 6;
+pub const VECTOR_GP: u8 = 13;
 pub const VECTOR_PF: u8 = 14;
 /// #PF error code bits: present, write, user, reserved bit, instruction fetch.
 pub const PF_ERR_PRESENT: u64 = 1 << 0;
@@ -78,6 +84,55 @@ pub const PTE_PRESENT: u64 = 1 << 0;
 pub const PTE_HUGE: u64 = 1 << 7;
 /// Physical address bits of a 64-bit entry (MAXPHYADDR 52).
 pub const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
+
+/// The 64-bit exception frame at an exception handler's first instruction (vectors with an error
+/// code): error code, RIP, CS, RFLAGS, RSP, SS, each 8 bytes, from RSP up. The guest wrote it:
+/// every field is whatever it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExceptionFrame {
+    pub error: u64,
+    pub rip: u64,
+    pub cs: u64,
+    pub rflags: u64,
+    pub rsp: u64,
+    pub ss: u64,
+}
+
+impl ExceptionFrame {
+    pub const LEN: usize = 48;
+
+    pub fn from_bytes(b: &[u8; Self::LEN]) -> Self {
+        let q = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        ExceptionFrame {
+            error: q(0),
+            rip: q(1),
+            cs: q(2),
+            rflags: q(3),
+            rsp: q(4),
+            ss: q(5),
+        }
+    }
+
+    /// The privilege level the exception came from (the saved CS's RPL).
+    pub fn cpl(&self) -> u8 {
+        (self.cs & 3) as u8
+    }
+
+    pub fn user(&self) -> bool {
+        self.cpl() == 3
+    }
+}
+
+/// Whether a linear address is canonical with 48-bit (or, with LA57, 57-bit) addresses.
+pub fn canonical(va: u64, la57: bool) -> bool {
+    let bits = if la57 { 57 } else { 48 };
+    let top = (va as i64) >> (bits - 1);
+    top == 0 || top == -1
+}
 
 /// The paging mode a vCPU's CR0/CR4/EFER select.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -129,6 +129,9 @@ pub enum Outcome {
     Interrupted,
     /// KVM could not emulate a guest instruction: the loop asks the host-quirk code to complete it.
     InternalError,
+    /// A guest int3 under KVM_GUESTDBG_USE_SW_BP (`--rdpmc trap` on a VT-x/SVM host): the loop
+    /// asks the trap whose it is, else gives the guest its #BP.
+    Breakpoint,
     Stop(VmEnd),
 }
 
@@ -216,6 +219,9 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             k => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnknownSystemEvent(k))),
         },
         VcpuExit::InternalError => Outcome::InternalError,
+        VcpuExit::Debug(arch) if arch.exception == u32::from(crate::arch::x86::VECTOR_BP) => {
+            Outcome::Breakpoint
+        }
         VcpuExit::FailEntry(reason, cpu) => {
             Outcome::Stop(VmEnd::KvmFailure(KvmFailure::FailEntry { reason, cpu }))
         }

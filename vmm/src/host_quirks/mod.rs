@@ -10,9 +10,12 @@
 //!   guest instruction and does what the CPU would have done, where that is simple and safe.
 //!   Each kind of fix-up is logged once and counted; the counts are printed when the VM ends;
 //! * guest user space: [`syscall_relay`] completes the guest's SYSCALLs, which these hosts leave
-//!   half done (an int3 over the guest's #PF handler brings each #PF to the VMM).
+//!   half done (an int3 over the guest's #PF handler brings each #PF to the VMM);
+//! * [`idt_trap`]: that int3 over an exception vector's handler, shared by the relay (#PF) and
+//!   the RDPMC trap (#GP, `pmu::rdpmc_trap`).
 
 pub mod emulate;
+pub mod idt_trap;
 pub mod syscall_relay;
 
 use std::collections::BTreeMap;

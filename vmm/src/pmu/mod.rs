@@ -8,6 +8,7 @@ pub mod mode;
 pub mod perf;
 pub mod pmi;
 pub mod rdpmc;
+pub mod rdpmc_trap;
 pub mod setup;
 
 use std::sync::Arc;
@@ -56,12 +57,19 @@ pub enum VpmuSetting {
     DomainSwitch,
 }
 
-/// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs).
+/// `--rdpmc`: how guest RDPMC reaches the vPMU (pmu/rdpmc.rs, pmu/rdpmc_trap.rs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum RdpmcSetting {
-    /// Rewrite each RDPMC in the guest kernel's text to RDMSR and answer it from the vPMU.
+    /// Patch when every RDPMC in the guest kernel can be proven safe to rewrite, else trap
+    /// (the log says which and why).
     #[default]
+    Auto,
+    /// Rewrite each RDPMC in the guest kernel's text to RDMSR and answer it from the vPMU;
+    /// refuse to start if one cannot be proven safe. Guest user-space RDPMC is not served.
     Patch,
+    /// No patching: trap the guest's #GP handler and answer every RDPMC the guest executes,
+    /// kernel or user (CR4.PCE) space, from the vPMU; other #GPs go to the guest.
+    Trap,
     /// Leave RDPMC to KVM (which, on hosts without a PMU, makes it fault).
     Off,
 }
@@ -87,8 +95,15 @@ pub struct PmuStats {
     pub msr_reads: u64,
     pub msr_writes: u64,
     pub gp_faults: u64,
-    /// Rewritten guest RDPMCs answered from the vPMU.
+    /// Guest RDPMCs answered from the vPMU (rewritten sites and trapped ones).
     pub rdpmc_reads: u64,
+    /// Of `rdpmc_reads`, those served through the #GP trap (`--rdpmc trap`).
+    pub rdpmc_trapped: u64,
+    /// #GPs the trap passed to the guest's handler (not an RDPMC the vPMU serves).
+    pub gp_delivered: u64,
+    /// Of `gp_delivered`, RDPMCs that fault as on hardware (CPL3 without CR4.PCE, an index
+    /// naming no counter, a frame IRETQ would refuse).
+    pub rdpmc_gp: u64,
     /// Of `rdpmc_reads`, those of Intel fixed counters (ECX bit 30): the guest's driver put an
     /// event (e.g. its NMI watchdog's cycles) on a fixed counter.
     pub rdpmc_fixed: u64,
@@ -153,6 +168,9 @@ impl PmuStats {
         self.msr_writes += o.msr_writes;
         self.gp_faults += o.gp_faults;
         self.rdpmc_reads += o.rdpmc_reads;
+        self.rdpmc_trapped += o.rdpmc_trapped;
+        self.gp_delivered += o.gp_delivered;
+        self.rdpmc_gp += o.rdpmc_gp;
         self.rdpmc_fixed += o.rdpmc_fixed;
         self.rdpmc_genuine_msr += o.rdpmc_genuine_msr;
         for (a, b) in self.by_mode.iter_mut().zip(&o.by_mode) {

@@ -13,9 +13,9 @@
 //!    of the same MSR number (answered by KVM as before, through KVM_GET_MSRS).
 //!
 //! Not covered: RDPMC executed by guest *user* code (CR4.PCE; perf's self-monitoring mmap page)
-//! and code the guest writes or loads later (modules). On a VT-x/SVM host the alternative is to
-//! keep KVM's RDPMC and push the vPMU's counter values into KVM's PMU with KVM_SET_MSRS before each
-//! KVM_RUN (docs/guest.md).
+//! and code the guest writes or loads later (modules): `--rdpmc trap` ([`super::rdpmc_trap`])
+//! serves those, with no patching, through the guest's #GP handler; `--rdpmc auto` uses it when
+//! this module refuses a site.
 
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
@@ -75,9 +75,9 @@ pub enum RdpmcError {
     Elf(#[from] object::Error),
     #[error("the kernel is not a 64-bit x86 ELF")]
     NotX86_64,
-    #[error("RDPMC at {site} cannot be patched safely: {why}. Run with --rdpmc off (the guest's RDPMC then faults on hosts whose KVM does not serve it)")]
+    #[error("RDPMC at {site} cannot be patched safely: {why}. Run with --rdpmc trap (every guest RDPMC served through its #GP handler, no patching) or --rdpmc off (the guest's RDPMC then faults on hosts whose KVM does not serve it)")]
     Unsafe { site: Site, why: NotProvable },
-    #[error("{0} RDPMC instructions found (more than {MAX_SITES}): this does not look like a kernel's text; run with --rdpmc off")]
+    #[error("{0} RDPMC instructions found (more than {MAX_SITES}): this does not look like a kernel's text; run with --rdpmc trap or --rdpmc off")]
     TooMany(usize),
     #[error("code at {vaddr:#x} ({len:#x} bytes) wraps past the top of the address space")]
     WrapsAddressSpace { vaddr: u64, len: usize },
@@ -92,6 +92,17 @@ pub enum RdpmcError {
         paddr: u64,
         source: vm_memory::GuestMemoryError,
     },
+}
+
+impl RdpmcError {
+    /// The error came before any byte of guest memory was rewritten (the sites were refused or
+    /// could not be found), so the guest can still be served another way (`--rdpmc auto`).
+    pub fn nothing_patched(&self) -> bool {
+        !matches!(
+            self,
+            RdpmcError::NotLoaded { .. } | RdpmcError::Memory { .. }
+        )
+    }
 }
 
 /// A run of executable bytes at a guest-virtual address.

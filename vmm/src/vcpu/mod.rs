@@ -19,11 +19,14 @@ use std::time::Instant;
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
+use crate::arch::x86::ExceptionFrame;
 use crate::control::VmControl;
 use crate::devices::{MmioBus, PioBus};
 use crate::end::{KvmFailure, VmEnd};
 use crate::exit::ExitCounts;
+use crate::host_quirks::idt_trap::{Stopped, TrapError};
 use crate::host_quirks::{self, FixupCounts};
+use crate::pmu::rdpmc_trap::{GpCause, GpOutcome};
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
 use access::{KvmVcpu, VcpuAccess};
 
@@ -60,6 +63,12 @@ pub struct VcpuRunner {
     /// The SYSCALL relay (host quirks only: guest user space on hosts that emulate guest
     /// kernel code).
     pub relay: Option<host_quirks::syscall_relay::VcpuRelay>,
+    /// `--rdpmc trap`: the int3 over the guest's #GP handler (shared), and when this vCPU looks
+    /// at the guest's IDT next.
+    pub gp_trap: Option<(
+        Arc<host_quirks::idt_trap::VectorTrap>,
+        host_quirks::idt_trap::TrapPoll,
+    )>,
     /// Read and write registers through `kvm_run` (KVM_CAP_SYNC_REGS; set by the VM builder
     /// when the host has regs, sregs and events and the run allows it).
     pub sync_regs: bool,
@@ -107,6 +116,7 @@ impl VcpuRunner {
             recorder: None,
             last_exits: Default::default(),
             relay,
+            gp_trap: None,
             sync_regs: false,
         }
     }
@@ -266,26 +276,8 @@ impl VcpuRunner {
                 data: internal.data[..n].to_vec(),
             }));
         }
-        if let Some(relay) = &mut self.relay {
-            use host_quirks::syscall_relay::{Handled, RelayError};
-            match relay.on_emulation_failure(cpu) {
-                Ok(Handled::Done(_)) => return Ok(()),
-                Ok(Handled::NotOurs) => {}
-                Err(e) => {
-                    let (what, error) = match e {
-                        RelayError::Access(error) => ("syscall relay".to_string(), error),
-                        RelayError::Frame { rsp, source } => (
-                            format!("syscall relay: reading the #PF frame at RSP {rsp:#x}"),
-                            source,
-                        ),
-                    };
-                    return Err(VmEnd::KvmFailure(KvmFailure::GuestState {
-                        vcpu: self.id,
-                        what,
-                        error,
-                    }));
-                }
-            }
+        if self.on_trapped_int3(cpu)? {
+            return Ok(());
         }
         let rip = cpu.rip().map_err(|error| {
             VmEnd::KvmFailure(KvmFailure::GuestState {
@@ -316,5 +308,105 @@ impl VcpuRunner {
                 self.id
             ))),
         }
+    }
+
+    /// KVM_EXIT_DEBUG for a guest int3 ([`pmu::setup::TrapPath::GuestDebug`], VT-x/SVM hosts):
+    /// the same handling as an emulation failure at an int3; an int3 that is not the VMM's
+    /// goes back to the guest as the #BP it raised (RIP stays on it: KVM re-injects a software
+    /// exception with the instruction length it saved at the exit).
+    pub(crate) fn on_breakpoint(&mut self, cpu: &mut dyn VcpuAccess) -> Result<(), VmEnd> {
+        if self.on_trapped_int3(cpu)? {
+            return Ok(());
+        }
+        let guest_state = |error| {
+            VmEnd::KvmFailure(KvmFailure::GuestState {
+                vcpu: self.id,
+                what: "giving the guest its #BP".into(),
+                error,
+            })
+        };
+        let mut events = cpu.vcpu_events().map_err(guest_state)?;
+        events.exception.injected = 1;
+        events.exception.nr = crate::arch::x86::VECTOR_BP;
+        events.exception.has_error_code = 0;
+        cpu.set_vcpu_events(&events).map_err(guest_state)
+    }
+
+    /// An int3 the VMM put over a guest exception handler (the RDPMC trap's #GP, the SYSCALL
+    /// relay's #PF): handled here (true), or not one of them (false).
+    fn on_trapped_int3(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
+        if self.on_gp_trap(cpu)? {
+            return Ok(true);
+        }
+        if let Some(relay) = &mut self.relay {
+            use host_quirks::syscall_relay::{Handled, RelayError};
+            match relay.on_emulation_failure(cpu) {
+                Ok(Handled::Done(_)) => return Ok(true),
+                Ok(Handled::NotOurs) => {}
+                Err(e) => {
+                    let (what, error) = match e {
+                        RelayError::Access(error) => ("syscall relay".to_string(), error),
+                        RelayError::Frame { rsp, source } => (
+                            format!("syscall relay: reading the #PF frame at RSP {rsp:#x}"),
+                            source,
+                        ),
+                    };
+                    return Err(VmEnd::KvmFailure(KvmFailure::GuestState {
+                        vcpu: self.id,
+                        what,
+                        error,
+                    }));
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// `--rdpmc trap`: a #GP at the trapped handler is served (an RDPMC the vPMU answers) or
+    /// given to the guest's handler. True if this was the trap's int3.
+    fn on_gp_trap(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
+        let Some((trap, _)) = &self.gp_trap else {
+            return Ok(false);
+        };
+        let id = self.id;
+        let failed = |what: String, error| {
+            VmEnd::KvmFailure(KvmFailure::GuestState {
+                vcpu: id,
+                what,
+                error,
+            })
+        };
+        let stopped = match trap.stopped_at_handler(cpu) {
+            Ok(None) => return Ok(false),
+            Ok(Some(s)) => s,
+            Err(TrapError::Access(e)) => return Err(failed("rdpmc trap".into(), e)),
+            Err(TrapError::Frame { rsp, source }) => {
+                // No frame where the CPU pushes one (guest code jumped to the handler with a
+                // bad RSP): nothing to serve; the guest's handler runs, as it would.
+                log::debug!("rdpmc trap: no #GP frame at RSP {rsp:#x} ({source}): passed on");
+                let regs = cpu.regs().map_err(|e| failed("rdpmc trap".into(), e))?;
+                let stopped = Stopped {
+                    handler: regs.rip,
+                    regs,
+                    frame: ExceptionFrame::default(),
+                };
+                trap.deliver(cpu, &stopped)
+                    .map_err(|e| failed("rdpmc trap: giving the guest its #GP".into(), e))?;
+                if let Some(p) = &mut self.pmu {
+                    p.stats.gp_delivered += 1;
+                }
+                return Ok(true);
+            }
+        };
+        let outcome = match &mut self.pmu {
+            Some(p) => crate::pmu::rdpmc_trap::on_gp(p, &stopped.frame, stopped.regs, cpu)
+                .map_err(|e| failed("rdpmc trap: serving RDPMC".into(), e))?,
+            None => GpOutcome::Deliver(GpCause::NotRdpmc),
+        };
+        if let GpOutcome::Deliver(_) = outcome {
+            trap.deliver(cpu, &stopped)
+                .map_err(|e| failed("rdpmc trap: giving the guest its #GP".into(), e))?;
+        }
+        Ok(true)
     }
 }

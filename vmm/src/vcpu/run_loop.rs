@@ -14,7 +14,7 @@
 //! |10 | test hook (cold)                  | `VmConfig::panic_vcpu_at_exit` (guest_wrong.rs)       | no                   | yes                     |
 //! |11 | `exit::handle` (+ `complete_instruction`) | devices, MSRs (the vPMU), host-quirk fix-ups  | no                   | yes                     |
 //! |12 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due        | no                   | yes                     |
-//! |13 | `VcpuRelay::after_exit`           | SYSCALL relay: install / re-check the int3            | no                   | yes                     |
+//! |13 | `VcpuRelay::after_exit`, `idt_trap::after_exit` | SYSCALL relay, RDPMC trap: install / re-check their int3s | no | yes |
 //! |14 | `KvmVcpu::commit`                 | write back registers changed during this exit         | no                   | yes                     |
 //! |15 | `Ticker::poll`                    | periodic device work (the pinger)                     | no                   | yes                     |
 //! |16 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI / vector / masked)       | no                   | yes                     |
@@ -153,6 +153,11 @@ impl VcpuRunner {
                         ended_vm |= self.control.request_end(end);
                     }
                 }
+                Outcome::Breakpoint => {
+                    if let Err(end) = self.on_breakpoint(&mut cpu) {
+                        ended_vm |= self.control.request_end(end);
+                    }
+                }
                 Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
             }
             // 12-14
@@ -161,6 +166,9 @@ impl VcpuRunner {
             }
             if let Some(r) = &mut self.relay {
                 r.after_exit(&mut cpu);
+            }
+            if let Some((trap, poll)) = &mut self.gp_trap {
+                crate::host_quirks::idt_trap::after_exit(trap, poll, &mut cpu);
             }
             if let Err(error) = cpu.commit() {
                 ended_vm |= self

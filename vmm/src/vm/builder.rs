@@ -31,6 +31,7 @@ use crate::devices::{
     acpi_shutdown::AcpiShutdown, debug_exit, delay, i8042, packet_gate, serial, vpmu_control,
     MmioBus, PioBus, PioDevice,
 };
+use crate::host_quirks::idt_trap::TrapPoll;
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
 use crate::net::{self, pinger::Pinger};
 use crate::pmu::{
@@ -95,6 +96,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         supported.as_slice(),
         &guest.code,
         &mode_switch,
+        quirks.is_some(),
     )?;
     if vpmu.is_none() {
         filter_const_msrs(&vm, &cfg.const_msrs)?;
@@ -103,6 +105,11 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let fixups = Arc::new(FixupCounts::default());
     // Guest user space where the host leaves SYSCALL half done (host quirks only).
     let relay = quirks.map(|_| syscall_relay::SyscallRelay::new(fixups.clone()));
+    // `--rdpmc trap`: the int3 over the guest's #GP handler.
+    let gp_trap = vpmu
+        .as_ref()
+        .and_then(|v| v.rdpmc_trap)
+        .map(|_| Arc::new(gp_trap(fixups.clone())));
     let shared = VcpuShared {
         mem: mem.clone(),
         pio: devices.pio.clone(),
@@ -122,6 +129,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         mode_switch: &mode_switch,
         net_card: devices.net_card.as_ref(),
         relay: relay.as_ref(),
+        gp_trap: gp_trap.as_ref(),
     };
     let mut runners = make_vcpus(&vcpus, &shared)?;
     // For the relay's cost in microseconds (the guest's TSC runs at the host's here).
@@ -510,8 +518,12 @@ pub(super) struct VpmuPlan {
     pub mode: vpmu::AccountingMode,
     /// The model's CPUID edits.
     pub cpuid_edits: Vec<vpmu::cpuid::CpuidEdit>,
-    /// The guest's RDPMC sites, rewritten to RDMSR (empty with `--rdpmc off`).
+    /// The guest's RDPMC sites, rewritten to RDMSR (empty unless `--rdpmc patch`, or auto
+    /// that could patch).
     pub rdpmc: Arc<RdpmcSites>,
+    /// `--rdpmc trap` (or auto that could not patch): how the int3 over the guest's #GP handler
+    /// reaches the VMM.
+    pub rdpmc_trap: Option<pmu::setup::TrapPath>,
 }
 
 /// Chooses the vPMU's model and backend, rewrites the guest's RDPMCs and installs the MSR filter
@@ -523,6 +535,7 @@ fn plan_vpmu(
     supported: &[kvm_cpuid_entry2],
     code: &pmu::setup::GuestCode<'_>,
     mode_switch: &Option<Arc<ModeSwitch>>,
+    quirks: bool,
 ) -> Result<Option<VpmuPlan>, VmError> {
     let Some(mode) = mode_switch.as_ref().map(|m| m.get()) else {
         return Ok(None);
@@ -533,13 +546,40 @@ fn plan_vpmu(
     let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))?;
     let mut ranges = probe.msr_ranges();
     ranges.sort_by_key(|r| *r.start());
-    let rdpmc = match cfg.rdpmc {
+    let trap_path = pmu::setup::trap_path(quirks);
+    let (rdpmc, rdpmc_trap) = match cfg.rdpmc {
         RdpmcSetting::Patch => {
             let sites = pmu::setup::patch_rdpmc(mem, code)?;
-            RdpmcSites::new(probe.rdpmc_ranges(), &sites)
+            (RdpmcSites::new(probe.rdpmc_ranges(), &sites), None)
         }
-        RdpmcSetting::Off => RdpmcSites::default(),
+        RdpmcSetting::Auto => match pmu::setup::patch_rdpmc(mem, code) {
+            Ok(sites) => {
+                log::info!(
+                    "RDPMC (--rdpmc auto): patch: {} site(s) in the guest kernel rewritten",
+                    sites.len()
+                );
+                (RdpmcSites::new(probe.rdpmc_ranges(), &sites), None)
+            }
+            Err(e) if e.nothing_patched() => {
+                log::warn!(
+                    "RDPMC (--rdpmc auto): trap: patching refused ({e}); every guest RDPMC is \
+                     served by trapping the guest's #GP handler instead"
+                );
+                (RdpmcSites::default(), Some(trap_path))
+            }
+            Err(e) => return Err(e.into()),
+        },
+        RdpmcSetting::Trap => (RdpmcSites::default(), Some(trap_path)),
+        RdpmcSetting::Off => (RdpmcSites::default(), None),
     };
+    if let Some(path) = rdpmc_trap {
+        let off = pmu::setup::disable_kvm_pmu(vm)
+            .map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
+        log::info!(
+            "RDPMC trap: int3 over the guest's #GP handler, reaching the VMM by {path:?}; KVM's own PMU {}",
+            if off { "turned off for this VM" } else { "absent (RDPMC faults already)" }
+        );
+    }
     let rdpmc_ranges = if rdpmc.is_empty() {
         Vec::new()
     } else {
@@ -569,7 +609,20 @@ fn plan_vpmu(
         mode,
         cpuid_edits: probe.cpuid_edits(),
         rdpmc: Arc::new(rdpmc),
+        rdpmc_trap,
     }))
+}
+
+/// The int3 over the guest's #GP handler that serves RDPMC (`--rdpmc trap`).
+fn gp_trap(fixups: Arc<FixupCounts>) -> host_quirks::idt_trap::VectorTrap {
+    let names = host_quirks::idt_trap::TrapNames {
+        owner: "rdpmc trap",
+        exception: "#GP",
+        without: "guest RDPMC",
+        reinstalled: "rdpmc trap: re-installed after the guest rewrote its #GP entry",
+        moved: "rdpmc trap: moved after the guest changed its #GP gate",
+    };
+    host_quirks::idt_trap::VectorTrap::new(crate::arch::x86::VECTOR_GP, names, fixups)
 }
 
 /// `VmConfig::const_msrs` without a vPMU: these MSRs exit to user space (answered 0).
@@ -611,6 +664,7 @@ struct VcpuPlan<'a> {
     mode_switch: &'a Option<Arc<ModeSwitch>>,
     net_card: Option<&'a NetCard>,
     relay: Option<&'a Arc<syscall_relay::SyscallRelay>>,
+    gp_trap: Option<&'a Arc<host_quirks::idt_trap::VectorTrap>>,
 }
 
 /// Creates the vCPUs: each with its CPUID, vPMU and boot state (vCPU 0 starts at the entry, the
@@ -657,8 +711,12 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             _ => None,
         };
         let relay = plan.relay.cloned().map(syscall_relay::VcpuRelay::new);
+        if let Some(pmu::setup::TrapPath::GuestDebug) = plan.vpmu.and_then(|v| v.rdpmc_trap) {
+            pmu::setup::trap_int3(&fd).map_err(kvm("KVM_SET_GUEST_DEBUG"))?;
+        }
         let mut runner = VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay);
         runner.sync_regs = sync_regs;
+        runner.gp_trap = plan.gp_trap.cloned().map(|t| (t, TrapPoll::new()));
         runners.push(runner);
     }
     Ok(runners)

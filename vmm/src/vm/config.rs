@@ -115,7 +115,7 @@ impl VmConfig {
             pmu_model: ModelChoice::Auto,
             pmu_backend: BackendChoice::Auto,
             pmi_limit: 2000,
-            rdpmc: RdpmcSetting::Patch,
+            rdpmc: RdpmcSetting::Auto,
             vpmu_schedule: None,
             pmu_event_filter: None,
             io_delay_us: 0,

@@ -21,37 +21,8 @@ pub struct SyscallMsrs {
     pub sfmask: u64,
 }
 
-/// The 64-bit exception frame at the #PF handler's first instruction: error code, RIP, CS,
-/// RFLAGS, RSP, SS (each 8 bytes, from RSP up).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PfFrame {
-    pub error: u64,
-    pub rip: u64,
-    pub cs: u64,
-    pub rflags: u64,
-    pub rsp: u64,
-    pub ss: u64,
-}
-
-impl PfFrame {
-    pub const LEN: usize = 48;
-
-    pub fn from_bytes(b: &[u8; Self::LEN]) -> Self {
-        let q = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        PfFrame {
-            error: q(0),
-            rip: q(1),
-            cs: q(2),
-            rflags: q(3),
-            rsp: q(4),
-            ss: q(5),
-        }
-    }
-
-    fn user(&self) -> bool {
-        self.cs & 3 == 3
-    }
-}
+/// The exception frame at the #PF handler's first instruction.
+pub type PfFrame = crate::arch::x86::ExceptionFrame;
 
 /// What a #PF that reached the relay is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,9 @@
 //! 1. **Install.** Once the guest has an LSTAR and an IDT, the first byte of its #PF handler
 //!    (vector 14's gate) is overwritten with `int3`. An int3 at CPL0 is an emulation failure on
 //!    these hosts, so every #PF then exits to the VMM at the handler's first instruction. Only an
-//!    instruction the relay can step over is displaced (NOP forms, ENDBR64, CLAC); otherwise the
-//!    relay says once why guest user space will not run, and stays off.
+//!    instruction the relay can step over is displaced (NOP forms, ENDBR64, CLAC, `push imm`);
+//!    otherwise the relay says why guest user space will not run, and tries again if the guest
+//!    points its gate at another handler.
 //! 2. **Classify** the exception frame on the guest's kernel stack, as the CPU would tell the cases
 //!    apart: a system call is a user-mode (CPL3) instruction-fetch fault on a present page
 //!    (error 0x15) at LSTAR with CR2 = LSTAR, whose RFLAGS have every SFMASK bit clear and agree
@@ -30,19 +31,20 @@
 //! The relay is on only with host quirks (never on a VT-x/SVM host, where an int3 in the #PF
 //! handler would reach the guest as #BP). Its counts go to the end-of-run fix-up report.
 //!
-//! The code is in three parts: [`classify`](mod@classify) (pure: frame -> what it is, and the
-//! registers a completed SYSCALL leaves), [`patch`](mod@patch) (the int3 in guest memory), and
-//! this module, which reads and writes the vCPU through the access layer
-//! ([`crate::vcpu::access::VcpuAccess`]).
+//! The code is in two parts here: [`classify`](mod@classify) (pure: frame -> what it is, and
+//! the registers a completed SYSCALL leaves) and this module, which reads and writes the vCPU
+//! through the access layer ([`crate::vcpu::access::VcpuAccess`]). The int3 itself (install,
+//! re-check, move, step over) is [`super::idt_trap`], shared with the RDPMC trap.
 
 pub mod classify;
-pub mod patch;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+pub use super::idt_trap::{displaceable, idt_gate_target, Displaced, NotDisplaceable, PatchError};
+use super::idt_trap::{TrapError, TrapNames, TrapPoll, VectorTrap};
 use super::FixupCounts;
-use crate::arch::x86::{CR0_PG, EFER_LMA, MSR_LSTAR, MSR_SFMASK, MSR_STAR, RFLAGS_AC};
+use crate::arch::x86::{MSR_LSTAR, MSR_SFMASK, MSR_STAR, VECTOR_PF};
 use crate::kvm_error::KvmVcpuError;
 use crate::vcpu::access::{AccessError, VcpuAccess};
 use classify::syscall_shaped;
@@ -50,10 +52,6 @@ pub use classify::{
     classify, complete_syscall, kernel_segments, syscall_error_code, PfFrame, PfKind, SyscallMsrs,
     PF_ERR_SYSCALL,
 };
-use patch::Patch;
-pub use patch::{displaceable, idt_gate_target, Displaced, NotDisplaceable, PatchError};
-
-const VECTOR_PF: u64 = crate::arch::x86::VECTOR_PF as u64;
 
 /// Why the relay could not finish with an exception that reached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,6 +62,15 @@ pub enum RelayError {
     Frame { rsp: u64, source: AccessError },
 }
 
+impl From<TrapError> for RelayError {
+    fn from(e: TrapError) -> Self {
+        match e {
+            TrapError::Access(a) => RelayError::Access(a),
+            TrapError::Frame { rsp, source } => RelayError::Frame { rsp, source },
+        }
+    }
+}
+
 /// The fix-up report's names for what the relay did.
 pub mod kinds {
     pub const SYSCALL: &str = "syscall relay: system calls completed";
@@ -72,6 +79,7 @@ pub mod kinds {
     pub const USER_JUMP: &str = "syscall relay: user jump to LSTAR passed to the guest (#PF)";
     pub const REINSTALLED: &str =
         "syscall relay: re-installed after the guest rewrote its #PF entry";
+    pub const MOVED: &str = "syscall relay: moved after the guest changed its #PF gate";
     pub const MSR_REFRESH: &str = "syscall relay: LSTAR/STAR/SFMASK re-read";
 }
 
@@ -91,12 +99,8 @@ pub fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError
 
 /// The relay of one VM.
 pub struct SyscallRelay {
-    patch: Patch,
-    /// Serialises (re)installation.
-    install: Mutex<()>,
-    /// Set when the relay cannot be installed (said once); no more attempts.
-    refused: AtomicBool,
-    fixups: Arc<FixupCounts>,
+    /// The int3 over the guest's #PF handler.
+    pub trap: VectorTrap,
     /// Host TSC cycles spent completing system calls (from the exit to the registers written),
     /// and how many: the VMM's part of a relayed system call.
     syscall_tsc: AtomicU64,
@@ -114,11 +118,15 @@ pub enum Handled {
 
 impl SyscallRelay {
     pub fn new(fixups: Arc<FixupCounts>) -> Arc<Self> {
+        let names = TrapNames {
+            owner: "syscall relay",
+            exception: "#PF",
+            without: "guest user space",
+            reinstalled: kinds::REINSTALLED,
+            moved: kinds::MOVED,
+        };
         Arc::new(SyscallRelay {
-            patch: Patch::default(),
-            install: Mutex::new(()),
-            refused: AtomicBool::new(false),
-            fixups,
+            trap: VectorTrap::new(VECTOR_PF, names, fixups),
             syscall_tsc: AtomicU64::new(0),
             syscalls: AtomicU64::new(0),
         })
@@ -133,17 +141,11 @@ impl SyscallRelay {
     }
 
     pub fn installed_at(&self) -> Option<u64> {
-        self.patch.installed_at()
+        self.trap.installed_at()
     }
 
-    fn displaced(&self) -> Displaced {
-        self.patch.displaced()
-    }
-
-    fn refuse(&self, why: impl std::fmt::Display) {
-        if !self.refused.swap(true, Ordering::AcqRel) {
-            log::warn!("syscall relay: guest user space will NOT run on this host: {why}");
-        }
+    fn fixups(&self) -> &FixupCounts {
+        self.trap.fixups()
     }
 
     /// Installs the int3 once the guest has an LSTAR and a #PF gate (called after exits until it
@@ -152,111 +154,29 @@ impl SyscallRelay {
         if self.installed_at().is_some() {
             return true;
         }
-        if self.refused.load(Ordering::Acquire) {
-            return false;
-        }
-        let Ok(msrs) = syscall_msrs(cpu) else {
-            return false;
-        };
-        if msrs.lstar == 0 {
-            return false;
-        }
-        let Ok(sregs) = cpu.sregs() else {
-            return false;
-        };
-        if sregs.cr0 & CR0_PG == 0 || sregs.efer & EFER_LMA == 0 {
-            return false;
-        }
-        if u64::from(sregs.idt.limit) < VECTOR_PF * 16 + 15 {
-            return false;
-        }
-        let mut gate = [0u8; 16];
-        if cpu
-            .read_virt(sregs.idt.base + VECTOR_PF * 16, &mut gate)
-            .is_err()
-        {
-            return false;
-        }
-        let Some(handler) = idt_gate_target(&gate) else {
-            return false;
-        };
-        let Ok(gpa) = cpu.translate(handler) else {
-            return false;
-        };
-        let mem = cpu.memory();
-        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
-        if self.installed_at().is_some() {
-            return true;
-        }
-        match self.patch.patch_at(mem, handler, gpa) {
-            Ok(d) => {
-                log::info!(
-                    "syscall relay: int3 over the guest's #PF handler at {handler:#x} ({d:?}); \
-                     LSTAR {:#x}: guest system calls are completed by the VMM",
-                    msrs.lstar
-                );
-                true
-            }
-            Err(why) => {
-                self.refuse(why);
-                false
-            }
-        }
-    }
-
-    /// After every exit: installs the relay when the guest is ready, and puts the int3 back if
-    /// the guest rewrote the handler's first bytes. Costs one memory read once installed.
-    pub fn after_exit(&self, cpu: &mut dyn VcpuAccess) {
-        let Some(gva) = self.patch.installed_at() else {
-            if !self.refused.load(Ordering::Relaxed) {
-                self.try_install(cpu);
-            }
-            return;
-        };
-        let mem = cpu.memory();
-        if self.patch.intact(mem) {
-            return;
-        }
-        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
-        if self.patch.intact(mem) {
-            return;
-        }
-        let gpa = self.patch.gpa();
-        match self.patch.patch_at(mem, gva, gpa) {
-            Ok(d) => {
-                if self.fixups.record(kinds::REINSTALLED) {
-                    log::info!("syscall relay: the guest rewrote its #PF handler entry; int3 put back over {d:?}");
+        match syscall_msrs(cpu) {
+            Ok(msrs) if msrs.lstar != 0 => {
+                let done = self.trap.try_install(cpu);
+                if done {
+                    log::info!(
+                        "syscall relay: LSTAR {:#x}: guest system calls are completed by the VMM",
+                        msrs.lstar
+                    );
                 }
+                done
             }
-            Err(why) => {
-                self.patch.uninstall();
-                self.refuse(format!("after the guest rewrote it, {why}"));
-            }
+            _ => false,
         }
     }
 }
-
-/// Until the relay is installed, a vCPU looks for the guest's LSTAR and IDT (two ioctls) at
-/// most once per this many host TSC cycles (about 2 ms): looking after every exit cost ~10 us
-/// per exit in guests that never set LSTAR, VMM work that domain-switch then charged.
-const POLL_INTERVAL_TSC: u64 = 5_000_000;
-
-/// Each look that finds the guest not ready doubles the interval, up to this (about 64 ms at
-/// 2.6 GHz): a guest that never sets LSTAR (a tiny guest, a kernel without user space) then
-/// pays ~12 us per 64 ms instead of per 2 ms. The ~12 us fell on the PMI exit of every sample
-/// of the PMI benchmark guest, whose only exits are PMIs ~2 ms apart: half the VMM's cost per
-/// delivered sample (issue 20 item 2, P2). A Linux guest sets LSTAR early in boot, tens of
-/// seconds here before its first system call from user space.
-const MAX_POLL_INTERVAL_TSC: u64 = 32 * POLL_INTERVAL_TSC;
 
 /// One vCPU's view of the relay: its SYSCALL MSRs, read once and kept.
 pub struct VcpuRelay {
     pub shared: Arc<SyscallRelay>,
     msrs: Option<SyscallMsrs>,
-    /// TSC before which this vCPU does not look for LSTAR/IDT again (not installed yet).
-    next_poll: u64,
-    /// The wait after the next look that finds the guest not ready (doubles each time).
-    poll_interval: u64,
+    /// When this vCPU looks at the guest's LSTAR and IDT next (not installed yet), or at the
+    /// #PF gate (installed).
+    poll: TrapPoll,
 }
 
 impl VcpuRelay {
@@ -264,24 +184,25 @@ impl VcpuRelay {
         VcpuRelay {
             shared,
             msrs: None,
-            next_poll: 0,
-            poll_interval: POLL_INTERVAL_TSC,
+            poll: TrapPoll::new(),
         }
     }
 
-    /// After every exit: one memory read once installed; before that, a look at the guest's
-    /// LSTAR and IDT at most every [`POLL_INTERVAL_TSC`], backing off to
-    /// [`MAX_POLL_INTERVAL_TSC`] while the guest is not ready.
+    /// After every exit: one memory read once installed (and a look at the #PF gate now and
+    /// then); before that, a look at the guest's LSTAR and IDT at most every
+    /// [`super::idt_trap::POLL_INTERVAL_TSC`].
     pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
-        if self.shared.installed_at().is_none() {
-            let now = crate::tsc::now();
-            if now < self.next_poll {
-                return;
+        let trap = &self.shared.trap;
+        if trap.installed_at().is_none() {
+            if self.poll.due() {
+                self.shared.try_install(cpu);
             }
-            self.next_poll = now.saturating_add(self.poll_interval);
-            self.poll_interval = (2 * self.poll_interval).min(MAX_POLL_INTERVAL_TSC);
+            return;
         }
-        self.shared.after_exit(cpu);
+        trap.recheck_entry(cpu);
+        if self.poll.due() {
+            trap.recheck_gate(cpu);
+        }
     }
 
     /// An emulation failure: if the vCPU stopped on the patched handler, relay the system call
@@ -290,22 +211,14 @@ impl VcpuRelay {
         &mut self,
         cpu: &mut dyn VcpuAccess,
     ) -> Result<Handled, RelayError> {
-        let Some(handler) = self.shared.installed_at() else {
+        let trap = &self.shared.trap;
+        let start = crate::tsc::now();
+        let Some(stopped) = trap.stopped_at_handler(cpu)? else {
             return Ok(Handled::NotOurs);
         };
-        let start = crate::tsc::now();
-        let mut regs = cpu.regs()?;
-        if regs.rip != handler {
-            return Ok(Handled::NotOurs);
-        }
+        let frame = stopped.frame;
+        let mut regs = stopped.regs;
         let mut sregs = cpu.sregs()?;
-        let mut raw = [0u8; PfFrame::LEN];
-        cpu.read_virt(regs.rsp, &mut raw)
-            .map_err(|source| RelayError::Frame {
-                rsp: regs.rsp,
-                source,
-            })?;
-        let frame = PfFrame::from_bytes(&raw);
         let msrs = match self.msrs {
             Some(m) => m,
             None => *self.msrs.insert(syscall_msrs(cpu)?),
@@ -317,7 +230,7 @@ impl VcpuRelay {
             let fresh = syscall_msrs(cpu)?;
             if fresh != msrs {
                 self.msrs = Some(fresh);
-                self.shared.fixups.record(kinds::MSR_REFRESH);
+                self.shared.fixups().record(kinds::MSR_REFRESH);
                 kind = classify(&frame, sregs.cr2, regs.r11, &fresh, fetch_error);
             }
         }
@@ -334,16 +247,9 @@ impl VcpuRelay {
                 self.shared.syscall_tsc.fetch_add(spent, Ordering::Relaxed);
                 self.shared.syscalls.fetch_add(1, Ordering::Relaxed);
             }
-            _ => {
-                let d = self.shared.displaced();
-                regs.rip = handler + u64::from(d.length());
-                if let Displaced::Clac(_) = d {
-                    regs.rflags &= !RFLAGS_AC;
-                }
-                cpu.set_regs(&regs)?;
-            }
+            _ => trap.deliver(cpu, &stopped)?,
         }
-        if self.shared.fixups.record(kind.report_name()) {
+        if self.shared.fixups().record(kind.report_name()) {
             log::info!(
                 "{} (first: frame RIP {:#x} CS {:#x} error {:#x})",
                 kind.report_name(),
@@ -359,7 +265,7 @@ impl VcpuRelay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arch::x86::{translate as walk, Paging};
+    use crate::arch::x86::{translate as walk, Paging, CR0_PG, EFER_LMA, RFLAGS_AC};
     use crate::vcpu::access::fake::FakeVcpu;
 
     fn set_msrs(cpu: &mut FakeVcpu, m: SyscallMsrs) {
@@ -374,9 +280,9 @@ mod tests {
         })
     }
 
+    use crate::host_quirks::idt_trap::INT3;
     use classify::tests::{syscall_frame, LSTAR, MSRS};
     use kvm_bindings::{kvm_regs, kvm_sregs};
-    use patch::INT3;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     /// A guest memory with 4-level tables: `va` -> `pa` in 4 KiB pages, plus one 2 MiB page.
@@ -592,11 +498,36 @@ mod tests {
         let mut v = VcpuRelay::new(shared.clone());
         v.after_exit(&mut cpu);
         assert_eq!(shared.installed_at(), None);
-        assert!(shared.refused.load(Ordering::Acquire));
+        assert!(shared.trap.refused());
         assert_eq!(
             cpu.mem.read_obj::<u8>(GuestAddress(HANDLER_PA)).unwrap(),
             0x55
         );
+        // Not tried again on the same handler; tried, and installed, once the guest's gate names
+        // another one (an early-boot handler, then the final one).
+        v.poll.reset();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), None);
+        cpu.mem
+            .write_slice(&[0x90], GuestAddress(HANDLER_PA + 0x100))
+            .unwrap();
+        point_gate(&cpu, HANDLER + 0x100);
+        v.poll.reset();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(HANDLER + 0x100));
+        assert!(!shared.trap.refused());
+    }
+
+    /// Points the guest's #PF gate at `handler`.
+    fn point_gate(cpu: &FakeVcpu, handler: u64) {
+        let mut gate = [0u8; 16];
+        gate[0..2].copy_from_slice(&(handler as u16).to_le_bytes());
+        gate[5] = 0x8e;
+        gate[6..8].copy_from_slice(&((handler >> 16) as u16).to_le_bytes());
+        gate[8..12].copy_from_slice(&((handler >> 32) as u32).to_le_bytes());
+        cpu.mem
+            .write_slice(&gate, GuestAddress(IDT_PA + 14 * 16))
+            .unwrap();
     }
 
     #[test]
@@ -608,7 +539,7 @@ mod tests {
         cpu.msrs.insert(MSR_LSTAR, LSTAR);
         cpu.sregs.idt.limit = 14 * 16;
         assert!(!shared.try_install(&mut cpu));
-        assert!(!shared.refused.load(Ordering::Acquire), "tries again later");
+        assert!(!shared.trap.refused(), "tries again later");
         cpu.sregs.idt.limit = 0xfff;
         assert!(shared.try_install(&mut cpu));
     }
@@ -623,16 +554,7 @@ mod tests {
         v.after_exit(&mut cpu);
         v.after_exit(&mut cpu);
         assert_eq!(cpu.msr_reads, 1, "one look per poll interval, not per exit");
-        // Each look that finds the guest not ready waits twice as long, up to the cap.
-        let mut waits = Vec::new();
-        for _ in 0..8 {
-            v.next_poll = 0;
-            let before = crate::tsc::now();
-            v.after_exit(&mut cpu);
-            waits.push((v.next_poll - before) / POLL_INTERVAL_TSC);
-        }
-        assert_eq!(waits, [2, 4, 8, 16, 32, 32, 32, 32]);
-        v.next_poll = 0;
+        v.poll.reset();
         cpu.msrs.insert(MSR_LSTAR, LSTAR);
         v.after_exit(&mut cpu);
         assert_eq!(v.shared.installed_at(), Some(HANDLER));
@@ -655,7 +577,7 @@ mod tests {
         );
         assert_eq!(fixups.snapshot(), vec![(kinds::REINSTALLED, 1)]);
         // A fault now steps over the 3-byte NOP.
-        assert_eq!(shared.displaced(), Displaced::Nop(3));
+        assert_eq!(shared.trap.displaced(), Displaced::Nop(3));
         cpu.mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap(); // error: user read
         assert_eq!(
             v.on_emulation_failure(&mut cpu),
@@ -672,5 +594,68 @@ mod tests {
         v.after_exit(&mut cpu);
         cpu.regs.rsp = 0xffff_8888_0000_0000;
         assert!(v.on_emulation_failure(&mut cpu).is_err());
+    }
+
+    #[test]
+    fn a_moved_gate_moves_the_int3_and_puts_the_old_byte_back() {
+        let mut cpu = guest(&[0x90, 0x90, 0x90], &syscall_frame(), LSTAR);
+        let (shared, fixups) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(HANDLER));
+        // The guest points its #PF gate at a new handler (an ENDBR64) on the same page.
+        let new = HANDLER + 0x100;
+        cpu.mem
+            .write_slice(&[0xf3, 0x0f, 0x1e, 0xfa], GuestAddress(HANDLER_PA + 0x100))
+            .unwrap();
+        point_gate(&cpu, new);
+        v.after_exit(&mut cpu);
+        assert_eq!(
+            shared.installed_at(),
+            Some(HANDLER),
+            "not looked at before the poll"
+        );
+        v.poll.reset();
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.installed_at(), Some(new));
+        let byte = |cpu: &FakeVcpu, pa| cpu.mem.read_obj::<u8>(GuestAddress(pa)).unwrap();
+        assert_eq!(
+            byte(&cpu, HANDLER_PA),
+            0x90,
+            "the old handler's NOP is back"
+        );
+        assert_eq!(byte(&cpu, HANDLER_PA + 0x100), INT3);
+        assert_eq!(shared.trap.displaced(), Displaced::Nop(4));
+        assert_eq!(fixups.snapshot(), vec![(kinds::MOVED, 1)]);
+        // A #PF now stops at the new handler and steps over its ENDBR64.
+        cpu.regs.rip = new;
+        cpu.mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap();
+        assert_eq!(
+            v.on_emulation_failure(&mut cpu),
+            Ok(Handled::Done(PfKind::UserFault))
+        );
+        assert_eq!(cpu.regs.rip, new + 4);
+    }
+
+    #[test]
+    fn a_displaced_push_is_pushed_when_the_fault_goes_to_the_guest() {
+        let user = PfFrame {
+            error: 0x6,
+            rip: 0x40_1000,
+            ..syscall_frame()
+        };
+        // kvm-unit-tests' entry stub: pushq $14; jmp __handle_exception
+        let mut cpu = guest(&[0x6a, 0x0e, 0xe9, 0, 0, 0, 0], &user, 0x50_0000);
+        let (shared, _) = relay();
+        let mut v = VcpuRelay::new(shared.clone());
+        v.after_exit(&mut cpu);
+        assert_eq!(shared.trap.displaced(), Displaced::Push(2, 14));
+        assert_eq!(
+            v.on_emulation_failure(&mut cpu),
+            Ok(Handled::Done(PfKind::UserFault))
+        );
+        assert_eq!((cpu.regs.rip, cpu.regs.rsp), (HANDLER + 2, STACK - 8));
+        let pushed: u64 = cpu.mem.read_obj(GuestAddress(STACK_PA - 8)).unwrap();
+        assert_eq!(pushed, 14);
     }
 }

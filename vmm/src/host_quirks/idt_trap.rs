@@ -1,0 +1,605 @@
+//! Trapping one guest exception vector through an int3 over the first instruction of its IDT
+//! handler: which first instructions can be displaced (and stood in for), where the handler is
+//! (the IDT gate), the patch itself — written into guest memory, re-checked after exits
+//! (alternatives patching can rewrite the entry) and moved when the guest points the gate
+//! elsewhere (a new IDT, or a new handler) — and what a trapped exception looks like to the VMM
+//! (the vCPU stopped on the handler, its frame on the stack).
+//!
+//! An int3 at guest CPL0 is an emulation failure on hosts whose KVM emulates guest kernel code,
+//! so each exception of that vector then exits to the VMM. On a VT-x/SVM host the same int3
+//! reaches the VMM as KVM_EXIT_DEBUG once KVM_SET_GUEST_DEBUG has KVM_GUESTDBG_USE_SW_BP: both
+//! exits arrive at the owner's one handler ([`VectorTrap::stopped_at_handler`]). Used by the
+//! SYSCALL relay (#PF) and the RDPMC trap (#GP, `pmu::rdpmc_trap`).
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic, OpKind};
+use kvm_bindings::kvm_regs;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::FixupCounts;
+use crate::arch::x86::{ExceptionFrame, CR0_PG, EFER_LMA, RFLAGS_AC};
+use crate::vcpu::access::{AccessError, VcpuAccess};
+
+pub const INT3: u8 = 0xcc;
+
+/// Why the handler's first instruction cannot be displaced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotDisplaceable {
+    #[error("invalid bytes {0:02x?}")]
+    Invalid(Vec<u8>),
+    #[error("`{0}`")]
+    Instruction(String),
+}
+
+/// Why the int3 cannot be put over a handler (its owner then stays off, said once).
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    #[error("reading the handler at {gva:#x}: {source}")]
+    Read {
+        gva: u64,
+        source: vm_memory::GuestMemoryError,
+    },
+    #[error("the handler at {gva:#x} starts with {what}, which the VMM cannot step over")]
+    Refused { gva: u64, what: NotDisplaceable },
+    #[error("patching the handler at {gva:#x}: {source}")]
+    Write {
+        gva: u64,
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// The instruction the int3 displaces, and what stepping over it must do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Displaced {
+    /// NOP forms and ENDBR64: nothing.
+    Nop(u8),
+    /// CLAC: clear RFLAGS.AC.
+    Clac(u8),
+    /// `push imm` (64-bit operand size): push the sign-extended immediate. The entry stubs of
+    /// Linux's early IDT and of kvm-unit-tests start with one (`pushq $13`).
+    Push(u8, u64),
+}
+
+impl Displaced {
+    /// Bytes to step over (an instruction: never 0).
+    pub fn length(self) -> u8 {
+        match self {
+            Displaced::Nop(n) | Displaced::Clac(n) | Displaced::Push(n, _) => n,
+        }
+    }
+}
+
+/// Decodes the handler's first instruction; Ok if the VMM can stand in for it, else what it
+/// is (for the message that says why the trap is off).
+pub fn displaceable(bytes: &[u8], ip: u64) -> Result<Displaced, NotDisplaceable> {
+    let mut dec = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
+    let instr = dec.decode();
+    let len = instr.len() as u8;
+    match instr.mnemonic() {
+        _ if instr.is_invalid() => Err(NotDisplaceable::Invalid(
+            bytes[..bytes.len().min(4)].to_vec(),
+        )),
+        Mnemonic::Nop | Mnemonic::Endbr64 => Ok(Displaced::Nop(len)),
+        Mnemonic::Clac => Ok(Displaced::Clac(len)),
+        Mnemonic::Push
+            if matches!(
+                instr.op0_kind(),
+                OpKind::Immediate8to64 | OpKind::Immediate32to64
+            ) =>
+        {
+            Ok(Displaced::Push(len, instr.immediate(0)))
+        }
+        _ => {
+            let mut text = String::new();
+            IntelFormatter::new().format(&instr, &mut text);
+            Err(NotDisplaceable::Instruction(text))
+        }
+    }
+}
+
+/// The handler address in a 16-byte 64-bit IDT gate, if the gate is a present interrupt or trap
+/// gate.
+pub fn idt_gate_target(gate: &[u8; 16]) -> Option<u64> {
+    let attr = gate[5];
+    let present = attr & 0x80 != 0;
+    let kind = attr & 0x1f;
+    if !present || !(kind == 0x0e || kind == 0x0f) {
+        return None;
+    }
+    let lo = u64::from(u16::from_le_bytes([gate[0], gate[1]]));
+    let mid = u64::from(u16::from_le_bytes([gate[6], gate[7]]));
+    let hi = u64::from(u32::from_le_bytes(gate[8..12].try_into().unwrap()));
+    Some(lo | (mid << 16) | (hi << 32))
+}
+
+/// Where the int3 sits (shared by all vCPUs: the handler is in the guest's shared kernel text).
+#[derive(Default)]
+struct Patch {
+    /// Guest-virtual address of the handler (0: not installed).
+    gva: AtomicU64,
+    /// Its guest-physical address.
+    gpa: AtomicU64,
+    /// Length of the displaced instruction; bit 7 set: it is CLAC; bit 6: a push of `pushed`.
+    displaced: AtomicU8,
+    pushed: AtomicU64,
+    /// The byte the int3 replaced (put back when the guest moves its handler).
+    original: AtomicU8,
+}
+
+impl Patch {
+    /// The handler's guest-virtual address, once installed.
+    fn installed_at(&self) -> Option<u64> {
+        match self.gva.load(Ordering::Acquire) {
+            0 => None,
+            a => Some(a),
+        }
+    }
+
+    fn gpa(&self) -> u64 {
+        self.gpa.load(Ordering::Acquire)
+    }
+
+    /// Marks the patch gone (the guest rewrote the entry with something not displaceable).
+    fn uninstall(&self) {
+        self.gva.store(0, Ordering::Release);
+    }
+
+    fn displaced(&self) -> Displaced {
+        let d = self.displaced.load(Ordering::Acquire);
+        let len = d & 0x3f;
+        if d & 0x80 != 0 {
+            Displaced::Clac(len)
+        } else if d & 0x40 != 0 {
+            Displaced::Push(len, self.pushed.load(Ordering::Acquire))
+        } else {
+            Displaced::Nop(len)
+        }
+    }
+
+    /// Whether the int3 is still at the patched byte (one guest-memory read).
+    fn intact(&self, mem: &GuestMemoryMmap) -> bool {
+        mem.read_obj::<u8>(GuestAddress(self.gpa())).ok() == Some(INT3)
+    }
+
+    /// Patches the handler at `gva` (physical `gpa`) if its first instruction can be displaced.
+    fn patch_at(&self, mem: &GuestMemoryMmap, gva: u64, gpa: u64) -> Result<Displaced, PatchError> {
+        let mut bytes = [0u8; 15];
+        let n = (0x1000 - (gpa & 0xfff) as usize).min(15);
+        mem.read_slice(&mut bytes[..n], GuestAddress(gpa))
+            .map_err(|source| PatchError::Read { gva, source })?;
+        let d = displaceable(&bytes[..n], gva).map_err(|what| PatchError::Refused { gva, what })?;
+        mem.write_obj(INT3, GuestAddress(gpa))
+            .map_err(|source| PatchError::Write { gva, source })?;
+        self.original.store(bytes[0], Ordering::Release);
+        let code = match d {
+            Displaced::Nop(n) => n,
+            Displaced::Clac(n) => n | 0x80,
+            Displaced::Push(n, value) => {
+                self.pushed.store(value, Ordering::Release);
+                n | 0x40
+            }
+        };
+        self.displaced.store(code, Ordering::Release);
+        self.gpa.store(gpa, Ordering::Release);
+        self.gva.store(gva, Ordering::Release);
+        Ok(d)
+    }
+
+    /// Puts the displaced byte back (the guest moved its handler away from it) if the int3 is
+    /// still there, and marks the patch gone.
+    fn restore(&self, mem: &GuestMemoryMmap) {
+        if self.intact(mem) {
+            let _ = mem.write_obj(
+                self.original.load(Ordering::Acquire),
+                GuestAddress(self.gpa()),
+            );
+        }
+        self.uninstall();
+    }
+}
+
+/// What a trap calls itself in its log lines and in the fix-up report.
+#[derive(Debug, Clone, Copy)]
+pub struct TrapNames {
+    /// The owner, as log lines start: "syscall relay".
+    pub owner: &'static str,
+    /// The vector's name: "#PF".
+    pub exception: &'static str,
+    /// What the guest loses while the trap is off (said once when it is refused).
+    pub without: &'static str,
+    /// The fix-up report's name for a re-installation after the guest rewrote the entry.
+    pub reinstalled: &'static str,
+    /// ... and for a move after the guest pointed its gate at another handler.
+    pub moved: &'static str,
+}
+
+/// Why a trapped exception could not be looked at.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrapError {
+    #[error("{0}")]
+    Access(#[from] AccessError),
+    #[error("cannot read the exception frame at RSP {rsp:#x}: {source}")]
+    Frame { rsp: u64, source: AccessError },
+}
+
+/// The vCPU stopped on the trapped handler: its registers and the exception frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopped {
+    pub handler: u64,
+    pub regs: kvm_regs,
+    pub frame: ExceptionFrame,
+}
+
+/// The int3 over one vector's handler, shared by every vCPU of a VM.
+pub struct VectorTrap {
+    vector: u8,
+    names: TrapNames,
+    patch: Patch,
+    /// Serialises (re)installation.
+    install: Mutex<()>,
+    /// The handler last refused (its entry cannot be displaced; 0: none): not tried again
+    /// until the guest's gate names another one (an early-boot handler is often refused, the
+    /// final one not).
+    refused_at: AtomicU64,
+    /// Refusals said at warning level so far (a guest flipping its gate cannot flood the log).
+    warnings: AtomicU64,
+    fixups: Arc<FixupCounts>,
+}
+
+impl VectorTrap {
+    pub fn new(vector: u8, names: TrapNames, fixups: Arc<FixupCounts>) -> Self {
+        VectorTrap {
+            vector,
+            names,
+            patch: Patch::default(),
+            install: Mutex::new(()),
+            refused_at: AtomicU64::new(0),
+            warnings: AtomicU64::new(0),
+            fixups,
+        }
+    }
+
+    pub fn names(&self) -> &TrapNames {
+        &self.names
+    }
+
+    pub fn fixups(&self) -> &FixupCounts {
+        &self.fixups
+    }
+
+    /// The patched handler's guest-virtual address, once installed.
+    pub fn installed_at(&self) -> Option<u64> {
+        self.patch.installed_at()
+    }
+
+    pub fn displaced(&self) -> Displaced {
+        self.patch.displaced()
+    }
+
+    /// Whether the trap is off because the handler the guest's gate named last was refused.
+    pub fn refused(&self) -> bool {
+        self.installed_at().is_none() && self.refused_at.load(Ordering::Acquire) != 0
+    }
+
+    /// Leaves `handler` alone (the trap stays off until the gate names another handler), saying
+    /// why (at warning level for the first few).
+    fn refuse(&self, handler: u64, why: impl std::fmt::Display) {
+        if self.refused_at.swap(handler, Ordering::AcqRel) == handler {
+            return;
+        }
+        if self.warnings.fetch_add(1, Ordering::Relaxed) < MAX_REFUSAL_WARNINGS {
+            log::warn!(
+                "{}: {} will NOT work on this host while the guest's {} handler is the one at \
+                 {handler:#x}: {why}",
+                self.names.owner,
+                self.names.without,
+                self.names.exception
+            );
+        } else {
+            log::debug!(
+                "{}: refused the handler at {handler:#x}: {why}",
+                self.names.owner
+            );
+        }
+    }
+
+    /// The handler the guest's IDT names for the vector now, and its guest-physical address;
+    /// None until the guest is in long mode with paging and a present gate for the vector.
+    pub fn handler_in_idt(&self, cpu: &mut dyn VcpuAccess) -> Option<(u64, u64)> {
+        let sregs = cpu.sregs().ok()?;
+        if sregs.cr0 & CR0_PG == 0 || sregs.efer & EFER_LMA == 0 {
+            return None;
+        }
+        let offset = u64::from(self.vector) * 16;
+        if u64::from(sregs.idt.limit) < offset + 15 {
+            return None;
+        }
+        let mut gate = [0u8; 16];
+        cpu.read_virt(sregs.idt.base.wrapping_add(offset), &mut gate)
+            .ok()?;
+        let handler = idt_gate_target(&gate)?;
+        let gpa = cpu.translate(handler).ok()?;
+        Some((handler, gpa))
+    }
+
+    /// Installs the int3 once the guest has a gate for the vector. Returns whether it is
+    /// installed now.
+    pub fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
+        if self.installed_at().is_some() {
+            return true;
+        }
+        let Some((handler, gpa)) = self.handler_in_idt(cpu) else {
+            return false;
+        };
+        if self.refused_at.load(Ordering::Acquire) == handler {
+            return false;
+        }
+        let mem = cpu.memory();
+        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
+        if self.installed_at().is_some() {
+            return true;
+        }
+        match self.patch.patch_at(mem, handler, gpa) {
+            Ok(d) => {
+                log::info!(
+                    "{}: int3 over the guest's {} handler at {handler:#x} ({d:?})",
+                    self.names.owner,
+                    self.names.exception
+                );
+                true
+            }
+            Err(why) => {
+                self.refuse(handler, why);
+                false
+            }
+        }
+    }
+
+    /// After every exit, once installed: puts the int3 back if the guest rewrote the handler's
+    /// first bytes (one guest-memory read when nothing changed).
+    pub fn recheck_entry(&self, cpu: &mut dyn VcpuAccess) {
+        let Some(gva) = self.patch.installed_at() else {
+            return;
+        };
+        let mem = cpu.memory();
+        if self.patch.intact(mem) {
+            return;
+        }
+        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
+        if self.installed_at() != Some(gva) || self.patch.intact(mem) {
+            return;
+        }
+        match self.patch.patch_at(mem, gva, self.patch.gpa()) {
+            Ok(d) => {
+                if self.fixups.record(self.names.reinstalled) {
+                    log::info!(
+                        "{}: the guest rewrote its {} handler entry; int3 put back over {d:?}",
+                        self.names.owner,
+                        self.names.exception
+                    );
+                }
+            }
+            Err(why) => {
+                self.patch.uninstall();
+                self.refuse(gva, format!("after the guest rewrote it, {why}"));
+            }
+        }
+    }
+
+    /// Now and then, once installed: if the guest's IDT now names another handler for the
+    /// vector (a new IDT, or a new gate), the displaced byte goes back and the new handler is
+    /// patched.
+    pub fn recheck_gate(&self, cpu: &mut dyn VcpuAccess) {
+        let Some(gva) = self.patch.installed_at() else {
+            return;
+        };
+        let Some((handler, gpa)) = self.handler_in_idt(cpu) else {
+            return;
+        };
+        if handler == gva && gpa == self.patch.gpa() {
+            return;
+        }
+        let mem = cpu.memory();
+        let _g = self.install.lock().unwrap_or_else(|e| e.into_inner());
+        if self.installed_at() != Some(gva) {
+            return;
+        }
+        self.patch.restore(mem);
+        match self.patch.patch_at(mem, handler, gpa) {
+            Ok(d) => {
+                if self.fixups.record(self.names.moved) {
+                    log::info!(
+                        "{}: the guest's {} gate moved from {gva:#x} to {handler:#x}; int3 moved ({d:?})",
+                        self.names.owner,
+                        self.names.exception
+                    );
+                }
+            }
+            Err(why) => self.refuse(handler, format!("after the guest moved its handler, {why}")),
+        }
+    }
+
+    /// At an emulation failure (or a KVM_EXIT_DEBUG for an int3): None if the vCPU is not on
+    /// the patched handler (not this trap's), else its registers and the exception frame.
+    pub fn stopped_at_handler(
+        &self,
+        cpu: &mut dyn VcpuAccess,
+    ) -> Result<Option<Stopped>, TrapError> {
+        let Some(handler) = self.installed_at() else {
+            return Ok(None);
+        };
+        let regs = cpu.regs()?;
+        if regs.rip != handler {
+            return Ok(None);
+        }
+        let mut raw = [0u8; ExceptionFrame::LEN];
+        cpu.read_virt(regs.rsp, &mut raw)
+            .map_err(|source| TrapError::Frame {
+                rsp: regs.rsp,
+                source,
+            })?;
+        Ok(Some(Stopped {
+            handler,
+            regs,
+            frame: ExceptionFrame::from_bytes(&raw),
+        }))
+    }
+
+    /// Lets the guest's own handler take the exception: steps over the displaced instruction
+    /// (doing what it does) and resumes there.
+    pub fn deliver(&self, cpu: &mut dyn VcpuAccess, stopped: &Stopped) -> Result<(), AccessError> {
+        let mut regs = stopped.regs;
+        let d = self.displaced();
+        regs.rip = stopped.handler.wrapping_add(u64::from(d.length()));
+        match d {
+            Displaced::Nop(_) => {}
+            Displaced::Clac(_) => regs.rflags &= !RFLAGS_AC,
+            Displaced::Push(_, value) => {
+                regs.rsp = regs.rsp.wrapping_sub(8);
+                cpu.write_virt(regs.rsp, &value.to_le_bytes())?;
+            }
+        }
+        cpu.set_regs(&regs)
+    }
+}
+
+/// Refusals logged at warning level (the rest at debug level).
+const MAX_REFUSAL_WARNINGS: u64 = 4;
+
+/// Host TSC cycles between a vCPU's looks at a trap that is not installed yet, and between its
+/// looks at the IDT gate once it is (about 2 ms): looking after every exit cost ~10 us per exit
+/// in guests that never set up the vector, VMM work that domain-switch then charged.
+pub const POLL_INTERVAL_TSC: u64 = 5_000_000;
+
+/// One vCPU's side of a trap: when it looks at the guest's IDT next.
+pub struct TrapPoll {
+    next: u64,
+    /// The wait after the next look (doubles at each look, up to [`MAX_POLL_INTERVAL_TSC`]).
+    interval: u64,
+}
+
+/// Each look doubles the wait before the next one, up to this (about 64 ms at 2.6 GHz): a guest
+/// that never sets LSTAR (a tiny guest, a kernel without user space) then pays ~12 us per 64 ms
+/// instead of per 2 ms. The ~12 us fell on the PMI exit of every sample of the PMI benchmark
+/// guest, whose only exits are PMIs ~2 ms apart: half the VMM's cost per delivered sample
+/// (issue 20 item 2, P2). A Linux guest sets LSTAR and moves its IDT gates early in boot, tens of
+/// seconds here before its first system call from user space.
+pub const MAX_POLL_INTERVAL_TSC: u64 = 32 * POLL_INTERVAL_TSC;
+
+impl Default for TrapPoll {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TrapPoll {
+    pub fn new() -> Self {
+        TrapPoll {
+            next: 0,
+            interval: POLL_INTERVAL_TSC,
+        }
+    }
+
+    /// Whether a look is due now (and, if so, when the next one is: the wait doubles).
+    pub fn due(&mut self) -> bool {
+        let now = crate::tsc::now();
+        if now < self.next {
+            return false;
+        }
+        self.next = now.saturating_add(self.interval);
+        self.interval = (2 * self.interval).min(MAX_POLL_INTERVAL_TSC);
+        true
+    }
+
+    /// The next look is due at once, and the waits start again from [`POLL_INTERVAL_TSC`].
+    pub fn reset(&mut self) {
+        *self = Self::new();
+    }
+}
+
+/// After every exit, for a trap whose owner has nothing more to check first: installs it when
+/// the guest is ready and a look is due (also after a refusal: the guest may change its gate); once installed, re-checks the entry (every exit) and
+/// the gate (when a look is due).
+pub fn after_exit(trap: &VectorTrap, poll: &mut TrapPoll, cpu: &mut dyn VcpuAccess) {
+    if trap.installed_at().is_none() {
+        if poll.due() {
+            trap.try_install(cpu);
+        }
+        return;
+    }
+    trap.recheck_entry(cpu);
+    if poll.due() {
+        trap.recheck_gate(cpu);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_back_off_to_the_cap_and_start_again_on_reset() {
+        let mut p = TrapPoll::new();
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            p.next = 0;
+            let before = crate::tsc::now();
+            assert!(p.due());
+            waits.push((p.next - before) / POLL_INTERVAL_TSC);
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 32, 32]);
+        assert!(!p.due(), "not due again before its wait");
+        p.reset();
+        assert!(p.due());
+        assert_eq!(p.interval, 2 * POLL_INTERVAL_TSC);
+    }
+
+    #[test]
+    fn only_instructions_with_no_effect_or_clac_are_displaced() {
+        assert_eq!(displaceable(&[0x90, 0x90, 0x90], 0), Ok(Displaced::Nop(1)));
+        assert_eq!(displaceable(&[0x0f, 0x1f, 0x00], 0), Ok(Displaced::Nop(3)));
+        assert_eq!(displaceable(&[0x66, 0x90], 0), Ok(Displaced::Nop(2)));
+        assert_eq!(
+            displaceable(&[0xf3, 0x0f, 0x1e, 0xfa], 0),
+            Ok(Displaced::Nop(4))
+        );
+        assert_eq!(displaceable(&[0x0f, 0x01, 0xca], 0), Ok(Displaced::Clac(3)));
+        // push imm8 / imm32, sign-extended (kvm-unit-tests' and Linux's early entry stubs).
+        assert_eq!(displaceable(&[0x6a, 0x0d], 0), Ok(Displaced::Push(2, 13)));
+        assert_eq!(
+            displaceable(&[0x6a, 0xff], 0),
+            Ok(Displaced::Push(2, u64::MAX))
+        );
+        assert_eq!(
+            displaceable(&[0x68, 0x78, 0x56, 0x34, 0x12], 0),
+            Ok(Displaced::Push(5, 0x1234_5678))
+        );
+        // A 16-bit push and a register push are not stood in for.
+        assert!(displaceable(&[0x66, 0x6a, 0x0d], 0).is_err());
+        assert!(displaceable(&[0x50], 0).is_err());
+        let e = displaceable(&[0x48, 0x89, 0xe5], 0).unwrap_err();
+        assert!(e.to_string().contains("mov"), "{e}");
+        assert!(displaceable(&[0x0f, 0xff], 0).is_err());
+        assert!(displaceable(&[], 0).is_err());
+    }
+
+    #[test]
+    fn idt_gates_decode() {
+        let target: u64 = 0xffff_ffff_8160_0b20;
+        let mut g = [0u8; 16];
+        g[0..2].copy_from_slice(&(target as u16).to_le_bytes());
+        g[2..4].copy_from_slice(&0x10u16.to_le_bytes());
+        g[5] = 0x8e;
+        g[6..8].copy_from_slice(&((target >> 16) as u16).to_le_bytes());
+        g[8..12].copy_from_slice(&((target >> 32) as u32).to_le_bytes());
+        assert_eq!(idt_gate_target(&g), Some(target));
+        g[5] = 0x8f;
+        assert_eq!(idt_gate_target(&g), Some(target));
+        g[5] = 0x0e; // not present
+        assert_eq!(idt_gate_target(&g), None);
+        g[5] = 0x85; // task gate
+        assert_eq!(idt_gate_target(&g), None);
+    }
+}
