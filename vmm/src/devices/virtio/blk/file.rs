@@ -130,7 +130,10 @@ pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
         .read(true)
         .write(!readonly)
         .open(path)
-        .map_err(|source| DiskError::Open { path: p(), source })?;
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::EISDIR) => DiskError::NotAFile { path: p() },
+            _ => DiskError::Open { path: p(), source },
+        })?;
     let meta = file
         .metadata()
         .map_err(|source| DiskError::Open { path: p(), source })?;
