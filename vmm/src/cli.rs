@@ -40,7 +40,7 @@ pub struct Cli {
 pub enum Command {
     /// Boot a guest kernel and run it until it powers off, reboots, panics or times out.
     #[command(after_help = EXIT_CODES_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
     /// side (table, or with --format json one JSON document, on stdout; CSV and SVG chart in
     /// --out). If the guest goes wrong, the exit code is the run's own (as for `run`); 1 for
@@ -513,5 +513,55 @@ mod tests {
         assert!(e.contains("neither an inline filter"), "{e}");
         let e = parse_event_filter(dir.path().to_str().unwrap()).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn disk_options() {
+        let d = parse_disk("/img/a.img").unwrap();
+        assert_eq!((d.path, d.readonly), (PathBuf::from("/img/a.img"), false));
+        assert!(parse_disk("a.img,readonly=on").unwrap().readonly);
+        assert!(
+            !parse_disk("a.img,readonly=on,readonly=off")
+                .unwrap()
+                .readonly
+        );
+        let e = parse_disk("a.img,ro").unwrap_err();
+        assert!(e.contains("unknown disk option \"ro\""), "{e}");
+        assert!(parse_disk(",readonly=on").is_err());
+        let cli = Cli::try_parse_from([
+            "vpmu-vmm",
+            "run",
+            "--kernel",
+            "k",
+            "--disk",
+            "a.img",
+            "--disk",
+            "b.img,readonly=on",
+            "--disk-access-cost-us",
+            "7",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let cfg = run.to_config(std::time::Instant::now()).unwrap();
+        let disks: Vec<_> = cfg
+            .disks
+            .iter()
+            .map(|d| (d.path.to_str().unwrap(), d.readonly, d.access_cost_us))
+            .collect();
+        assert_eq!(disks, [("a.img", false, 7), ("b.img", true, 7)]);
+        assert!(
+            Cli::try_parse_from([
+                "vpmu-vmm",
+                "run",
+                "--kernel",
+                "k",
+                "--disk-access-cost-us",
+                "7"
+            ])
+            .is_err(),
+            "the cost needs a disk"
+        );
     }
 }

@@ -144,7 +144,7 @@ pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
     if size == 0 {
         return Err(DiskError::Empty { path: p() });
     }
-    if size % SECTOR_SIZE != 0 {
+    if !size.is_multiple_of(SECTOR_SIZE) {
         return Err(DiskError::NotWholeSectors { path: p(), size });
     }
     let how = if readonly {

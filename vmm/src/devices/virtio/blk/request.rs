@@ -333,7 +333,7 @@ impl<F: DiskFile> Disk<F> {
         if len == 0 {
             return Err(RequestError::NoData(kind));
         }
-        if len % SECTOR_SIZE != 0 {
+        if !len.is_multiple_of(SECTOR_SIZE) {
             return Err(RequestError::PartialSector(kind, len));
         }
         self.check_sectors(kind, sector, len / SECTOR_SIZE)?;
