@@ -697,6 +697,39 @@ fn start_recording(
 mod tests {
     use super::*;
 
+    /// The DSDT lists the network card, then the disks in `--disk` order: Linux names the
+    /// disks vda, vdb, ... in that order.
+    #[test]
+    fn virtio_devices_are_described_net_first_then_disks_in_order() {
+        let disk = |p: &str| blk::DiskConfig {
+            path: p.into(),
+            readonly: false,
+            access_cost_us: 0,
+        };
+        let mut cfg = VmConfig::new(Boot::Flat {
+            image: Vec::new(),
+            load_addr: 0,
+            entry: 0,
+            long_mode: false,
+        });
+        cfg.disks = vec![disk("a.img"), disk("b.img")];
+        let v: Vec<_> = virtio_mmio_devices(&cfg)
+            .iter()
+            .map(|d| (d.base, d.gsi))
+            .collect();
+        assert_eq!(v, [(0xd000_1000, 16), (0xd000_2000, 17)]);
+        cfg.net = Some(net::NetConfig {
+            rx_pps: 0,
+            access_cost_us: 0,
+            guest_gate: false,
+        });
+        let v: Vec<_> = virtio_mmio_devices(&cfg)
+            .iter()
+            .map(|d| (d.base, d.gsi))
+            .collect();
+        assert_eq!(v, [(0xd000_0000, 5), (0xd000_1000, 16), (0xd000_2000, 17)]);
+    }
+
     #[test]
     fn kernel_cmdline_appends_in_order() {
         assert_eq!(kernel_cmdline(false, false, "  "), DEFAULT_CMDLINE);
