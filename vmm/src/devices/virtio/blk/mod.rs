@@ -5,8 +5,10 @@
 //! Offered: VERSION_1, SIZE_MAX, SEG_MAX, BLK_SIZE, FLUSH, DISCARD, WRITE_ZEROES, and RO for a
 //! read-only disk (which is offered neither DISCARD nor WRITE_ZEROES). docs/virtio-blk.md.
 
+pub mod counts;
 pub mod file;
 pub mod request;
+pub mod segments;
 
 use std::mem::offset_of;
 use std::path::PathBuf;
@@ -23,6 +25,7 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 
 use super::queue::{self, pop_checked, QueueFault};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
+pub use counts::{BlkCounts, DiskReport};
 use file::{DiskFile, RawFile, SECTOR_SIZE};
 use request::{Buffers, Disk, Kind, RequestError, MAX_RANGES, MAX_RANGE_SECTORS};
 
@@ -73,48 +76,6 @@ pub const MAX_DISKS: usize = 8;
 /// Disk `i`'s interrupt: IOAPIC pins 16.. (the upper pins, which nothing else uses here).
 pub fn disk_gsi(i: usize) -> u32 {
     16 + i as u32
-}
-
-/// What the device counted: requests by type, bytes, and the ones that failed.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct BlkCounts {
-    pub reads: u64,
-    pub writes: u64,
-    pub flushes: u64,
-    pub get_ids: u64,
-    pub discards: u64,
-    pub write_zeroes: u64,
-    /// Requests of a type the device does not implement.
-    pub other: u64,
-    /// Bytes read from / written to the image by successful reads and writes.
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// Requests answered VIRTIO_BLK_S_IOERR / VIRTIO_BLK_S_UNSUPP.
-    pub io_errors: u64,
-    pub unsupported: u64,
-    /// Chains with no status byte (returned unused, used length 0).
-    pub no_status: u64,
-    /// Times the driver notified the queue.
-    pub notifies: u64,
-}
-
-impl BlkCounts {
-    fn count(&mut self, kind: Kind) {
-        let c = match kind {
-            Kind::Read => &mut self.reads,
-            Kind::Write => &mut self.writes,
-            Kind::Flush => &mut self.flushes,
-            Kind::GetId => &mut self.get_ids,
-            Kind::Discard => &mut self.discards,
-            Kind::WriteZeroes => &mut self.write_zeroes,
-            Kind::Other(_) => &mut self.other,
-        };
-        *c += 1;
-    }
-
-    fn bad_requests(&self) -> u64 {
-        self.io_errors + self.unsupported + self.no_status
-    }
 }
 
 pub struct VirtioBlk<F: DiskFile = RawFile> {
@@ -390,37 +351,6 @@ impl<F: DiskFile> VirtioDevice for VirtioBlk<F> {
             }
         }
         used && queue::wants_interrupt(&mut self.queues[0], mem)
-    }
-}
-
-/// What one disk counted, for the end-of-run report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiskReport {
-    pub path: PathBuf,
-    pub readonly: bool,
-    pub sectors: u64,
-    pub counts: BlkCounts,
-    /// virtio-mmio status register at the end (0xf: the driver is up), interrupts raised.
-    pub status: u32,
-    pub interrupts: u64,
-    pub bad_accesses: u64,
-    /// The queue fault that stopped the device, if the driver broke its queue.
-    pub fault: Option<String>,
-}
-
-impl DiskReport {
-    pub fn from_device(path: PathBuf, t: &super::mmio::MmioTransport<VirtioBlk>) -> Self {
-        let d = t.device();
-        DiskReport {
-            path,
-            readonly: d.readonly(),
-            sectors: d.sectors(),
-            counts: d.counts.clone(),
-            status: t.status(),
-            interrupts: t.interrupts,
-            bad_accesses: t.bad_accesses,
-            fault: d.fault().map(|f| f.to_string()),
-        }
     }
 }
 

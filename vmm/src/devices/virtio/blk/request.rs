@@ -11,9 +11,10 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,
 };
 use virtio_queue::desc::split::Descriptor;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 use super::file::{DiskFile, ID_BYTES, SECTOR_SIZE};
+use super::segments::Segments;
 
 /// The request header: type, reserved, sector (`struct virtio_blk_outhdr`).
 pub const HEADER_LEN: u64 = 16;
@@ -117,68 +118,6 @@ impl RequestError {
     }
 }
 
-/// Guest-memory pieces in order, as (address, length).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Segments(Vec<(GuestAddress, u64)>);
-
-impl Segments {
-    pub fn len(&self) -> u64 {
-        self.0.iter().map(|s| s.1).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The pieces from byte `from` on, at most `n` bytes of them.
-    fn range(&self, from: u64, n: u64) -> Segments {
-        let mut out = Vec::new();
-        let (mut skip, mut left) = (from, n);
-        for &(a, l) in &self.0 {
-            if left == 0 {
-                break;
-            }
-            if skip >= l {
-                skip -= l;
-                continue;
-            }
-            let take = (l - skip).min(left);
-            out.push((GuestAddress(a.0 + skip), take));
-            left -= take;
-            skip = 0;
-        }
-        Segments(out)
-    }
-
-    /// Copies the first `buf.len()` bytes of the pieces into `buf` (which must not be longer).
-    fn read(&self, mem: &GuestMemoryMmap, buf: &mut [u8]) -> Result<(), GuestMemoryError> {
-        let mut at = 0;
-        for &(a, l) in &self.0 {
-            let n = (l as usize).min(buf.len() - at);
-            mem.read_slice(&mut buf[at..at + n], a)?;
-            at += n;
-            if at == buf.len() {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Copies `buf` over the first `buf.len()` bytes of the pieces.
-    fn write(&self, mem: &GuestMemoryMmap, buf: &[u8]) -> Result<(), GuestMemoryError> {
-        let mut at = 0;
-        for &(a, l) in &self.0 {
-            let n = (l as usize).min(buf.len() - at);
-            mem.write_slice(&buf[at..at + n], a)?;
-            at += n;
-            if at == buf.len() {
-                break;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A request's chain split into what the driver gives (header, then data for writes) and
 /// what it takes (data for reads and GET_ID), the status byte apart.
 #[derive(Debug)]
@@ -210,15 +149,15 @@ impl Buffers {
         if !last_writable {
             return Err(ChainError::NoStatus);
         }
-        let mut writable = Segments(writable);
+        let mut writable = Segments::new(writable);
         let total = writable.len();
         if total == 0 {
             return Err(ChainError::NoStatus);
         }
-        let last = writable.range(total - 1, 1).0[0].0;
+        let last = writable.range(total - 1, 1).first();
         writable = writable.range(0, total - 1);
         Ok(Buffers {
-            readable: Segments(readable),
+            readable: Segments::new(readable),
             writable,
             status: last,
             misordered,
