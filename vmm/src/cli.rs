@@ -15,8 +15,8 @@ use crate::seccomp::SeccompSetting;
 pub use crate::trace::command::SummaryArgs;
 use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
 use crate::vm::{
-    Boot, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS,
-    MIN_MEMORY_MIB,
+    Boot, DiskConfig, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB,
+    MAX_VCPUS, MIN_MEMORY_MIB,
 };
 
 #[derive(Parser, Debug)]
@@ -40,7 +40,7 @@ pub struct Cli {
 pub enum Command {
     /// Boot a guest kernel and run it until it powers off, reboots, panics or times out.
     #[command(after_help = EXIT_CODES_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Profile one workload in cpu-switch and in domain-switch and show the profiles side by
     /// side (table, or with --format json one JSON document, on stdout; CSV and SVG chart in
     /// --out). If the guest goes wrong, the exit code is the run's own (as for `run`); 1 for
@@ -294,6 +294,19 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     #[arg(long, value_name = "US", default_value_t = 0, requires = "net",
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub net_access_cost_us: u32,
+    /// A virtio-blk disk over a raw image file (repeatable: the first is the guest's /dev/vda,
+    /// the next /dev/vdb, ...; at most 8). The image is locked while the VM runs (a second
+    /// user is refused); its size must be a whole number of 512-byte sectors. `readonly=on`:
+    /// the guest sees a read-only disk and cannot write the file (docs/virtio-blk.md).
+    #[arg(long, value_name = "PATH[,readonly=on]", value_parser = parse_disk)]
+    pub disk: Vec<DiskArg>,
+    /// With --disk: extra device-model work per access to a disk's registers, busy-waited on
+    /// the vCPU thread, as --net-access-cost-us. Default: 0 on a VT-x/SVM host; 4000 where
+    /// guest kernel code is emulated (host quirks on), scaled like that code
+    /// (docs/accounting-modes.md).
+    #[arg(long, value_name = "US", requires = "disk",
+          value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub disk_access_cost_us: Option<u32>,
     /// Seccomp filters: on = every VMM thread (vCPUs, main, trace writer, schedule, stdin) is
     /// confined to the system calls it needs; a forbidden call ends the run with a line naming
     /// the thread and the call (exit code 9). off = no filters, for debugging (docs/security.md).
@@ -322,6 +335,46 @@ every unit mask of that select. fixed=BITMAP: bit i is Intel fixed counter i (0x
 0x2 core cycles, 0x4 reference cycles); fixed counters follow the bitmap alone, so an allow \
 list without fixed= stops them all. Numbers are 0x hex or decimal; at most 300 events.
 Examples: allow:0x3c,0xc0/0x00,fixed=0x3   deny:0x76,0xc0";
+
+/// One `--disk PATH[,readonly=on|off]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskArg {
+    pub path: PathBuf,
+    pub readonly: bool,
+}
+
+/// `--disk PATH[,readonly=on|off]` (a path with a comma in it cannot be given).
+pub fn parse_disk(s: &str) -> Result<DiskArg, String> {
+    let mut parts = s.split(',');
+    let path = parts.next().unwrap_or_default();
+    if path.is_empty() {
+        return Err("no image path (PATH[,readonly=on])".into());
+    }
+    let mut readonly = false;
+    for opt in parts {
+        readonly = match opt {
+            "readonly=on" | "readonly" => true,
+            "readonly=off" => false,
+            _ => {
+                return Err(format!(
+                    "unknown disk option {opt:?} (known: readonly=on|off)"
+                ))
+            }
+        };
+    }
+    Ok(DiskArg {
+        path: PathBuf::from(path),
+        readonly,
+    })
+}
+
+/// `--disk-access-cost-us`, as asked, else by host: 0 where guest kernel code runs natively,
+/// more where it is emulated ([`DiskConfig::default_access_cost_us`]).
+fn disk_access_cost(asked: Option<u32>, quirks: QuirkSetting) -> u32 {
+    asked.unwrap_or_else(|| {
+        DiskConfig::default_access_cost_us(crate::host_quirks::detect(quirks).is_some())
+    })
+}
 
 /// Largest `--pmu-event-filter` file read.
 const MAX_EVENT_FILTER_FILE: u64 = 1 << 20;
@@ -410,6 +463,15 @@ impl RunArgs {
                 access_cost_us: self.net_access_cost_us,
                 guest_gate: false,
             }),
+            disks: self
+                .disk
+                .iter()
+                .map(|d| DiskConfig {
+                    path: d.path.clone(),
+                    readonly: d.readonly,
+                    access_cost_us: disk_access_cost(self.disk_access_cost_us, self.host_quirks),
+                })
+                .collect(),
             serial2: self.serial2.clone(),
             host_quirks: self.host_quirks,
             timeout,
@@ -459,5 +521,55 @@ mod tests {
         assert!(e.contains("neither an inline filter"), "{e}");
         let e = parse_event_filter(dir.path().to_str().unwrap()).unwrap_err();
         assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn disk_options() {
+        let d = parse_disk("/img/a.img").unwrap();
+        assert_eq!((d.path, d.readonly), (PathBuf::from("/img/a.img"), false));
+        assert!(parse_disk("a.img,readonly=on").unwrap().readonly);
+        assert!(
+            !parse_disk("a.img,readonly=on,readonly=off")
+                .unwrap()
+                .readonly
+        );
+        let e = parse_disk("a.img,ro").unwrap_err();
+        assert!(e.contains("unknown disk option \"ro\""), "{e}");
+        assert!(parse_disk(",readonly=on").is_err());
+        let cli = Cli::try_parse_from([
+            "vpmu-vmm",
+            "run",
+            "--kernel",
+            "k",
+            "--disk",
+            "a.img",
+            "--disk",
+            "b.img,readonly=on",
+            "--disk-access-cost-us",
+            "7",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        let cfg = run.to_config(std::time::Instant::now()).unwrap();
+        let disks: Vec<_> = cfg
+            .disks
+            .iter()
+            .map(|d| (d.path.to_str().unwrap(), d.readonly, d.access_cost_us))
+            .collect();
+        assert_eq!(disks, [("a.img", false, 7), ("b.img", true, 7)]);
+        assert!(
+            Cli::try_parse_from([
+                "vpmu-vmm",
+                "run",
+                "--kernel",
+                "k",
+                "--disk-access-cost-us",
+                "7"
+            ])
+            .is_err(),
+            "the cost needs a disk"
+        );
     }
 }

@@ -140,6 +140,9 @@ pub fn lines(r: &RunReport) -> Vec<String> {
     if let Some(n) = &r.net {
         print_net(&mut out, n);
     }
+    for (i, d) in r.disks.iter().enumerate() {
+        out.push(disk_line(i, d));
+    }
     if !r.fixups.is_empty() {
         let list: Vec<String> = r.fixups.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         out.push(format!(
@@ -170,6 +173,53 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         }
     }
     out
+}
+
+/// One line per `--disk`: requests by type, bytes, errors.
+fn disk_line(i: usize, d: &crate::vm::DiskReport) -> String {
+    let c = &d.counts;
+    format!(
+        "[vpmu-vmm] virtio-blk vd{} ({}{}): status {:#x}; requests: {} read, {} write, {} flush, {} get-id, {} discard, {} write-zeroes, {} other; {} bytes read, {} written; {} I/O errors, {} unsupported, {} without a status byte, {} bad register accesses{}; {} interrupts, {} notifies",
+        (b'a' + i as u8) as char,
+        d.path.display(),
+        if d.readonly { ", read-only" } else { "" },
+        d.status,
+        c.reads, c.writes, c.flushes, c.get_ids, c.discards, c.write_zeroes, c.other,
+        c.bytes_read, c.bytes_written,
+        c.io_errors, c.unsupported, c.no_status, d.bad_accesses,
+        d.fault.as_ref().map(|f| format!("; queue fault: {f}")).unwrap_or_default(),
+        d.interrupts, c.notifies,
+    )
+}
+
+fn disk_json(d: &crate::vm::DiskReport) -> serde_json::Value {
+    let c = &d.counts;
+    serde_json::json!({
+        "path": d.path.display().to_string(),
+        "readonly": d.readonly,
+        "sectors": d.sectors,
+        "status": d.status,
+        "interrupts": d.interrupts,
+        "notifies": c.notifies,
+        "bad_accesses": d.bad_accesses,
+        "requests": {
+            "read": c.reads,
+            "write": c.writes,
+            "flush": c.flushes,
+            "get_id": c.get_ids,
+            "discard": c.discards,
+            "write_zeroes": c.write_zeroes,
+            "other": c.other,
+        },
+        "bytes_read": c.bytes_read,
+        "bytes_written": c.bytes_written,
+        "errors": {
+            "io_error": c.io_errors,
+            "unsupported": c.unsupported,
+            "no_status": c.no_status,
+        },
+        "queue_fault": d.fault,
+    })
 }
 
 fn print_net(out: &mut Vec<String>, n: &crate::net::NetReport) {
@@ -408,6 +458,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
         "exits_by_vcpu": r.exits.iter().map(exits_json).collect::<Vec<_>>(),
         "vpmu": vpmu,
         "net": net,
+        "disks": r.disks.iter().map(disk_json).collect::<Vec<_>>(),
         "host_quirk_fixups": fixups,
         "syscall_relay": r.syscall_relay.map(|(n, us)| json!({"calls": n, "us_each": us})),
         "diagnostic": diagnostic(r),
@@ -485,6 +536,24 @@ mod tests {
             vcpu_states: Vec::new(),
             cmdline: None,
             net: None,
+            disks: vec![crate::vm::DiskReport {
+                path: "/img/root.img".into(),
+                readonly: true,
+                sectors: 2048,
+                counts: crate::devices::virtio::blk::BlkCounts {
+                    reads: 40,
+                    flushes: 2,
+                    writes: 3,
+                    bytes_read: 81920,
+                    io_errors: 3,
+                    unsupported: 1,
+                    ..Default::default()
+                },
+                status: 0xf,
+                interrupts: 45,
+                bad_accesses: 0,
+                fault: None,
+            }],
             setup_time: Duration::from_millis(20),
             run_time: Duration::from_secs(4),
         }
@@ -544,6 +613,19 @@ mod tests {
         assert!(text.contains("syscall relay: 17 guest system calls"));
         assert_eq!(j["console_tail"][0], "last line");
         assert!(j["net"].is_null());
+        let d = &j["disks"][0];
+        assert_eq!(
+            (&d["readonly"], &d["sectors"]),
+            (&true.into(), &2048.into())
+        );
+        assert!(text.contains(&format!(
+            "virtio-blk vda (/img/root.img, read-only): status 0xf; requests: {} read, {} write, {} flush",
+            d["requests"]["read"], d["requests"]["write"], d["requests"]["flush"]
+        )), "{text}");
+        assert!(text.contains(&format!(
+            "{} bytes read, 0 written; {} I/O errors, {} unsupported",
+            d["bytes_read"], d["errors"]["io_error"], d["errors"]["unsupported"]
+        )));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! 0x000e_0000  ACPI tables (RSDP first) 0x0010_0000  high RAM starts; the kernel loads where its ELF says
 //! top of RAM   initramfs, page-aligned, as high as the kernel allows
 //! 0xd000_0000  virtio-net MMIO registers (4 KiB, `--net` only; described in the DSDT)
+//! 0xd000_1000  virtio-blk MMIO registers, 4 KiB per `--disk`, in order (described in the DSDT)
 //! 0xfec0_0000  IOAPIC                   0xfee0_0000  local APIC
 //! ```
 
@@ -38,5 +39,7 @@ pub const IOAPIC_ADDR: u32 = 0xfec0_0000;
 pub const LAPIC_ADDR: u32 = 0xfee0_0000;
 /// The virtio-mmio network card's register block (in the MMIO hole).
 pub const VIRTIO_NET_MMIO_BASE: u64 = 0xd000_0000;
+/// The first virtio-mmio block device's register block; disk `i` is at `+ i * 4 KiB`.
+pub const VIRTIO_BLK_MMIO_BASE: u64 = 0xd000_1000;
 /// Guest RAM must stay below the 32-bit MMIO hole.
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;

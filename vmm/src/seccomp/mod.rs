@@ -527,4 +527,56 @@ mod tests {
             "stderr: {stderr}"
         );
     }
+
+    /// A vCPU thread carries out block requests (docs/virtio-blk.md): every call a disk
+    /// image needs is allowed there, and fallocate only in the block device's two modes.
+    #[test]
+    fn a_vcpu_thread_may_do_disk_io_and_nothing_more() {
+        use crate::devices::virtio::blk::file::{DiskFile, RawFile};
+        if std::env::var(CHILD_ENV).as_deref() == Ok("4") {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("d.img");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            file.set_len(1 << 20).unwrap();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+            let mut disk = RawFile::new(file);
+            let f = filters().unwrap();
+            std::thread::Builder::new()
+                .name("vcpu2".into())
+                .spawn(move || {
+                    f.apply(ThreadKind::Vcpu).unwrap();
+                    let mut b = [7u8; 4096];
+                    disk.write_at(&b, 8192).unwrap();
+                    disk.read_at(&mut b, 0).unwrap();
+                    disk.sync_data().unwrap();
+                    disk.discard(0, 4096).unwrap();
+                    disk.write_zeroes(4096, 4096).unwrap();
+                    eprintln!("DISK I/O DONE");
+                    // SAFETY: fallocate on an open fd; mode 0 (allocate) is not the device's.
+                    unsafe { libc::fallocate(fd, 0, 0, 4096) };
+                    eprintln!("UNREACHED: fallocate returned");
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+            std::process::exit(0);
+        }
+        let out = rerun_in_child(
+            "seccomp::tests::a_vcpu_thread_may_do_disk_io_and_nothing_more",
+            "4",
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("DISK I/O DONE"), "stderr: {stderr}");
+        assert_eq!(out.status.code(), Some(code::SECCOMP), "stderr: {stderr}");
+        assert!(
+            stderr.contains("thread vcpu2 made a forbidden system call fallocate (285)"),
+            "stderr: {stderr}"
+        );
+    }
 }

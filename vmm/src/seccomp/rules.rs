@@ -161,6 +161,18 @@ fn fcntl_rules() -> Vec<SeccompRule> {
     .collect()
 }
 
+/// fallocate(fd, mode, ...) as the block device makes it: punch a hole (DISCARD) or zero a
+/// range (WRITE_ZEROES), both keeping the file's size.
+pub fn disk_fallocate_rules() -> Vec<SeccompRule> {
+    [
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+    ]
+    .iter()
+    .map(|&m| cond(1, Len::Dword, Op::Eq, m as u64))
+    .collect()
+}
+
 /// File-system look-ups refused with EPERM on the threads other than the main one.
 const REFUSED: &[libc::c_long] = &[
     libc::SYS_open,
@@ -200,6 +212,14 @@ pub fn for_thread(kind: ThreadKind) -> Rules {
             // kicking the other vCPUs when the VM ends.
             r.insert(libc::SYS_ioctl, ioctl_rules(&vcpu_ioctls()));
             r.insert(libc::SYS_fcntl, fcntl_rules());
+            // virtio-blk requests run here (on the thread whose notify asked for them):
+            // pread64/pwrite64 for reads and writes, fdatasync for FLUSH, fallocate in the two
+            // modes DISCARD and WRITE_ZEROES use.
+            allow(
+                &mut r,
+                &[libc::SYS_pread64, libc::SYS_pwrite64, libc::SYS_fdatasync],
+            );
+            r.insert(libc::SYS_fallocate, disk_fallocate_rules());
             allow(
                 &mut r,
                 &[

@@ -25,6 +25,7 @@ use super::DEFAULT_CMDLINE;
 use super::{kvm, Boot, Latch, RdpmcSetting, VmConfig, VmControl, VmError, VpmuSetting};
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
+use crate::devices::virtio::blk::{self, VirtioBlk};
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
@@ -47,6 +48,9 @@ use crate::vcpu::{cpuid, identity, kick, regs, ticker::Ticker, VcpuRunner, VcpuS
 
 /// The network card as the buses, the ticker and the end-of-run report see it.
 pub(super) type NetCard = Arc<Mutex<MmioTransport<VirtioNet>>>;
+
+/// A block device as the bus and the end-of-run report see it.
+pub(super) type DiskCard = Arc<Mutex<MmioTransport<VirtioBlk>>>;
 
 /// A VM ready to run: its vCPUs (not started yet) and what the run's other threads and its
 /// report need.
@@ -257,15 +261,7 @@ fn load_linux<'a>(
     user_cmdline: &str,
     quirks: bool,
 ) -> Result<LoadedGuest<'a>, VmError> {
-    let virtio: Vec<_> = cfg
-        .net
-        .iter()
-        .map(|_| boot::acpi::VirtioMmioAcpi {
-            base: layout::VIRTIO_NET_MMIO_BASE as u32,
-            len: MMIO_LEN as u32,
-            gsi: net::NET_GSI,
-        })
-        .collect();
+    let virtio = virtio_mmio_devices(cfg);
     let rsdp = boot::acpi::create_acpi_tables_with(
         mem,
         cfg.vcpus as u8,
@@ -360,6 +356,27 @@ fn load_multiboot<'a>(
     })
 }
 
+/// The virtio-mmio devices in the DSDT, in the order Linux probes them: the network card,
+/// then the disks in `--disk` order (so the first disk is /dev/vda).
+fn virtio_mmio_devices(cfg: &VmConfig) -> Vec<boot::acpi::VirtioMmioAcpi> {
+    let net = cfg.net.iter().map(|_| boot::acpi::VirtioMmioAcpi {
+        base: layout::VIRTIO_NET_MMIO_BASE as u32,
+        len: MMIO_LEN as u32,
+        gsi: net::NET_GSI,
+    });
+    let disks = (0..cfg.disks.len()).map(|i| boot::acpi::VirtioMmioAcpi {
+        base: disk_base(i) as u32,
+        len: MMIO_LEN as u32,
+        gsi: blk::disk_gsi(i),
+    });
+    net.chain(disks).collect()
+}
+
+/// Disk `i`'s register block.
+fn disk_base(i: usize) -> u64 {
+    layout::VIRTIO_BLK_MMIO_BASE + i as u64 * MMIO_LEN
+}
+
 /// [`DEFAULT_CMDLINE`], then the host-quirk options, the network options, the user's.
 fn kernel_cmdline(quirks: bool, net: bool, user: &str) -> String {
     let mut full = DEFAULT_CMDLINE.to_string();
@@ -395,6 +412,8 @@ pub(super) struct Devices {
     pub console: Arc<Mutex<ConsoleLog>>,
     /// With `--net`: the virtio-mmio network card.
     pub net_card: Option<NetCard>,
+    /// With `--disk`: the block devices and their images' paths, in `--disk` order.
+    pub disks: Vec<(std::path::PathBuf, DiskCard)>,
     /// The guest's network is up (the pinger saw a reply).
     pub net_up: Arc<Latch>,
     /// The pinger's packets are held back (the packet gate, compare's controller).
@@ -458,14 +477,50 @@ fn attach_devices(
     if let Some(card) = &net_card {
         mmio.insert(layout::VIRTIO_NET_MMIO_BASE, MMIO_LEN, card.clone())?;
     }
+    let disks = disks(cfg, vm, mem)?;
+    for (i, (_, d)) in disks.iter().enumerate() {
+        mmio.insert(disk_base(i), MMIO_LEN, d.clone())?;
+    }
     Ok(Devices {
         pio: pio.build(),
         mmio: mmio.build(),
         console,
         net_card,
+        disks,
         net_up,
         net_paused,
     })
+}
+
+/// The block devices: each image opened, checked and locked (a failure ends the build).
+fn disks(
+    cfg: &VmConfig,
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+) -> Result<Vec<(std::path::PathBuf, DiskCard)>, VmError> {
+    if cfg.disks.len() > blk::MAX_DISKS {
+        return Err(VmError::TooManyDisks(cfg.disks.len()));
+    }
+    let mut out = Vec::new();
+    for (i, d) in cfg.disks.iter().enumerate() {
+        let image = blk::file::open(&d.path, d.readonly)?;
+        let name = d.path.display().to_string();
+        let dev = VirtioBlk::new(image.file, image.sectors, d.readonly, image.id, name);
+        let cost = Duration::from_micros(u64::from(d.access_cost_us));
+        let transport = MmioTransport::new(dev, mem.clone(), irqfd(vm, blk::disk_gsi(i))?);
+        let card = Arc::new(Mutex::new(transport.with_access_cost(cost)));
+        log::info!(
+            "disk {} (/dev/vd{}): {} sectors{} at {:#x}, GSI {}",
+            d.path.display(),
+            (b'a' + i as u8) as char,
+            image.sectors,
+            if d.readonly { ", read-only" } else { "" },
+            disk_base(i),
+            blk::disk_gsi(i)
+        );
+        out.push((d.path.clone(), card));
+    }
+    Ok(out)
 }
 
 /// The virtio-mmio network card, its pinger (if it sends) wired to the gate and the latch.
@@ -791,6 +846,39 @@ fn start_recording(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The DSDT lists the network card, then the disks in `--disk` order: Linux names the
+    /// disks vda, vdb, ... in that order.
+    #[test]
+    fn virtio_devices_are_described_net_first_then_disks_in_order() {
+        let disk = |p: &str| blk::DiskConfig {
+            path: p.into(),
+            readonly: false,
+            access_cost_us: 0,
+        };
+        let mut cfg = VmConfig::new(Boot::Flat {
+            image: Vec::new(),
+            load_addr: 0,
+            entry: 0,
+            long_mode: false,
+        });
+        cfg.disks = vec![disk("a.img"), disk("b.img")];
+        let v: Vec<_> = virtio_mmio_devices(&cfg)
+            .iter()
+            .map(|d| (d.base, d.gsi))
+            .collect();
+        assert_eq!(v, [(0xd000_1000, 16), (0xd000_2000, 17)]);
+        cfg.net = Some(net::NetConfig {
+            rx_pps: 0,
+            access_cost_us: 0,
+            guest_gate: false,
+        });
+        let v: Vec<_> = virtio_mmio_devices(&cfg)
+            .iter()
+            .map(|d| (d.base, d.gsi))
+            .collect();
+        assert_eq!(v, [(0xd000_0000, 5), (0xd000_1000, 16), (0xd000_2000, 17)]);
+    }
 
     #[test]
     fn kernel_cmdline_appends_in_order() {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::boot::layout;
 use crate::control::Controller;
+use crate::devices::virtio::blk::DiskConfig;
 use crate::host_quirks::QuirkSetting;
 use crate::net::NetConfig;
 use crate::pmu::{self, BackendChoice, ModelChoice, RdpmcSetting, VpmuSetting};
@@ -67,6 +68,9 @@ pub struct VmConfig {
     pub const_msrs: Vec<u32>,
     /// `--net`: a virtio-net card at [`layout::VIRTIO_NET_MMIO_BASE`] fed by the VMM's pinger.
     pub net: Option<NetConfig>,
+    /// `--disk`: virtio-blk devices at [`layout::VIRTIO_BLK_MMIO_BASE`] on, in order (the
+    /// first is the guest's /dev/vda).
+    pub disks: Vec<DiskConfig>,
     /// Drives the running VM from its own thread (None: nothing does).
     pub controller: Option<Controller>,
     /// When the process (or the caller's measurement) started: `RunReport::setup_time` counts
@@ -124,6 +128,7 @@ impl VmConfig {
             started: None,
             record: Default::default(),
             net: None,
+            disks: Vec::new(),
             controller: None,
             panic_vcpu_at_exit: None,
             seccomp: Default::default(),

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::boot;
+use crate::devices::virtio::blk::file::DiskError;
 use crate::devices::BusError;
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
@@ -20,6 +21,7 @@ use crate::seccomp;
 use crate::vcpu::regs;
 
 pub use crate::control::{Controller, Latch, VmControl, VmHandles};
+pub use crate::devices::virtio::blk::{DiskConfig, DiskReport};
 pub use crate::pmu::{RdpmcSetting, VpmuSetting};
 pub use config::{Boot, VmConfig, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB};
 
@@ -73,6 +75,10 @@ pub enum VmError {
     Bus(#[from] BusError),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error("{0} disks: at most {max}", max = crate::devices::virtio::blk::MAX_DISKS)]
+    TooManyDisks(usize),
 }
 
 fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -100,6 +106,8 @@ pub struct RunReport {
     pub cmdline: Option<String>,
     /// With `--net`: what the network card and the pinger counted.
     pub net: Option<NetReport>,
+    /// With `--disk`: what each block device counted, in `--disk` order.
+    pub disks: Vec<DiskReport>,
     /// `VmConfig::started` (or the `run` call) to the moment the vCPUs may enter KVM_RUN.
     pub setup_time: Duration,
     pub run_time: Duration,

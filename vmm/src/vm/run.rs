@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::builder::BuiltVm;
 use super::{RunReport, VmConfig, VmError, VmHandles};
 use crate::devices::lock_device;
+use crate::devices::virtio::blk::DiskReport;
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
 use crate::net::NetReport;
@@ -140,9 +141,16 @@ fn report(
         let khz = vm.tsc_khz?;
         (n > 0).then(|| (n, cycles as f64 * 1000.0 / khz as f64 / n as f64))
     });
+    let disks = vm
+        .devices
+        .disks
+        .iter()
+        .map(|(path, d)| DiskReport::from_device(path.clone(), &lock_device(d)))
+        .collect();
     RunReport {
         end,
         net,
+        disks,
         exits,
         pmu,
         vpmu: cfg.vpmu,

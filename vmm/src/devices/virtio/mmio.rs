@@ -297,7 +297,8 @@ impl<D: VirtioDevice> MmioDevice for MmioTransport<D> {
     fn write(&mut self, offset: u64, data: &[u8]) {
         crate::devices::delay::spin(self.access_cost);
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
-            // The network card's configuration (its MAC) is read-only.
+            // Both devices' configurations are read-only (the card's MAC; the disk's geometry
+            // and limits: no VIRTIO_BLK_F_CONFIG_WCE).
             self.bad(format!("config space write at {offset:#x}"));
             return;
         }

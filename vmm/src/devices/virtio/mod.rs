@@ -1,10 +1,12 @@
 //! Virtio 1.x devices. The transport is virtio-mmio ([`mmio`]: the register block the guest
-//! driver talks to), split virtqueues come from the rust-vmm `virtio-queue` crate, and the one
-//! device is a network card ([`net`]). All of it runs on the vCPU thread whose exit (or tick)
-//! reached it.
+//! driver talks to), split virtqueues come from the rust-vmm `virtio-queue` crate (with the
+//! checks it leaves to devices in [`queue`]), and the devices are a network card ([`net`]) and
+//! block devices ([`blk`]). All of it runs on the vCPU thread whose exit (or tick) reached it.
 
+pub mod blk;
 pub mod mmio;
 pub mod net;
+pub mod queue;
 
 use std::time::Instant;
 
@@ -16,7 +18,7 @@ pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_
 
 /// What a virtio device looks like to its transport.
 pub trait VirtioDevice: Send {
-    /// Virtio device id (1 = network card).
+    /// Virtio device id (1 = network card, 2 = block device).
     fn device_id(&self) -> u32;
     /// Feature bits the device offers.
     fn features(&self) -> u64;

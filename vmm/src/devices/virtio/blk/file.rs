@@ -1,0 +1,258 @@
+//! The disk image behind a virtio-blk device: [`DiskFile`], the few operations a request needs
+//! (one system call each on a [`RawFile`]), and [`open`], which checks and locks an image.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// The sector: the unit of request addresses and sizes, and of the image size.
+pub const SECTOR_SIZE: u64 = 512;
+
+/// What a request may do to the image. Each call returns only once the host kernel has done
+/// it (the data is in the page cache, or on stable storage for [`DiskFile::sync_data`]); the
+/// device completes a request to the guest only after its calls returned.
+pub trait DiskFile: Send {
+    /// Reads exactly `buf.len()` bytes at `offset` (pread64).
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset` (pwrite64).
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable (fdatasync).
+    fn sync_data(&mut self) -> io::Result<()>;
+    /// The guest no longer needs these bytes (fallocate PUNCH_HOLE: they read back as zeroes).
+    fn discard(&mut self, offset: u64, len: u64) -> io::Result<()>;
+    /// These bytes read back as zeroes (fallocate ZERO_RANGE, else written zeroes).
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> io::Result<()>;
+}
+
+/// A raw image file: sector `n` is at byte `n * 512`.
+pub struct RawFile {
+    file: File,
+}
+
+impl RawFile {
+    pub fn new(file: File) -> Self {
+        RawFile { file }
+    }
+
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        // SAFETY: fallocate on a file descriptor this struct owns; no memory is passed.
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+/// Largest zero buffer written when the file system cannot zero a range itself.
+const ZERO_CHUNK: u64 = 64 * 1024;
+
+impl DiskFile for RawFile {
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&mut self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn discard(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        match self.fallocate(mode, offset, len) {
+            // A discard is a hint: a file system that cannot punch holes keeps the bytes.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            r => r,
+        }
+    }
+
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> io::Result<()> {
+        let mode = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        match self.fallocate(mode, offset, len) {
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
+            r => return r,
+        }
+        let zeroes = vec![0u8; ZERO_CHUNK.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(ZERO_CHUNK) as usize;
+            self.file.write_all_at(&zeroes[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Why a disk image cannot be used. The run does not start (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("--disk {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("--disk {path}: not a regular file (a raw image file is needed)")]
+    NotAFile { path: PathBuf },
+    #[error("--disk {path}: the image is empty")]
+    Empty { path: PathBuf },
+    #[error("--disk {path}: {size} bytes is not a whole number of 512-byte sectors (pad it, e.g. `truncate -s %512 {path}`)")]
+    NotWholeSectors { path: PathBuf, size: u64 },
+    #[error("--disk {path}: the image is in use: another process holds a lock on it (another vpmu-vmm, or the same image given twice)")]
+    Locked { path: PathBuf },
+    #[error("--disk {path}: cannot lock the image: {source}")]
+    Lock { path: PathBuf, source: io::Error },
+}
+
+/// An image opened for a device: the file (locked for as long as it is open), its size and
+/// the identity string GET_ID answers.
+pub struct DiskImage {
+    pub file: RawFile,
+    pub sectors: u64,
+    pub id: [u8; ID_BYTES],
+}
+
+/// Length of the GET_ID answer (VIRTIO_BLK_ID_BYTES).
+pub const ID_BYTES: usize = 20;
+
+/// Opens the raw image at `path` (read-write unless `readonly`) and locks it with flock: an
+/// exclusive lock for a writable disk, a shared one for a read-only disk, so any number of
+/// read-only users may share an image but a writer has it alone. Refuses what is not a
+/// regular file, an empty image and a size that is not whole sectors.
+pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
+    let p = || path.to_path_buf();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(!readonly)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::EISDIR) => DiskError::NotAFile { path: p() },
+            _ => DiskError::Open { path: p(), source },
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|source| DiskError::Open { path: p(), source })?;
+    if !meta.is_file() {
+        return Err(DiskError::NotAFile { path: p() });
+    }
+    let size = meta.len();
+    if size == 0 {
+        return Err(DiskError::Empty { path: p() });
+    }
+    if !size.is_multiple_of(SECTOR_SIZE) {
+        return Err(DiskError::NotWholeSectors { path: p(), size });
+    }
+    let how = if readonly {
+        libc::LOCK_SH
+    } else {
+        libc::LOCK_EX
+    };
+    // SAFETY: flock on the descriptor `file` owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            DiskError::Locked { path: p() }
+        } else {
+            DiskError::Lock {
+                path: p(),
+                source: e,
+            }
+        });
+    }
+    Ok(DiskImage {
+        file: RawFile::new(file),
+        sectors: size / SECTOR_SIZE,
+        id: disk_id(path),
+    })
+}
+
+/// The GET_ID answer: the image's file name, cut to 20 bytes, zero-padded (Linux shows it as
+/// /sys/block/vdX/serial and /dev/disk/by-id/virtio-NAME).
+pub fn disk_id(path: &Path) -> [u8; ID_BYTES] {
+    let mut id = [0u8; ID_BYTES];
+    let name = path
+        .file_name()
+        .map(|n| n.as_encoded_bytes())
+        .unwrap_or(b"");
+    let n = name.len().min(ID_BYTES);
+    id[..n].copy_from_slice(&name[..n]);
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(dir: &Path, name: &str, size: u64) -> PathBuf {
+        let p = dir.join(name);
+        let f = File::create(&p).unwrap();
+        f.set_len(size).unwrap();
+        p
+    }
+
+    #[test]
+    fn images_are_checked_and_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = image(dir.path(), "good.img", 8 * SECTOR_SIZE);
+        let d = open(&good, false).unwrap();
+        assert_eq!(d.sectors, 8);
+        assert_eq!(&d.id[..8], b"good.img");
+        assert_eq!(d.id[8..], [0; 12]);
+        // A second user: refused while the first holds its lock, read-only or not.
+        let e = open(&good, false).err().unwrap();
+        assert!(matches!(e, DiskError::Locked { .. }), "{e}");
+        assert!(e.to_string().contains("another process holds a lock"));
+        assert!(matches!(open(&good, true), Err(DiskError::Locked { .. })));
+        drop(d);
+        // Read-only users share the image; a writer is then refused.
+        let r1 = open(&good, true).unwrap();
+        let _r2 = open(&good, true).unwrap();
+        assert!(matches!(open(&good, false), Err(DiskError::Locked { .. })));
+        drop(r1);
+
+        let odd = image(dir.path(), "odd.img", 1000);
+        let e = open(&odd, false).err().unwrap();
+        assert!(
+            matches!(e, DiskError::NotWholeSectors { size: 1000, .. }),
+            "{e}"
+        );
+        let empty = image(dir.path(), "empty.img", 0);
+        assert!(matches!(open(&empty, false), Err(DiskError::Empty { .. })));
+        assert!(matches!(
+            open(dir.path(), true),
+            Err(DiskError::NotAFile { .. })
+        ));
+        let e = open(&dir.path().join("missing.img"), false).err().unwrap();
+        assert!(matches!(e, DiskError::Open { .. }), "{e}");
+        assert!(e.to_string().contains("missing.img"), "{e}");
+    }
+
+    #[test]
+    fn raw_file_reads_writes_and_zeroes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = image(dir.path(), "d.img", 64 * 1024 * 4);
+        let mut f = RawFile::new(OpenOptions::new().read(true).write(true).open(&p).unwrap());
+        f.write_at(&[0xab; 4096], 8192).unwrap();
+        f.sync_data().unwrap();
+        let mut b = [0u8; 4096];
+        f.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b, [0xab; 4096]);
+        f.write_zeroes(8192, 1024).unwrap();
+        f.read_at(&mut b, 8192).unwrap();
+        assert_eq!(b[..1024], [0; 1024]);
+        assert_eq!(b[1024..], [0xab; 3072]);
+        f.discard(8192, 4096).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().len(),
+            64 * 1024 * 4,
+            "size kept"
+        );
+        // Past the end: an error, not a short read.
+        assert!(f.read_at(&mut b, 64 * 1024 * 4 - 512).is_err());
+    }
+}
