@@ -2,7 +2,8 @@
 # vPMU guest images: builds the guest kernels and initramfs and caches them outside the repo.
 #
 # Usage: guest-image/build.sh [TARGET...]
-#   all              (default) initramfs, initramfs-tiny, spin-initramfs, debian-kernel, default-kernel
+#   all              (default) initramfs, initramfs-tiny, spin-initramfs, debian-kernel, default-kernel,
+#                    rootfs
 #   default-kernel   minimal kernel from Debian's unmodified linux-source-6.1:
 #                    tinyconfig + guest-image/kernel/minimal.config (4-6 min on 2 cores)
 #   debian-kernel    the prebuilt linux-image-6.1.*-cloud-amd64 (downloaded, never installed;
@@ -15,6 +16,9 @@
 #                    ../shared/third_party/oprofile-*.tar.gz (OPROFILE_TARBALL overrides), and the
 #                    workloads guest-image/workloads/*.c compiled statically; at most 60 MB
 #   initramfs-tiny   busybox-static + init + experiments.sh only (~2 MB): faster boots
+#   rootfs           what `initramfs` holds, as an uncompressed ext4 disk image for `run --disk`
+#                    (mke2fs -d: no root privileges, no loop mount), with the default kernel's
+#                    symbols for its profilers and a manifest (guest path, build-id) beside it
 #   spin-initramfs   only /init = guest-image/initramfs/spin-init.S: never makes a system call, so
 #                    the kernel stays up where guest user space cannot run (docs/virtio-net.md)
 #   paths            print NAME=PATH lines for the built artifacts: eval "$(build.sh paths)"
@@ -515,6 +519,84 @@ build_initramfs() {
 	link initramfs.cpio "$final/initramfs.cpio"
 }
 
+# The default root filesystem: what the default initramfs holds, as an ext4 image for
+# `vpmu-vmm run --disk` (the guest mounts it as /dev/vda; docs/virtio-blk.md). Made by
+# `mke2fs -d` from a staging directory: no root privileges, no loop mount. Uncompressed and
+# without a journal (a guest kernel whose code is emulated pays for every journal commit). Also:
+#   /sbin/init -> /init (the kernel starts /sbin/init on a disk root);
+#   /etc/vpmu/kallsyms/<sha256 of the kernel's .notes> = the default kernel's System.map, which
+#     /init bind-mounts over /proc/kallsyms when the running kernel's /sys/kernel/notes hashes to
+#     that name (the same build: same build-id), so the profilers do not make the emulated kernel
+#     format its ~25,000 symbols; any other kernel falls back to reading /proc/kallsyms once;
+#   manifest.tsv beside the image: guest path, ELF build-id (or -), size, of every regular file.
+ROOTFS_FREE_MB=64
+build_rootfs() {
+	need_pkgs busybox-static e2fsprogs binutils
+	build_default_kernel
+	build_oprofile
+	build_perf
+	local ver k final kernel_dir notes_sum
+	ver=$(pkg_version busybox-static)
+	kernel_dir=$(readlink -f "$CACHE/current/default-vmlinux")
+	kernel_dir=${kernel_dir%/*}
+	notes_sum=$(kernel_notes_sha256 "$kernel_dir/vmlinux")
+	k=$(key rootfs "$ver" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" "${OPROFILE_DIR##*/} ${PERF_DIR##*/}" \
+		"$(for w in "${WORKLOAD_NAMES[@]}"; do cat "$WORKLOADS/$w.c"; done)" "$(pkg_version libc6-dev)" \
+		"$notes_sum" "$(pkg_version e2fsprogs)" "$ROOTFS_FREE_MB" \
+		"$(declare -f build_rootfs initramfs_root build_workloads kernel_notes_sha256 write_manifest)")
+	final=$CACHE/rootfs-$k
+	if [ ! -f "$final/rootfs.ext4" ]; then
+		lock rootfs
+		if [ ! -f "$final/rootfs.ext4" ]; then
+			new_tmp rootfs
+			local root=$TMP/root mb
+			say "rootfs: busybox $ver, perf, OProfile, workloads, kallsyms of the default kernel (key $k)"
+			initramfs_root "$root"
+			cp -a "$PERF_DIR/root/." "$root/"
+			cp -a "$OPROFILE_DIR/root/." "$root/"
+			build_workloads "$root/usr/bin"
+			ln -sfn /init "$root/sbin/init"
+			mkdir -p "$root/etc/vpmu/kallsyms"
+			install -m 0400 "$kernel_dir/System.map" "$root/etc/vpmu/kallsyms/$notes_sum"
+			write_manifest "$root" >"$TMP/manifest.tsv"
+			mb=$(($(du -sm "$root" | cut -f1) + ROOTFS_FREE_MB))
+			run_logged "$TMP/mke2fs.log" "mke2fs -t ext4 -d (${mb} MB, no journal)" \
+				mke2fs -q -F -t ext4 -O ^has_journal -L vpmu-root -E root_owner=0:0 \
+				-d "$root" "$TMP/rootfs.ext4" "${mb}M"
+			rm -rf "$root"
+			publish "$final"
+			say "built: rootfs ($(du -h --apparent-size "$final/rootfs.ext4" | cut -f1), ext4): $final"
+		fi
+		unlock
+	else
+		say "cached: rootfs (busybox $ver, perf, OProfile, workloads; key $k): $final"
+	fi
+	link rootfs.ext4 "$final/rootfs.ext4"
+	link rootfs-manifest.tsv "$final/manifest.tsv"
+}
+
+# kernel_notes_sha256 VMLINUX: sha256 of the ELF's .notes section, the bytes the running kernel
+# shows in /sys/kernel/notes (its build-id among them).
+kernel_notes_sha256() {
+	local t
+	t=$(mktemp)
+	objcopy -O binary --only-section=.notes "$1" "$t" || die "objcopy .notes of $1 failed"
+	[ -s "$t" ] || die "$1 has no .notes section"
+	sha256sum "$t" | cut -d' ' -f1
+	rm -f "$t"
+}
+
+# write_manifest ROOT: "guest-path<TAB>build-id<TAB>bytes" for every regular file under ROOT,
+# sorted; the build-id is the ELF's GNU build-id note, or - for other files.
+write_manifest() {
+	local f id
+	printf '# guest path\tbuild-id\tbytes\n'
+	(cd "$1" && find . -type f | LC_ALL=C sort) | while IFS= read -r f; do
+		id=$(readelf -n "$1/$f" 2>/dev/null | sed -n 's/^ *Build ID: //p' | head -n 1 || true)
+		printf '%s\t%s\t%s\n' "${f#.}" "${id:--}" "$(stat -c %s "$1/$f")"
+	done
+}
+
 # The tiny initramfs: busybox and /init only (~2 MB): the quick boot when no profiler is needed.
 build_initramfs_tiny() {
 	need_pkgs busybox-static cpio
@@ -580,7 +662,8 @@ print_paths() {
 	for var in DEFAULT_VMLINUX:default-vmlinux DEFAULT_BZIMAGE:default-bzImage \
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
-		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio; do
+		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
+		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv; do
 		file=$CACHE/current/${var#*:}
 		[ -e "$file" ] || continue
 		printf '%s=%q\n' "${var%%:*}" "$(readlink -f "$file")"
@@ -598,10 +681,12 @@ for target in "$@"; do
 		build_spin_initramfs
 		build_debian_kernel
 		build_default_kernel
+		build_rootfs
 		;;
 	default-kernel) build_default_kernel ;;
 	debian-kernel) build_debian_kernel ;;
 	initramfs) build_initramfs ;;
+	rootfs) build_rootfs ;;
 	initramfs-tiny) build_initramfs_tiny ;;
 	spin-initramfs) build_spin_initramfs ;;
 	*)
