@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::table::{Comparison, Profile};
 use super::CompareError;
+use crate::devices::virtio::blk::DiskConfig;
 use crate::end::VmEnd;
 use crate::guest_reports::{failed_steps, opreport_samples, perf_report_samples};
 use crate::guest_results::{decode, Decoded};
@@ -55,11 +56,24 @@ impl GuestProfiler {
     }
 }
 
+/// Where the guest's root filesystem (perf, OProfile, cpu_split, /init with experiments.sh)
+/// comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestRoot {
+    /// The default (full) initramfs.
+    Initrd(PathBuf),
+    /// A root disk image (guest-image's rootfs), attached read-only as /dev/vda.
+    Disk {
+        path: PathBuf,
+        /// `--disk-access-cost-us` as resolved for this host.
+        access_cost_us: u32,
+    },
+}
+
 pub struct Settings {
     pub profiler: GuestProfiler,
     pub kernel: PathBuf,
-    /// The default (full) initramfs: perf, OProfile, cpu_split, /init with experiments.sh.
-    pub initrd: PathBuf,
+    pub root: GuestRoot,
     pub out: PathBuf,
     /// Seconds of system-wide profile per mode.
     pub secs: u64,
@@ -92,11 +106,27 @@ pub fn cmdline(profiler: GuestProfiler, secs: u64) -> String {
 pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     let serial2 = s.out.join("guest-results.bin");
     let console = s.out.join("guest-console.log");
+    let (initrd, disks) = match &s.root {
+        GuestRoot::Initrd(path) => (Some(path.clone()), Vec::new()),
+        GuestRoot::Disk {
+            path,
+            access_cost_us,
+        } => (
+            None,
+            vec![DiskConfig {
+                path: path.clone(),
+                readonly: true,
+                access_cost_us: *access_cost_us,
+            }],
+        ),
+    };
     let mut cfg = VmConfig::new(Boot::Linux {
         kernel: s.kernel.clone(),
-        initrd: Some(s.initrd.clone()),
+        initrd,
         cmdline: cmdline(s.profiler, s.secs),
     });
+    // With a disk and no initrd the VMM mounts the disk as the root (`root=/dev/vda ro`).
+    cfg.disks = disks;
     cfg.memory_mib = 1024;
     // The guest switches the mode itself before each profile (vpmu.modes).
     cfg.vpmu = VpmuSetting::CpuSwitch;

@@ -331,6 +331,31 @@ pub fn check_inputs(
     Ok((k.to_path_buf(), i.to_path_buf()))
 }
 
+/// `--profiler perf|oprofile`: the kernel and the guest's root, an initramfs (--initrd) or a
+/// disk image (--disk), each an existing file.
+pub fn check_in_guest_inputs(
+    kernel: Option<&Path>,
+    initrd: Option<&Path>,
+    disk: Option<&Path>,
+) -> Result<(PathBuf, PathBuf, bool), String> {
+    let (Some(k), Some((root, is_disk))) = (kernel, disk.map(|d| (d, true)).or(initrd.map(|i| (i, false))))
+    else {
+        return Err(
+            "--profiler perf|oprofile needs --kernel and the guest's root: --disk (a root \
+             filesystem image) or --initrd (the default initramfs); the default guest: \
+             `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
+             --disk \"$ROOTFS\""
+                .into(),
+        );
+    };
+    for p in [k, root] {
+        if !p.is_file() {
+            return Err(format!("{}: no such file", p.display()));
+        }
+    }
+    Ok((k.to_path_buf(), root.to_path_buf(), is_disk))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

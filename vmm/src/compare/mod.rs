@@ -139,8 +139,23 @@ fn packet_rx_in_guest(
     args: &crate::cli::CompareArgs,
     profiler: in_guest::GuestProfiler,
 ) -> Result<(), CompareError> {
-    let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
-        .map_err(CompareError::Input)?;
+    let (kernel, root, is_disk) = linux::check_in_guest_inputs(
+        args.kernel.as_deref(),
+        args.initrd.as_deref(),
+        args.disk.as_deref(),
+    )
+    .map_err(CompareError::Input)?;
+    let root = if is_disk {
+        in_guest::GuestRoot::Disk {
+            path: root,
+            access_cost_us: crate::cli::disk_access_cost(
+                args.disk_access_cost_us,
+                crate::host_quirks::QuirkSetting::Auto,
+            ),
+        }
+    } else {
+        in_guest::GuestRoot::Initrd(root)
+    };
     let (access_cost_us, why) = access_cost(args);
     eprintln!(
         "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
@@ -153,7 +168,7 @@ fn packet_rx_in_guest(
     let g = in_guest::run(&in_guest::Settings {
         profiler,
         kernel,
-        initrd,
+        root,
         out: args.out.clone(),
         secs: args.phase_secs,
         pps: args.net_rx_pps,
@@ -167,6 +182,14 @@ fn packet_rx_in_guest(
             profiler.experiment().trim_start_matches("compare-"),
         ),
         param("kernel", kernel_name(args)),
+        param(
+            "guest_root",
+            match (&args.disk, &args.initrd) {
+                (Some(d), _) => format!("disk {} (read-only)", d.display()),
+                (None, Some(i)) => format!("initrd {}", i.display()),
+                (None, None) => String::new(),
+            },
+        ),
         param("phase_secs", args.phase_secs),
         param("rounds", 1),
         param(
