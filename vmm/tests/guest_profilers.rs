@@ -95,7 +95,13 @@ fn boot(kernel: &str, rootfs: &str, vpmu: &str, cmdline: &str, dir: &Path) -> Bo
     // One vCPU: with two, freshly exec'd processes die at startup now and then on hosts that
     // emulate guest kernel code (docs/guest.md); the library retries those that still do.
     let out = Command::new(BIN)
-        .args(["run", "--kernel", kernel, "--disk", &format!("{rootfs},readonly=on")])
+        .args([
+            "run",
+            "--kernel",
+            kernel,
+            "--disk",
+            &format!("{rootfs},readonly=on"),
+        ])
         .args(["--cpus", "1", "--memory", "1024"])
         .args(["--timeout", &timeout_secs().to_string()])
         .args(["--vpmu", vpmu, "--cmdline", cmdline])

@@ -735,11 +735,21 @@ mod tests {
         };
         let rw = [disk(false), disk(true)];
         assert_eq!(root_option(false, &rw, ""), Some("root=/dev/vda rw"));
-        assert_eq!(root_option(false, &[disk(true)], "quiet"), Some("root=/dev/vda ro"));
+        assert_eq!(
+            root_option(false, &[disk(true)], "quiet"),
+            Some("root=/dev/vda ro")
+        );
         assert_eq!(root_option(true, &rw, ""), None, "an initrd is the root");
         assert_eq!(root_option(false, &[], ""), None, "no disk");
-        assert_eq!(root_option(false, &rw, "x root=/dev/vdb"), None, "the user's root");
-        assert_eq!(root_option(false, &rw, "vpmu.root=1"), Some("root=/dev/vda rw"));
+        assert_eq!(
+            root_option(false, &rw, "x root=/dev/vdb"),
+            None,
+            "the user's root"
+        );
+        assert_eq!(
+            root_option(false, &rw, "vpmu.root=1"),
+            Some("root=/dev/vda rw")
+        );
     }
 
     #[test]
