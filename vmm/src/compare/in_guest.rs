@@ -397,9 +397,31 @@ mod tests {
 
     #[test]
     fn the_command_line_names_the_experiment_and_both_modes() {
-        let c = cmdline(GuestProfiler::Oprofile, 20);
+        let packets = Window::Packets {
+            secs: 20,
+            pps: 10,
+            access_cost_us: 0,
+        };
+        let c = cmdline(GuestProfiler::Oprofile, &packets);
         assert!(c.contains("vpmu.experiment=compare-oprofile"));
         assert!(c.contains("vpmu.modes=cpu-switch,domain-switch"));
         assert!(c.contains("vpmu.secs=20"));
+        assert!(!c.contains("vpmu.workload"));
+        let command = Window::Command {
+            command: "dd if=/dev/zero of=/dev/vdb bs=64k count=10 oflag=direct; echo \"100%\""
+                .into(),
+            max_secs: 60,
+        };
+        let c = cmdline(GuestProfiler::Perf, &command);
+        assert!(c.contains("vpmu.experiment=compare-command-perf"), "{c}");
+        // One word, decoded by /init's percent_decode.
+        let word = c
+            .split_whitespace()
+            .find(|w| w.starts_with("vpmu.workload="))
+            .unwrap();
+        assert_eq!(
+            word,
+            "vpmu.workload=dd%20if=/dev/zero%20of=/dev/vdb%20bs=64k%20count=10%20oflag=direct%3B%20echo%20%22100%25%22"
+        );
     }
 }
