@@ -7,7 +7,8 @@
 #                                     NMI watchdog on the vPMU in both modes; packet receive compared
 #                                     in both modes (vpmu-vmm compare --workload packet-rx); and
 #                                     stock perf and OProfile in the guest (guest_profilers: one
-#                                     boot for both modes, one per compare profiler;
+#                                     boot for both modes, one per compare profiler, one driving
+#                                     its shell; root filesystem on a read-only virtio-blk disk;
 #                                     VPMU_GUEST_PROFILERS=0 skips it, said loudly); and kvm-unit-tests'
 #                                     x86/pmu, unmodified, booted as a Multiboot kernel (AMD model,
 #                                     cpu-switch; scripts/kvm-unit-tests.sh runs the other
@@ -83,9 +84,9 @@ if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
   say "*** tier 3: stock perf/OProfile in the guest SKIPPED because VPMU_GUEST_PROFILERS=0 ***"
   exit 0
 fi
-say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf|oprofile (builds the default initramfs once)"
-guest-image/build.sh initramfs
+say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf|oprofile (builds the root filesystem image once; the guests boot from it, read-only)"
+guest-image/build.sh rootfs
 eval "$(guest-image/build.sh paths)"
-: "${INITRAMFS:?guest-image/build.sh paths did not name INITRAMFS}"
-VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS" VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}" \
+: "${ROOTFS:?guest-image/build.sh paths did not name ROOTFS}"
+VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_ROOTFS="$ROOTFS" VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}" \
   cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture --test-threads 3

@@ -19,6 +19,10 @@
 #     compare-oprofile  the same with operf --system-wide (stopped after $VPMU_SECS s) and operf
 #                       on cpu_split; opreport -l of each (the control's: cpu_split's own
 #                       symbols, --exclude-dependent)
+#     compare-command-perf, compare-command-oprofile
+#                       for `vpmu-vmm compare --workload command -- CMD`: as compare-perf and
+#                       compare-oprofile, with `sh -c "$VPMU_WORKLOAD"` (CMD) in place of the
+#                       packet window
 #   MODES: optional comma-separated accounting modes (cpu-switch,domain-switch): the whole LIST
 #     runs once per mode, after switching through the vPMU control port (see vpmu_set_mode).
 #
@@ -215,14 +219,16 @@ exp_compare_perf() {
 		perf report -i "$dir/control.data" --stdio -n --sort symbol --dsos cpu_split
 }
 
-# vpmu_operf_system_wide DIR SECS: `operf --system-wide -d DIR` for SECS seconds of profiling.
-# operf runs until SIGINT, and where guest kernel code is emulated its start-up alone takes longer
-# than SECS (a plain `timeout -s INT 20 operf ...` killed it before it profiled anything, exit
-# 130): the seconds count from its "Press Ctl-c" line (at most 20 minutes of waiting for it), then
-# SIGINT stops it as a user at the console would. Prints operf's output; returns its exit status
+# vpmu_operf_system_wide DIR CMD...: `operf --system-wide -d DIR` while CMD runs (the packet
+# window, or the user's workload). operf runs until SIGINT, and where guest kernel code is
+# emulated its start-up alone takes longer than a window of seconds (a plain
+# `timeout -s INT 20 operf ...` killed it before it profiled anything, exit 130): CMD starts at
+# its "Press Ctl-c" line (at most 20 minutes of waiting for it), then SIGINT stops it as a user at
+# the console would. Prints operf's output; returns its exit status
 # (an operf that died during its start-up fails its step: nothing runs a step twice).
 vpmu_operf_system_wide() {
-	local d=$1 secs=$2 log="$1.out" pid rc waited=0
+	local d=$1 log="$1.out" pid rc waited=0
+	shift
 	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
 	pid=$!
 	while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null &&
@@ -231,10 +237,8 @@ vpmu_operf_system_wide() {
 		waited=$((waited + 1))
 	done
 	if kill -0 "$pid" 2>/dev/null; then
-		echo "vpmu: operf ready after ${waited} s; profiling for $secs s"
-		vpmu_packets on
-		sleep "$secs"
-		vpmu_packets off
+		echo "vpmu: operf ready after ${waited} s; profiling: $*"
+		"$@"
 		kill -INT "$pid" 2>/dev/null
 	fi
 	wait "$pid"
@@ -246,13 +250,52 @@ vpmu_operf_system_wide() {
 exp_compare_oprofile() {
 	mkdir -p "$dir/op_system" "$dir/op_control"
 	vpmu_step compare-oprofile operf-system.log \
-		vpmu_operf_system_wide "$dir/op_system" "$VPMU_SECS"
+		vpmu_operf_system_wide "$dir/op_system" vpmu_packet_window "$VPMU_SECS"
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
 		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
 	# --exclude-dependent: cpu_split's own symbols only (its kernel samples are an image of their
 	# own, kallsyms, which opreport would list with it), as perf report --dsos cpu_split does.
 	vpmu_step compare-oprofile report-control.txt opreport -l --exclude-dependent \
+		--session-dir="$dir/op_control" image:/usr/bin/cpu_split
+}
+
+# vpmu_packet_window SECS: the VMM's packets flow for SECS seconds (the packet gate open).
+vpmu_packet_window() {
+	local rc
+	vpmu_packets on
+	sleep "$1"
+	rc=$?
+	vpmu_packets off
+	return "$rc"
+}
+
+# `vpmu-vmm compare --workload command -- CMD` (vmm/src/compare/in_guest.rs): the user's command
+# ($VPMU_WORKLOAD, run by `sh -c`) profiled system-wide, so the kernel's work for it (its disk
+# and network interrupts, wherever they land) is in the profile, then the CPU-bound control as
+# compare-perf / compare-oprofile have it. The same report names as those, under its own
+# experiment name.
+exp_compare_command_perf() {
+	vpmu_step compare-command-perf record-system.log \
+		perf record -a -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/system.data" -- \
+		sh -c "$VPMU_WORKLOAD"
+	vpmu_step compare-command-perf report-system.txt \
+		perf report -i "$dir/system.data" --stdio -n --sort symbol
+	vpmu_step compare-command-perf record-control.log \
+		perf record -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/control.data" -- \
+		cpu_split "$VPMU_PROFILE_ROUNDS"
+	vpmu_step compare-command-perf report-control.txt \
+		perf report -i "$dir/control.data" --stdio -n --sort symbol --dsos cpu_split
+}
+
+exp_compare_command_oprofile() {
+	mkdir -p "$dir/op_system" "$dir/op_control"
+	vpmu_step compare-command-oprofile operf-system.log \
+		vpmu_operf_system_wide "$dir/op_system" sh -c "$VPMU_WORKLOAD"
+	vpmu_step compare-command-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
+	vpmu_step compare-command-oprofile operf-control.log \
+		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
+	vpmu_step compare-command-oprofile report-control.txt opreport -l --exclude-dependent \
 		--session-dir="$dir/op_control" image:/usr/bin/cpu_split
 }
 
@@ -293,8 +336,10 @@ vpmu_run_one() {
 	workloads) exp_workloads ;;
 	compare-perf) exp_compare_perf ;;
 	compare-oprofile) exp_compare_oprofile ;;
+	compare-command-perf) exp_compare_command_perf ;;
+	compare-command-oprofile) exp_compare_command_oprofile ;;
 	*)
-		echo "vpmu: unknown experiment '$exp' (known: $VPMU_ALL_EXPERIMENTS,workloads,compare-perf,compare-oprofile,all)"
+		echo "vpmu: unknown experiment '$exp' (known: $VPMU_ALL_EXPERIMENTS,workloads,compare-perf,compare-oprofile,compare-command-perf,compare-command-oprofile,all)"
 		printf 'unknown experiment\n' >"$dir/status.txt"
 		;;
 	esac

@@ -223,6 +223,46 @@ fn compare_refuses_what_it_cannot_do_before_booting() {
         !std::path::Path::new(out).join("packet-rx.csv").exists(),
         "nothing is written for a refused run"
     );
+    // --workload command: the command, the root disk, a guest profiler; a command elsewhere.
+    let refused = |args: &[&str], says: &str| {
+        let mut all = vec!["compare", "--out", out];
+        all.extend_from_slice(args);
+        let o = vmm(&all);
+        assert_eq!(o.code, 1, "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(says), "{args:?}: {}", o.stderr);
+    };
+    refused(&["--workload", "command", "--disk", "x.img"], "after `--`");
+    refused(&["--workload", "command", "--", "true"], "needs --disk");
+    refused(
+        &[
+            "--workload",
+            "command",
+            "--profiler",
+            "host",
+            "--disk",
+            "x",
+            "--",
+            "true",
+        ],
+        "guest's own profiler",
+    );
+    refused(
+        &["--workload", "tiny", "--", "true"],
+        "for --workload command",
+    );
+    refused(
+        &[
+            "--workload",
+            "command",
+            "--kernel",
+            "/nonexistent/k",
+            "--disk",
+            "x",
+            "--",
+            "true",
+        ],
+        "no such file",
+    );
 }
 
 /// The numbers after "exit code" in `text` (whitespace-normalised, so a wrapped line still counts).

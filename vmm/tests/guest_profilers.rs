@@ -1,5 +1,7 @@
 //! Stock perf and OProfile inside a stock Linux guest on the vPMU (issue 4, issue 10): boots the
-//! default kernel with the default initramfs (guest-image/build.sh) on one vCPU with
+//! default kernel with its root filesystem on a read-only virtio-blk disk (guest-image/build.sh
+//! rootfs: what the default initramfs holds, and the kernel's symbols, so /init need not read
+//! /proc/kallsyms in emulated code; checked below) on one vCPU with
 //! `vpmu.experiment=perf-stat,perf-record,ocount,operf,vector-regs vpmu.modes=cpu-switch,domain-switch`
 //! (the guest library's `all` less perf-record-io; one boot, the guest switches the mode through the
 //! vPMU control port), decodes the result frames from COM2 and checks them, in each mode:
@@ -32,8 +34,8 @@
 //! space runs through the VMM's SYSCALL relay; each boot takes 15-50 minutes there (docs/guest.md,
 //! "Sizes and periods"). Run (scripts/test.sh does):
 //!
-//!   guest-image/build.sh default-kernel initramfs && eval "$(guest-image/build.sh paths)" &&
-//!   VPMU_TEST_KERNEL=$DEFAULT_BZIMAGE VPMU_TEST_INITRD=$INITRAMFS \
+//!   guest-image/build.sh default-kernel rootfs && eval "$(guest-image/build.sh paths)" &&
+//!   VPMU_TEST_KERNEL=$DEFAULT_BZIMAGE VPMU_TEST_ROOTFS=$ROOTFS \
 //!     cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture
 
 mod common;
@@ -49,16 +51,25 @@ use vmm::guest_results::{decode, Decoded};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
-/// The kernel and initramfs to boot, or None (after saying loudly why) without /dev/kvm.
+/// The kernel and root filesystem image to boot, or None (after saying loudly why) without
+/// /dev/kvm. The image is attached read-only (a shared lock), so the boots of this file can run
+/// side by side on one image.
 fn inputs() -> Option<(String, String)> {
     if !common::kvm_available() {
         return None;
     }
     let kernel =
         std::env::var("VPMU_TEST_KERNEL").expect("VPMU_TEST_KERNEL must name the guest kernel");
-    let initrd = std::env::var("VPMU_TEST_INITRD")
-        .expect("VPMU_TEST_INITRD must name the default (full) initramfs");
-    Some((kernel, initrd))
+    let rootfs = std::env::var("VPMU_TEST_ROOTFS")
+        .expect("VPMU_TEST_ROOTFS must name the default root filesystem image (build.sh rootfs)");
+    Some((kernel, rootfs))
+}
+
+/// Seconds from the kernel's start to "Run /sbin/init" (its own printk clock), for the log.
+fn boot_to_init_secs(console: &str) -> Option<f64> {
+    let line = console.lines().find(|l| l.contains("Run /sbin/init"))?;
+    let stamp = line.split_once('[')?.1.split_once(']')?.0;
+    stamp.trim().parse().ok()
 }
 
 /// Seconds a boot may take (VPMU_TEST_TIMEOUT): generous, emulated guest kernels on a busy host
@@ -77,14 +88,20 @@ struct Boot {
     results: Decoded,
 }
 
-fn boot(kernel: &str, initrd: &str, vpmu: &str, cmdline: &str, dir: &Path) -> Boot {
+fn boot(kernel: &str, rootfs: &str, vpmu: &str, cmdline: &str, dir: &Path) -> Boot {
     let console = dir.join(format!("console-{vpmu}.log"));
     let serial2 = dir.join(format!("serial2-{vpmu}.bin"));
     let start = std::time::Instant::now();
     // One vCPU: with two, freshly exec'd processes die at startup now and then on hosts that
     // emulate guest kernel code (docs/guest.md); the library retries those that still do.
     let out = Command::new(BIN)
-        .args(["run", "--kernel", kernel, "--initrd", initrd])
+        .args([
+            "run",
+            "--kernel",
+            kernel,
+            "--disk",
+            &format!("{rootfs},readonly=on"),
+        ])
         .args(["--cpus", "1", "--memory", "1024"])
         .args(["--timeout", &timeout_secs().to_string()])
         .args(["--vpmu", vpmu, "--cmdline", cmdline])
@@ -94,13 +111,15 @@ fn boot(kernel: &str, initrd: &str, vpmu: &str, cmdline: &str, dir: &Path) -> Bo
         .arg(&serial2)
         .output()
         .unwrap();
+    let console = std::fs::read_to_string(&console).unwrap_or_default();
     eprintln!(
-        "boot ({cmdline}): {:.0} s wall",
-        start.elapsed().as_secs_f64()
+        "boot ({cmdline}): {:.0} s wall, /sbin/init after {:?} s of guest time",
+        start.elapsed().as_secs_f64(),
+        boot_to_init_secs(&console)
     );
     let bytes = std::fs::read(&serial2).unwrap_or_default();
     Boot {
-        console: std::fs::read_to_string(&console).unwrap_or_default(),
+        console,
         vmm_stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         code: out.status.code(),
         results: decode(&bytes),
@@ -377,6 +396,9 @@ fn check_packet_gate(stderr: &str, profiler: &str) {
 /// Where the host emulates guest kernel code, vpmu-vmm asks /init (vpmu.kallsyms=snapshot, in
 /// host_quirks::KERNEL_OPTIONS) to read /proc/kallsyms once and bind-mount the copy over it: each
 /// read of the kernel's own file takes ~45 s there, and perf reads it several times per command.
+/// With `vpmu.kallsyms=snapshot` (host quirks on), /init must have found the root image's copy
+/// of this kernel's symbols (guest-image/build.sh rootfs) rather than reading /proc/kallsyms in
+/// emulated code.
 fn check_kallsyms_snapshot(console: &str) {
     let asked = console
         .lines()
@@ -384,16 +406,18 @@ fn check_kallsyms_snapshot(console: &str) {
     if asked {
         let snap = console
             .lines()
-            .find(|l| l.starts_with("vpmu: /proc/kallsyms read once"))
-            .unwrap_or_else(|| panic!("/init did not snapshot /proc/kallsyms:\n{console}"));
+            .find(|l| l.starts_with("vpmu: /proc/kallsyms from the image's copy"))
+            .unwrap_or_else(|| {
+                panic!("/init did not use the image's copy of the kernel's symbols:\n{console}")
+            });
         eprintln!("{snap}");
     }
 }
 
 #[test]
-#[ignore = "boots Linux with perf and OProfile (15-50 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
+#[ignore = "boots Linux with perf and OProfile (15-50 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_ROOTFS; see the file's header"]
 fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
-    let Some((kernel, initrd)) = inputs() else {
+    let Some((kernel, rootfs)) = inputs() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -401,7 +425,7 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
     // with the mode the port reports.
     let b = boot(
         &kernel,
-        &initrd,
+        &rootfs,
         "cpu-switch",
         "vpmu.experiment=perf-stat,perf-record,ocount,operf,vector-regs vpmu.modes=cpu-switch,domain-switch",
         dir.path(),
@@ -443,7 +467,7 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
 /// GenuineIntel CPU, so the guest runs Linux's Intel PMU driver), so that perf in the guest is
 /// driven on both models in one test run (the experiments boot above uses the host's, AMD here).
 #[test]
-#[ignore = "boots Linux with perf (20-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
+#[ignore = "boots Linux with perf (20-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_ROOTFS; see the file's header"]
 fn compare_with_the_guests_perf() {
     compare_in_the_guest("perf", "intel");
 }
@@ -452,7 +476,7 @@ fn compare_with_the_guests_perf() {
 /// a user-space CPUID, which kvm_pvm hosts run natively (the host's AMD identity), so on the Intel
 /// model it would program AMD's cycles code (docs/guest.md, "OProfile on the Intel model").
 #[test]
-#[ignore = "boots Linux with OProfile (10-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_INITRD; see the file's header"]
+#[ignore = "boots Linux with OProfile (10-30 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_ROOTFS; see the file's header"]
 fn compare_with_the_guests_oprofile() {
     compare_in_the_guest("oprofile", "auto");
 }
@@ -460,7 +484,7 @@ fn compare_with_the_guests_oprofile() {
 /// `compare --profiler PROFILER --pmu-model MODEL` end to end: one boot. The three boots of this
 /// file run side by side (scripts/test.sh: --test-threads 3).
 fn compare_in_the_guest(profiler: &str, model: &str) {
-    let Some((kernel, initrd)) = inputs() else {
+    let Some((kernel, rootfs)) = inputs() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -475,8 +499,8 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
             model,
             "--kernel",
             &kernel,
-            "--initrd",
-            &initrd,
+            "--disk",
+            &rootfs,
             "--phase-secs",
             "20",
             "--net-rx-pps",

@@ -259,14 +259,27 @@ fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
          *) echo '750      75.0000  cpu_split  hot_75'\n echo '250      25.0000  cpu_split  cold_25' ;; esac\n",
     );
     stub(dir.path(), "cpu_split", "exit 0\n");
-    for (profiler, exp) in [
-        (GuestProfiler::Perf, "compare-perf"),
-        (GuestProfiler::Oprofile, "compare-oprofile"),
+    // The packet window, and `compare --workload command`'s: the user's command in its place
+    // (it must run: it leaves a file behind).
+    let ran = dir.path().join("workload-ran");
+    for (profiler, exp, label) in [
+        (GuestProfiler::Perf, "compare-perf", "packet-rx"),
+        (GuestProfiler::Oprofile, "compare-oprofile", "packet-rx"),
+        (GuestProfiler::Perf, "compare-command-perf", "command"),
+        (
+            GuestProfiler::Oprofile,
+            "compare-command-oprofile",
+            "command",
+        ),
     ] {
+        let _ = std::fs::remove_file(&ran);
         let (d, console) = run_guest_script(
             dir.path(),
             Some(&port_with(0xff)),
-            &format!("VPMU_SECS=1; vpmu_run_experiments {exp} cpu-switch,domain-switch"),
+            &format!(
+                "VPMU_SECS=1; VPMU_WORKLOAD='echo ran >>{}'; vpmu_run_experiments {exp} cpu-switch,domain-switch",
+                ran.display()
+            ),
         );
         assert!(d.problems.is_empty(), "{:?}\n{console}", d.problems);
         for mode in ["cpu-switch", "domain-switch"] {
@@ -277,8 +290,8 @@ fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
                 "{exp} {mode}: {status}\n{console}"
             );
         }
-        let (packets, control) =
-            comparisons(profiler, &d).unwrap_or_else(|e| panic!("{exp}: {e}\n{console}"));
+        let (packets, control) = comparisons(profiler, exp, label, &d)
+            .unwrap_or_else(|e| panic!("{exp}: {e}\n{console}"));
         let top = match profiler {
             GuestProfiler::Perf => "pv_native_safe_halt",
             GuestProfiler::Oprofile => "vm_interrupt",
@@ -288,5 +301,24 @@ fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
             "{packets:?}"
         );
         assert!(control.cpu_total > 0 && control.domain_total > 0);
+        if label == "command" {
+            let runs = std::fs::read_to_string(&ran).unwrap_or_default();
+            // perf's stub does not run the command it records; operf's window does.
+            if profiler == GuestProfiler::Oprofile {
+                assert_eq!(
+                    runs, "ran\nran\n",
+                    "{exp}: the command ran once per mode\n{console}"
+                );
+            }
+            assert!(
+                packets.row(vmm::compare::linux::VIRTIO_TOTAL).is_some(),
+                "{exp}: no virtio path total row: {packets:?}"
+            );
+            assert!(
+                packets.workload.starts_with("command-"),
+                "{}",
+                packets.workload
+            );
+        }
     }
 }

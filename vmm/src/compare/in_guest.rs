@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use super::table::{Comparison, Profile};
 use super::CompareError;
+use crate::devices::virtio::blk::DiskConfig;
 use crate::end::VmEnd;
 use crate::guest_reports::{failed_steps, opreport_samples, perf_report_samples};
 use crate::guest_results::{decode, Decoded};
@@ -55,22 +56,77 @@ impl GuestProfiler {
     }
 }
 
+/// Where the guest's root filesystem (perf, OProfile, cpu_split, /init with experiments.sh)
+/// comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestRoot {
+    /// The default (full) initramfs.
+    Initrd(PathBuf),
+    /// A root disk image (guest-image's rootfs), attached read-only as /dev/vda.
+    Disk {
+        path: PathBuf,
+        /// `--disk-access-cost-us` as resolved for this host.
+        access_cost_us: u32,
+    },
+}
+
+/// What the guest profiles system-wide in each mode, beside the CPU-bound control.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Window {
+    /// The VMM's echo requests through the virtio-net card for `secs` seconds (the guest opens
+    /// the packet gate for its window).
+    Packets {
+        secs: u64,
+        pps: u32,
+        /// `--net-access-cost-us` as resolved for this host.
+        access_cost_us: u32,
+    },
+    /// The user's command, run in the guest with `sh -c`; at most `max_secs` per mode.
+    Command { command: String, max_secs: u64 },
+}
+
+impl Window {
+    /// The experiment /init runs (experiments.sh) with this profiler.
+    pub fn experiment(&self, profiler: GuestProfiler) -> &'static str {
+        match (self, profiler) {
+            (Window::Packets { .. }, p) => p.experiment(),
+            (Window::Command { .. }, GuestProfiler::Perf) => "compare-command-perf",
+            (Window::Command { .. }, GuestProfiler::Oprofile) => "compare-command-oprofile",
+        }
+    }
+
+    /// The name the tables, CSV and SVG files take.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Window::Packets { .. } => "packet-rx",
+            Window::Command { .. } => "command",
+        }
+    }
+
+    /// Seconds the window may take in one mode.
+    fn secs(&self) -> u64 {
+        match self {
+            Window::Packets { secs, .. } => *secs,
+            Window::Command { max_secs, .. } => *max_secs,
+        }
+    }
+}
+
 pub struct Settings {
     pub profiler: GuestProfiler,
     pub kernel: PathBuf,
-    /// The default (full) initramfs: perf, OProfile, cpu_split, /init with experiments.sh.
-    pub initrd: PathBuf,
+    pub root: GuestRoot,
+    /// Disks after the root (/dev/vdb, ...), for the command's data.
+    pub extra_disks: Vec<DiskConfig>,
     pub out: PathBuf,
-    /// Seconds of system-wide profile per mode.
-    pub secs: u64,
-    pub pps: u32,
-    pub access_cost_us: u32,
+    pub window: Window,
     pub boot_timeout: Duration,
     pub pmu_model: ModelChoice,
 }
 
 pub struct GuestComparison {
-    pub packets: Comparison,
+    /// The system-wide profile of the window (packets or the command).
+    pub window: Comparison,
     pub control: Comparison,
     pub run: RunReport,
 }
@@ -80,37 +136,81 @@ pub struct GuestComparison {
 pub const CONTROL_ROUNDS: u32 = 1000;
 
 /// The kernel command line for the guest's experiment.
-pub fn cmdline(profiler: GuestProfiler, secs: u64) -> String {
-    format!(
-        "vpmu.experiment={} vpmu.modes=cpu-switch,domain-switch vpmu.secs={secs} \
+pub fn cmdline(profiler: GuestProfiler, window: &Window) -> String {
+    let mut c = format!(
+        "vpmu.experiment={} vpmu.modes=cpu-switch,domain-switch vpmu.secs={} \
          vpmu.profile_rounds={CONTROL_ROUNDS}",
-        profiler.experiment()
-    )
+        window.experiment(profiler),
+        window.secs()
+    );
+    if let Window::Command { command, .. } = window {
+        c.push_str(" vpmu.workload=");
+        c.push_str(&percent_encode(command));
+    }
+    c
+}
+
+/// The command as one kernel command-line word, for /init's percent_decode: every byte outside
+/// `[A-Za-z0-9_./,:=+-]` becomes `%XX`.
+pub fn percent_encode(command: &str) -> String {
+    let mut out = String::with_capacity(command.len());
+    for b in command.bytes() {
+        if b.is_ascii_alphanumeric() || b"_./,:=+-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Boots the guest once; it profiles itself in both modes and powers off.
 pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     let serial2 = s.out.join("guest-results.bin");
     let console = s.out.join("guest-console.log");
+    let (initrd, disks) = match &s.root {
+        GuestRoot::Initrd(path) => (Some(path.clone()), Vec::new()),
+        GuestRoot::Disk {
+            path,
+            access_cost_us,
+        } => (
+            None,
+            vec![DiskConfig {
+                path: path.clone(),
+                readonly: true,
+                access_cost_us: *access_cost_us,
+            }],
+        ),
+    };
     let mut cfg = VmConfig::new(Boot::Linux {
         kernel: s.kernel.clone(),
-        initrd: Some(s.initrd.clone()),
-        cmdline: cmdline(s.profiler, s.secs),
+        initrd,
+        cmdline: cmdline(s.profiler, &s.window),
     });
+    // With a disk and no initrd the VMM mounts the disk as the root (`root=/dev/vda ro`).
+    cfg.disks = disks;
+    cfg.disks.extend(s.extra_disks.iter().cloned());
     cfg.memory_mib = 1024;
     // The guest switches the mode itself before each profile (vpmu.modes).
     cfg.vpmu = VpmuSetting::CpuSwitch;
     cfg.pmu_model = s.pmu_model;
-    cfg.net = Some(NetConfig {
-        rx_pps: s.pps,
-        access_cost_us: s.access_cost_us,
-        // Only the guest knows when its system-wide window runs: it opens the gate for it.
-        guest_gate: true,
-    });
+    if let Window::Packets {
+        pps,
+        access_cost_us,
+        ..
+    } = s.window
+    {
+        cfg.net = Some(NetConfig {
+            rx_pps: pps,
+            access_cost_us,
+            // Only the guest knows when its system-wide window runs: it opens the gate for it.
+            guest_gate: true,
+        });
+    }
     cfg.serial2 = Some(serial2.clone());
     cfg.console_out = Some(console.clone());
     // Two system-wide profiles plus two cpu_split runs and the reports: generous.
-    cfg.timeout = Some(s.boot_timeout + Duration::from_secs(4 * s.secs + 600));
+    cfg.timeout = Some(s.boot_timeout + Duration::from_secs(4 * s.window.secs() + 600));
     let report = vm::run(&cfg)?;
     if report.end != VmEnd::PowerOff {
         return Err(CompareError::guest_end(
@@ -122,17 +222,21 @@ pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
         path: serial2.clone(),
         source,
     })?;
-    let (packets, control) = comparisons(s.profiler, &decode(&bytes))?;
+    let exp = s.window.experiment(s.profiler);
+    let (window, control) = comparisons(s.profiler, exp, s.window.label(), &decode(&bytes))?;
     Ok(GuestComparison {
-        packets,
+        window,
         control,
         run: report,
     })
 }
 
-/// The packet and control comparisons from the guest's result frames.
+/// The window's and the control's comparisons from the guest's result frames of experiment
+/// `exp`, named after `label` and the profiler.
 pub fn comparisons(
     profiler: GuestProfiler,
+    exp: &str,
+    label: &str,
     d: &Decoded,
 ) -> Result<(Comparison, Comparison), CompareError> {
     if !d.problems.is_empty() {
@@ -145,7 +249,6 @@ pub fn comparisons(
                 .join("; ")
         )));
     }
-    let exp = profiler.experiment();
     let text = |mode: &str, name: &str| -> Result<String, CompareError> {
         d.get(mode, &format!("{exp}/{name}"))
             .map(|f| String::from_utf8_lossy(&f.payload).into_owned())
@@ -174,10 +277,26 @@ pub fn comparisons(
         }
         profiles.push((system, control));
     }
-    let name = |what: &str| format!("packet-rx{what}-{}", exp.trim_start_matches("compare-"));
+    let tool = match profiler {
+        GuestProfiler::Perf => "perf",
+        GuestProfiler::Oprofile => "oprofile",
+    };
+    let name = |what: &str| format!("{label}{what}-{tool}");
+    let (cpu, dom) = (&profiles[0], &profiles[1]);
+    let window = Comparison::new(&name(""), &cpu.0, &dom.0);
     Ok((
-        Comparison::new(&name(""), &profiles[0].0, &profiles[1].0),
-        Comparison::new(&name("-control"), &profiles[0].1, &profiles[1].1),
+        if label == "command" {
+            super::linux::with_path_total(
+                window,
+                &cpu.0,
+                &dom.0,
+                super::linux::VIRTIO_TOTAL,
+                super::linux::is_virtio,
+            )
+        } else {
+            window
+        },
+        Comparison::new(&name("-control"), &cpu.1, &dom.1),
     ))
 }
 
@@ -235,7 +354,7 @@ mod tests {
         ]);
         let d = decode(&bytes);
         assert!(d.problems.is_empty(), "{:?}", d.problems);
-        let (p, c) = comparisons(GuestProfiler::Perf, &d).unwrap();
+        let (p, c) = comparisons(GuestProfiler::Perf, "compare-perf", "packet-rx", &d).unwrap();
         assert_eq!(p.workload, "packet-rx-perf");
         let r = p.row("vm_interrupt").unwrap();
         assert_eq!((r.cpu_samples, r.domain_samples), (20, 2000));
@@ -252,7 +371,13 @@ mod tests {
                 "exit=1\tperf record -a\n",
             ),
         ]);
-        let e = comparisons(GuestProfiler::Perf, &decode(&bad)).unwrap_err();
+        let e = comparisons(
+            GuestProfiler::Perf,
+            "compare-perf",
+            "packet-rx",
+            &decode(&bad),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("perf record -a"), "{e}");
         // A missing mode is named.
         let half = stream(&[
@@ -260,15 +385,43 @@ mod tests {
             ("cpu-switch", "compare-perf/report-control.txt", &ctl),
             ("cpu-switch", "compare-perf/status.txt", ok),
         ]);
-        let e = comparisons(GuestProfiler::Perf, &decode(&half)).unwrap_err();
+        let e = comparisons(
+            GuestProfiler::Perf,
+            "compare-perf",
+            "packet-rx",
+            &decode(&half),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("domain-switch"), "{e}");
     }
 
     #[test]
     fn the_command_line_names_the_experiment_and_both_modes() {
-        let c = cmdline(GuestProfiler::Oprofile, 20);
+        let packets = Window::Packets {
+            secs: 20,
+            pps: 10,
+            access_cost_us: 0,
+        };
+        let c = cmdline(GuestProfiler::Oprofile, &packets);
         assert!(c.contains("vpmu.experiment=compare-oprofile"));
         assert!(c.contains("vpmu.modes=cpu-switch,domain-switch"));
         assert!(c.contains("vpmu.secs=20"));
+        assert!(!c.contains("vpmu.workload"));
+        let command = Window::Command {
+            command: "dd if=/dev/zero of=/dev/vdb bs=64k count=10 oflag=direct; echo \"100%\""
+                .into(),
+            max_secs: 60,
+        };
+        let c = cmdline(GuestProfiler::Perf, &command);
+        assert!(c.contains("vpmu.experiment=compare-command-perf"), "{c}");
+        // One word, decoded by /init's percent_decode.
+        let word = c
+            .split_whitespace()
+            .find(|w| w.starts_with("vpmu.workload="))
+            .unwrap();
+        assert_eq!(
+            word,
+            "vpmu.workload=dd%20if=/dev/zero%20of=/dev/vdb%20bs=64k%20count=10%20oflag=direct%3B%20echo%20%22100%25%22"
+        );
     }
 }

@@ -60,6 +60,18 @@ pub const EMULATED_ACCESS_COST_US: u32 = 4000;
 /// The row that sums the virtio-net path in the packet-receive table.
 pub const VIRTIO_NET_TOTAL: &str = "[virtio-net rx/tx/irq path: total]";
 
+/// The row that sums the virtio path (either device, the ring, the interrupt) in a command's
+/// table: where a disk or network workload's device work shows.
+pub const VIRTIO_TOTAL: &str = "[virtio blk/net/ring/irq path: total]";
+
+/// Guest kernel functions of the virtio-blk driver's request path (drivers/block/virtio_blk.c).
+pub const VIRTIO_BLK_PREFIXES: &[&str] = &["virtblk_", "virtio_queue_rq", "virtio_commit_rqs"];
+
+/// A function of either virtio device's path, their rings or the virtio-mmio transport.
+pub fn is_virtio(name: &str) -> bool {
+    is_virtio_net(name) || VIRTIO_BLK_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 pub fn is_virtio_net(name: &str) -> bool {
     VIRTIO_NET_PREFIXES.iter().any(|p| name.starts_with(p))
 }
@@ -283,11 +295,22 @@ fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Prof
 }
 
 /// Adds the virtio-net path total as a row of its own.
-fn with_total(mut c: Comparison, cpu: &Profile, dom: &Profile) -> Comparison {
+fn with_total(c: Comparison, cpu: &Profile, dom: &Profile) -> Comparison {
+    with_path_total(c, cpu, dom, VIRTIO_NET_TOTAL, is_virtio_net)
+}
+
+/// Adds a row `name` summing the functions `member` picks (a device's path), kind `total`.
+pub fn with_path_total(
+    mut c: Comparison,
+    cpu: &Profile,
+    dom: &Profile,
+    name: &str,
+    member: fn(&str) -> bool,
+) -> Comparison {
     let sum = |p: &Profile| -> u64 {
         p.samples
             .iter()
-            .filter(|(k, _)| is_virtio_net(k))
+            .filter(|(k, _)| member(k))
             .map(|(_, v)| v)
             .sum()
     };
@@ -300,7 +323,7 @@ fn with_total(mut c: Comparison, cpu: &Profile, dom: &Profile) -> Comparison {
     };
     let (a, b) = (sum(cpu), sum(dom));
     c.insert_total(super::table::Row {
-        function: VIRTIO_NET_TOTAL.into(),
+        function: name.into(),
         cpu_samples: a,
         cpu_percent: pct(a, cpu),
         domain_samples: b,
@@ -329,6 +352,33 @@ pub fn check_inputs(
         }
     }
     Ok((k.to_path_buf(), i.to_path_buf()))
+}
+
+/// `--profiler perf|oprofile`: the kernel and the guest's root, an initramfs (--initrd) or a
+/// disk image (--disk), each an existing file.
+pub fn check_in_guest_inputs(
+    kernel: Option<&Path>,
+    initrd: Option<&Path>,
+    disk: Option<&Path>,
+) -> Result<(PathBuf, PathBuf, bool), String> {
+    let (Some(k), Some((root, is_disk))) = (
+        kernel,
+        disk.map(|d| (d, true)).or(initrd.map(|i| (i, false))),
+    ) else {
+        return Err(
+            "--profiler perf|oprofile needs --kernel and the guest's root: --disk (a root \
+             filesystem image) or --initrd (the default initramfs); the default guest: \
+             `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
+             --disk \"$ROOTFS\""
+                .into(),
+        );
+    };
+    for p in [k, root] {
+        if !p.is_file() {
+            return Err(format!("{}: no such file", p.display()));
+        }
+    }
+    Ok((k.to_path_buf(), root.to_path_buf(), is_disk))
 }
 
 #[cfg(test)]

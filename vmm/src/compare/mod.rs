@@ -61,25 +61,54 @@ impl CompareError {
 /// `vpmu-vmm compare`: runs the workload, prints the tables and what they show, writes the files.
 pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
     use crate::cli::{Profiler, Workload};
-    let in_guest = match args.profiler {
+    let profiler = match (args.profiler, args.workload) {
+        (Some(p), _) => p,
+        // The host-side sampler sees a guest program as one user-space row (no processes yet).
+        (None, Workload::Command) => Profiler::Perf,
+        (None, _) => Profiler::Host,
+    };
+    let in_guest = match profiler {
         Profiler::Host => None,
         Profiler::Perf => Some(in_guest::GuestProfiler::Perf),
         Profiler::Oprofile => Some(in_guest::GuestProfiler::Oprofile),
     };
-    if args.workload == Workload::Tiny && in_guest.is_some() {
-        return Err(CompareError::Input(
-            "--profiler perf|oprofile needs --workload packet-rx: the tiny guest has no Linux (it samples itself with the vPMU)"
-                .into(),
-        ));
-    }
+    check_workload_args(args, in_guest.is_some())?;
     std::fs::create_dir_all(&args.out).map_err(|source| CompareError::Io {
         path: args.out.clone(),
         source,
     })?;
     match (args.workload, in_guest) {
         (Workload::PacketRx, None) => packet_rx_host(args),
-        (Workload::PacketRx, Some(p)) => packet_rx_in_guest(args, p),
+        (Workload::PacketRx | Workload::Command, Some(p)) => in_guest_comparison(args, p),
         (Workload::Tiny, _) => tiny_guest(args),
+        (Workload::Command, None) => unreachable!("refused by check_workload_args"),
+    }
+}
+
+/// The combinations of workload, profiler and command that make sense, else a usage message.
+fn check_workload_args(
+    args: &crate::cli::CompareArgs,
+    guest_profiler: bool,
+) -> Result<(), CompareError> {
+    use crate::cli::Workload;
+    let refuse = |m: &str| Err(CompareError::Input(m.into()));
+    match args.workload {
+        Workload::Tiny if guest_profiler => refuse(
+            "--profiler perf|oprofile needs --workload packet-rx or command: the tiny guest has no Linux (it samples itself with the vPMU)",
+        ),
+        Workload::Command if !guest_profiler => refuse(
+            "--workload command needs the guest's own profiler (--profiler perf, the default, or oprofile): the host-side sampler does not yet tell guest processes apart, so your program would be one [guest user space] row",
+        ),
+        Workload::Command if args.command.is_empty() => refuse(
+            "--workload command needs the command after `--`, e.g. compare --workload command --kernel K --disk ROOTFS -- dd if=/dev/zero of=/tmp/f bs=64k count=100 conv=fsync",
+        ),
+        Workload::Command if args.disk.is_empty() => refuse(
+            "--workload command needs --disk: the guest's root filesystem image (guest-image/build.sh rootfs: $ROOTFS), then any disks the command uses",
+        ),
+        Workload::Tiny | Workload::PacketRx if !args.command.is_empty() => refuse(
+            "a command after `--` is for --workload command",
+        ),
+        _ => Ok(()),
     }
 }
 
@@ -132,41 +161,91 @@ fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         param("access_cost_us", access_cost_us),
         param("pmu_model", format!("{:?}", args.pmu_model).to_lowercase()),
     ];
-    print_packet_rx(args, l.packets, l.control, &l.run, params)
+    print_linux_comparison(
+        args,
+        l.packets,
+        l.control,
+        &l.run,
+        params,
+        linux::VIRTIO_NET_TOTAL,
+    )
 }
 
-fn packet_rx_in_guest(
+fn in_guest_comparison(
     args: &crate::cli::CompareArgs,
     profiler: in_guest::GuestProfiler,
 ) -> Result<(), CompareError> {
-    let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
-        .map_err(CompareError::Input)?;
-    let (access_cost_us, why) = access_cost(args);
-    eprintln!(
-        "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
-         {} echo requests/s; the guest's {} profiles the whole system for {} s and cpu_split (the control) in each mode, switching through the vPMU control port",
-        kernel.display(),
-        args.net_rx_pps,
-        profiler.experiment().trim_start_matches("compare-"),
-        args.phase_secs,
+    use crate::cli::Workload;
+    let root_path = args.disk.first().map(|d| d.path.as_path());
+    let (kernel, root, is_disk) =
+        linux::check_in_guest_inputs(args.kernel.as_deref(), args.initrd.as_deref(), root_path)
+            .map_err(CompareError::Input)?;
+    let disk_cost = crate::cli::disk_access_cost(
+        args.disk_access_cost_us,
+        crate::host_quirks::QuirkSetting::Auto,
     );
+    let root = if is_disk {
+        in_guest::GuestRoot::Disk {
+            path: root,
+            access_cost_us: disk_cost,
+        }
+    } else {
+        in_guest::GuestRoot::Initrd(root)
+    };
+    let extra_disks = args
+        .disk
+        .iter()
+        .skip(1)
+        .map(|d| crate::devices::virtio::blk::DiskConfig {
+            path: d.path.clone(),
+            readonly: d.readonly,
+            access_cost_us: disk_cost,
+        })
+        .collect();
+    let (access_cost_us, why) = access_cost(args);
+    let window = match args.workload {
+        Workload::Command => in_guest::Window::Command {
+            command: args.command.join(" "),
+            max_secs: args.phase_secs,
+        },
+        _ => in_guest::Window::Packets {
+            secs: args.phase_secs,
+            pps: args.net_rx_pps,
+            access_cost_us,
+        },
+    };
+    let tool = window
+        .experiment(profiler)
+        .trim_start_matches("compare-")
+        .trim_start_matches("command-");
+    match &window {
+        in_guest::Window::Packets { .. } => eprintln!(
+            "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
+             {} echo requests/s; the guest's {tool} profiles the whole system for {} s and cpu_split (the control) in each mode, switching through the vPMU control port",
+            kernel.display(),
+            args.net_rx_pps,
+            args.phase_secs,
+        ),
+        in_guest::Window::Command { command, .. } => eprintln!(
+            "[compare] booting {} from its root disk; in each mode the guest's {tool} profiles the whole system while `{command}` runs \
+             (disks: {disk_cost} us of extra device-model work per register access), then cpu_split (the control), switching through the vPMU control port",
+            kernel.display(),
+        ),
+    }
     let g = in_guest::run(&in_guest::Settings {
         profiler,
         kernel,
-        initrd,
+        root,
+        extra_disks,
         out: args.out.clone(),
-        secs: args.phase_secs,
-        pps: args.net_rx_pps,
-        access_cost_us,
+        window: window.clone(),
         boot_timeout: std::time::Duration::from_secs(args.boot_timeout),
         pmu_model: args.pmu_model,
     })?;
-    let params = vec![
-        param(
-            "profiler",
-            profiler.experiment().trim_start_matches("compare-"),
-        ),
+    let mut params = vec![
+        param("profiler", tool),
         param("kernel", kernel_name(args)),
+        param("guest_root", guest_root_param(args)),
         param("phase_secs", args.phase_secs),
         param("rounds", 1),
         param(
@@ -174,19 +253,44 @@ fn packet_rx_in_guest(
             "guest profiler, fixed period (VPMU_PERIOD in experiments.sh)",
         ),
         param("control_rounds", in_guest::CONTROL_ROUNDS),
-        param("net_rx_pps", args.net_rx_pps),
-        param("access_cost_us", access_cost_us),
-        param("pmu_model", format!("{:?}", args.pmu_model).to_lowercase()),
     ];
-    print_packet_rx(args, g.packets, g.control, &g.run, params)
+    match &window {
+        in_guest::Window::Packets { .. } => {
+            params.push(param("net_rx_pps", args.net_rx_pps));
+            params.push(param("access_cost_us", access_cost_us));
+        }
+        in_guest::Window::Command { command, .. } => {
+            params.push(param("command", command.as_str()));
+            params.push(param("disk_access_cost_us", disk_cost));
+        }
+    }
+    params.push(param(
+        "pmu_model",
+        format!("{:?}", args.pmu_model).to_lowercase(),
+    ));
+    let io_total = match window {
+        in_guest::Window::Packets { .. } => linux::VIRTIO_NET_TOTAL,
+        in_guest::Window::Command { .. } => linux::VIRTIO_TOTAL,
+    };
+    print_linux_comparison(args, g.window, g.control, &g.run, params, io_total)
 }
 
-fn print_packet_rx(
+/// The guest's root as the CSV/JSON parameter says it.
+fn guest_root_param(args: &crate::cli::CompareArgs) -> String {
+    match (args.disk.first(), &args.initrd) {
+        (Some(d), _) => format!("disk {} (read-only)", d.path.display()),
+        (None, Some(i)) => format!("initrd {}", i.display()),
+        (None, None) => String::new(),
+    }
+}
+
+fn print_linux_comparison(
     args: &crate::cli::CompareArgs,
     mut packets: table::Comparison,
     mut control: table::Comparison,
     run: &crate::vm::RunReport,
     params: Vec<(String, serde_json::Value)>,
+    io_total: &str,
 ) -> Result<(), CompareError> {
     let params = run_params(args, run, params);
     for c in [&mut packets, &mut control] {
@@ -217,7 +321,7 @@ fn print_packet_rx(
             &files,
             packets,
             control,
-            linux::VIRTIO_NET_TOTAL,
+            io_total,
             run,
         );
         println!(
@@ -234,7 +338,7 @@ fn print_packet_rx(
             );
         }
     }
-    println!("{}", summary(packets, control, linux::VIRTIO_NET_TOTAL));
+    println!("{}", summary(packets, control, io_total));
     Ok(())
 }
 
@@ -316,6 +420,7 @@ fn run_params(
     let workload = match args.workload {
         crate::cli::Workload::Tiny => "tiny",
         crate::cli::Workload::PacketRx => "packet-rx",
+        crate::cli::Workload::Command => "command",
     };
     let mut p = vec![param("schema", COMPARE_SCHEMA), param("workload", workload)];
     p.extend(extra);

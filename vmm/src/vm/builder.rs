@@ -25,7 +25,7 @@ use super::DEFAULT_CMDLINE;
 use super::{kvm, Boot, Latch, RdpmcSetting, VmConfig, VmControl, VmError, VpmuSetting};
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
-use crate::devices::virtio::blk::{self, VirtioBlk};
+use crate::devices::virtio::blk::{self, DiskConfig, VirtioBlk};
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
@@ -269,7 +269,8 @@ fn load_linux<'a>(
         layout::LAPIC_ADDR,
         &virtio,
     )?;
-    let full = kernel_cmdline(quirks, cfg.net.is_some(), user_cmdline);
+    let root = root_option(initrd.is_some(), &cfg.disks, user_cmdline);
+    let full = kernel_cmdline(quirks, cfg.net.is_some(), root, user_cmdline);
     let loaded = boot::kernel::load(mem, kernel, initrd, &full, Some(rsdp))?;
     log::info!(
         "kernel {} entry {:#x}, ends {:#x}{}",
@@ -377,13 +378,30 @@ fn disk_base(i: usize) -> u64 {
     layout::VIRTIO_BLK_MMIO_BASE + i as u64 * MMIO_LEN
 }
 
-/// [`DEFAULT_CMDLINE`], then the host-quirk options, the network options, the user's.
-fn kernel_cmdline(quirks: bool, net: bool, user: &str) -> String {
+/// The root device option the VMM adds, as Firecracker does for its root drive: with no initrd,
+/// the first `--disk` is the root filesystem (`root=/dev/vda`, mounted `ro` if the disk is
+/// read-only, else `rw`), unless the user's command line names a root itself.
+fn root_option(has_initrd: bool, disks: &[DiskConfig], user: &str) -> Option<&'static str> {
+    let user_names_root = user.split_whitespace().any(|w| w.starts_with("root="));
+    match disks.first() {
+        Some(d) if !has_initrd && !user_names_root => Some(if d.readonly {
+            "root=/dev/vda ro"
+        } else {
+            "root=/dev/vda rw"
+        }),
+        _ => None,
+    }
+}
+
+/// [`DEFAULT_CMDLINE`], then the host-quirk options, the network options, the root device
+/// ([`root_option`]), the user's.
+fn kernel_cmdline(quirks: bool, net: bool, root: Option<&str>, user: &str) -> String {
     let mut full = DEFAULT_CMDLINE.to_string();
     let net_options = net.then(net::kernel_cmdline);
     let parts = [
         quirks.then_some(host_quirks::KERNEL_OPTIONS),
         net_options.as_deref(),
+        root,
         Some(user.trim()).filter(|u| !u.is_empty()),
     ];
     for part in parts.into_iter().flatten() {
@@ -882,13 +900,39 @@ mod tests {
 
     #[test]
     fn kernel_cmdline_appends_in_order() {
-        assert_eq!(kernel_cmdline(false, false, "  "), DEFAULT_CMDLINE);
-        let full = kernel_cmdline(true, true, " quiet ");
+        assert_eq!(kernel_cmdline(false, false, None, "  "), DEFAULT_CMDLINE);
+        let full = kernel_cmdline(true, true, Some("root=/dev/vda rw"), " quiet ");
         let quirks = full.find(host_quirks::KERNEL_OPTIONS).unwrap();
         let net = full.find(&net::kernel_cmdline()).unwrap();
         assert!(full.starts_with(DEFAULT_CMDLINE));
         assert!(quirks < net, "{full}");
-        assert!(full.ends_with(" quiet"), "{full}");
+        assert!(full.ends_with(" root=/dev/vda rw quiet"), "{full}");
+    }
+
+    #[test]
+    fn the_first_disk_is_the_root_without_an_initrd() {
+        let disk = |readonly| DiskConfig {
+            path: "img".into(),
+            readonly,
+            access_cost_us: 0,
+        };
+        let rw = [disk(false), disk(true)];
+        assert_eq!(root_option(false, &rw, ""), Some("root=/dev/vda rw"));
+        assert_eq!(
+            root_option(false, &[disk(true)], "quiet"),
+            Some("root=/dev/vda ro")
+        );
+        assert_eq!(root_option(true, &rw, ""), None, "an initrd is the root");
+        assert_eq!(root_option(false, &[], ""), None, "no disk");
+        assert_eq!(
+            root_option(false, &rw, "x root=/dev/vdb"),
+            None,
+            "the user's root"
+        );
+        assert_eq!(
+            root_option(false, &rw, "vpmu.root=1"),
+            Some("root=/dev/vda rw")
+        );
     }
 
     #[test]
