@@ -527,6 +527,7 @@ build_initramfs() {
 # `mke2fs -d` from a staging directory: no root privileges, no loop mount. Uncompressed and
 # without a journal (a guest kernel whose code is emulated pays for every journal commit). Also:
 #   /sbin/init -> /init (the kernel starts /sbin/init on a disk root);
+#   /etc/vpmu/interactive: /init starts a shell on the console when nothing else is asked;
 #   /etc/vpmu/kallsyms/<sha256 of the kernel's .notes> = the default kernel's System.map, which
 #     /init bind-mounts over /proc/kallsyms when the running kernel's /sys/kernel/notes hashes to
 #     that name (the same build: same build-id), so the profilers do not make the emulated kernel
@@ -559,6 +560,7 @@ build_rootfs() {
 			cp -a "$OPROFILE_DIR/root/." "$root/"
 			build_workloads "$root/usr/bin"
 			ln -sfn /init "$root/sbin/init"
+			: >"$root/etc/vpmu/interactive"
 			mkdir -p "$root/etc/vpmu/kallsyms"
 			install -m 0400 "$kernel_dir/System.map" "$root/etc/vpmu/kallsyms/$notes_sum"
 			write_manifest "$root" >"$TMP/manifest.tsv"

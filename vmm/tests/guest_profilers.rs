@@ -567,3 +567,81 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
         }
     }
 }
+
+/// Interactive use (issue 18): `run --disk ROOTFS --vpmu cpu-switch` with nothing else asked gives
+/// a shell on the console (the image's /etc/vpmu/interactive); commands typed on the VMM's stdin
+/// run there: perf stat and OProfile's ocount count cycles, and `exit` powers the guest off.
+#[test]
+#[ignore = "boots Linux and drives its shell (5-15 min on hosts that emulate guest kernel code); needs VPMU_TEST_KERNEL/VPMU_TEST_ROOTFS; see the file's header"]
+fn a_shell_on_the_console_runs_perf_and_ocount() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let Some((kernel, rootfs)) = inputs() else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--kernel",
+            &kernel,
+            "--disk",
+            &format!("{rootfs},readonly=on"),
+        ])
+        .args(["--cpus", "1", "--memory", "1024", "--vpmu", "cpu-switch"])
+        .args(["--timeout", &timeout_secs().to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let vmm_stderr =
+        std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let mut console = String::new();
+    let mut typed = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap_or_default();
+        if !typed && line.contains("vpmu: interactive shell") {
+            // What a user types: the tty holds it until the shell reads.
+            stdin
+                .write_all(
+                    b"perf stat -e cycles -- cpu_split 40 2>&1; echo \"VPMU-SHELL-PERF=$?\"\n\
+                      ocount cpu_split 20 2>&1; echo \"VPMU-SHELL-OCOUNT=$?\"\n\
+                      exit\n",
+                )
+                .unwrap();
+            stdin.flush().unwrap();
+            typed = true;
+        }
+        console.push_str(&line);
+        console.push('\n');
+    }
+    let status = child.wait().unwrap();
+    let vmm_stderr = vmm_stderr.join().unwrap();
+    eprintln!(
+        "interactive shell: {:.0} s wall, exit {:?}",
+        start.elapsed().as_secs_f64(),
+        status.code()
+    );
+    let all = format!("{console}\n--- vmm ---\n{vmm_stderr}");
+    assert!(typed, "no shell on the console:\n{all}");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the guest did not power off:\n{all}"
+    );
+    assert_no_user_crashes(&console, "interactive shell");
+    check_kallsyms_snapshot(&console);
+    for done in ["VPMU-SHELL-PERF=0", "VPMU-SHELL-OCOUNT=0"] {
+        assert!(console.contains(done), "{done} missing:\n{all}");
+    }
+    // perf stat's count line: a number, then `cycles` (not <not supported>).
+    let counted = console.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        matches!((w.next(), w.next()), (Some(n), Some("cycles"))
+            if n.replace(',', "").parse::<u64>().is_ok_and(|n| n > 0))
+    });
+    assert!(counted, "perf stat counted no cycles:\n{all}");
+}
