@@ -261,6 +261,12 @@ pub fn comparisons(
     let mut profiles = Vec::new();
     for mode in ["cpu-switch", "domain-switch"] {
         let status = text(mode, "status.txt")?;
+        if status.contains("unknown experiment") {
+            return Err(CompareError::GuestReport(format!(
+                "the guest's /etc/vpmu/experiments.sh does not know {exp}: an image older than this \
+                 vpmu-vmm? Rebuild it (guest-image/build.sh rootfs, or initramfs)"
+            )));
+        }
         let failed = failed_steps(&status);
         if !failed.is_empty() {
             return Err(CompareError::GuestReport(format!(
