@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use super::table::{Comparison, Profile};
 use super::CompareError;
-use crate::devices::virtio::blk::DiskConfig;
 use crate::end::VmEnd;
 use crate::guest_reports::{failed_steps, opreport_samples, perf_report_samples};
 use crate::guest_results::{decode, Decoded};
 use crate::net::NetConfig;
 use crate::pmu::ModelChoice;
+use crate::vm::DiskConfig;
 use crate::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
 
 /// The guest's profiler.

@@ -196,7 +196,7 @@ fn in_guest_comparison(
         .disk
         .iter()
         .skip(1)
-        .map(|d| crate::devices::virtio::blk::DiskConfig {
+        .map(|d| crate::vm::DiskConfig {
             path: d.path.clone(),
             readonly: d.readonly,
             access_cost_us: disk_cost,
