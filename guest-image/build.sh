@@ -485,6 +485,24 @@ pack_cpio() {
 		cpio -o -H newc -R 0:0 --reproducible --quiet) >"$2"
 }
 
+# default_root ROOT: what the default initramfs and the rootfs image hold: busybox, /init,
+# perf + libraries, OProfile, the workloads (needs build_perf and build_oprofile first).
+default_root() {
+	initramfs_root "$1"
+	cp -a "$PERF_DIR/root/." "$1/"
+	cp -a "$OPROFILE_DIR/root/." "$1/"
+	say "compiling workloads (${WORKLOAD_NAMES[*]})"
+	build_workloads "$1/usr/bin"
+}
+
+# default_root_inputs: the cache-key inputs of default_root's contents.
+default_root_inputs() {
+	printf '%s\n' "$(pkg_version busybox-static)" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" \
+		"${OPROFILE_DIR##*/} ${PERF_DIR##*/}" \
+		"$(for w in "${WORKLOAD_NAMES[@]}"; do cat "$WORKLOADS/$w.c"; done)" "$(pkg_version libc6-dev)" \
+		"$(declare -f default_root initramfs_root build_workloads)"
+}
+
 # The default initramfs: busybox, /init, perf + libraries, OProfile, workloads.
 build_initramfs() {
 	need_pkgs busybox-static cpio binutils
@@ -492,9 +510,7 @@ build_initramfs() {
 	build_perf
 	local ver k final
 	ver=$(pkg_version busybox-static)
-	k=$(key initramfs "$ver" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" "${OPROFILE_DIR##*/} ${PERF_DIR##*/}" \
-		"$(for w in "${WORKLOAD_NAMES[@]}"; do cat "$WORKLOADS/$w.c"; done)" "$(pkg_version libc6-dev)" \
-		"$(declare -f build_initramfs initramfs_root pack_cpio build_workloads)")
+	k=$(key initramfs "$(default_root_inputs)" "$(declare -f build_initramfs pack_cpio)")
 	final=$CACHE/initramfs-$k
 	if [ ! -f "$final/initramfs.cpio" ]; then
 		lock initramfs
@@ -502,11 +518,7 @@ build_initramfs() {
 			new_tmp initramfs
 			local root=$TMP/root size
 			say "initramfs: busybox $ver, perf, OProfile, workloads (key $k)"
-			initramfs_root "$root"
-			cp -a "$PERF_DIR/root/." "$root/"
-			cp -a "$OPROFILE_DIR/root/." "$root/"
-			say "initramfs: compiling workloads (${WORKLOAD_NAMES[*]})"
-			build_workloads "$root/usr/bin"
+			default_root "$root"
 			pack_cpio "$root" "$TMP/initramfs.cpio"
 			rm -rf "$root"
 			size=$(stat -c %s "$TMP/initramfs.cpio")
@@ -544,10 +556,8 @@ build_rootfs() {
 	kernel_dir=$(readlink -f "$CACHE/current/default-vmlinux")
 	kernel_dir=${kernel_dir%/*}
 	notes_sum=$(kernel_notes_sha256 "$kernel_dir/vmlinux")
-	k=$(key rootfs "$ver" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" "${OPROFILE_DIR##*/} ${PERF_DIR##*/}" \
-		"$(for w in "${WORKLOAD_NAMES[@]}"; do cat "$WORKLOADS/$w.c"; done)" "$(pkg_version libc6-dev)" \
-		"$notes_sum" "$(pkg_version e2fsprogs)" "$ROOTFS_FREE_MB" \
-		"$(declare -f build_rootfs initramfs_root build_workloads kernel_notes_sha256 write_manifest)")
+	k=$(key rootfs "$(default_root_inputs)" "$notes_sum" "$(pkg_version e2fsprogs)" "$ROOTFS_FREE_MB" \
+		"$(declare -f build_rootfs kernel_notes_sha256 write_manifest)")
 	final=$CACHE/rootfs-$k
 	if [ ! -f "$final/rootfs.ext4" ]; then
 		lock rootfs
@@ -555,10 +565,7 @@ build_rootfs() {
 			new_tmp rootfs
 			local root=$TMP/root mb
 			say "rootfs: busybox $ver, perf, OProfile, workloads, kallsyms of the default kernel (key $k)"
-			initramfs_root "$root"
-			cp -a "$PERF_DIR/root/." "$root/"
-			cp -a "$OPROFILE_DIR/root/." "$root/"
-			build_workloads "$root/usr/bin"
+			default_root "$root"
 			ln -sfn /init "$root/sbin/init"
 			: >"$root/etc/vpmu/interactive"
 			mkdir -p "$root/etc/vpmu/kallsyms"
