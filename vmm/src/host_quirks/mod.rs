@@ -45,10 +45,18 @@ pub use emulate::EmulationFailure;
 ///   snapshot); /init
 ///   reads it once before the profilers run and bind-mounts the copy over it.
 ///   `vpmu.kallsyms=live` in `--cmdline` undoes it.
+/// * `vpmu.perf_cpu_time_max_percent=0`: for the project's /init, which writes it to
+///   /proc/sys/kernel/perf_cpu_time_max_percent. Emulated, the guest's PMI handler takes
+///   milliseconds, so the kernel lowers perf_event_max_sample_rate step by step to 100/s ("perf:
+///   interrupt took too long"), i.e. one sample per tick at HZ=100; and its ticks come late here,
+///   so a fixed-period event that overflows twice between two processed ticks is throttled. In
+///   domain-switch the VMM's device work is charged in bursts: the system-wide profiles of
+///   `compare --profiler` lost most of their domain-switch samples that way (docs/guest.md).
+///   0 stops the lowering; the experiments' fixed periods (~13 samples/s) need no throttle.
 pub const KERNEL_OPTIONS: &str =
     "noxsave clearcpuid=popcnt,smap,ssse3,sse4_1,sse4_2,pclmulqdq,aes,sha_ni nosmap nofsgsbase \
      GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F,-AVX512VL,-AVX512BW,-AVX_Fast_Unaligned_Load \
-     vpmu.kallsyms=snapshot";
+     vpmu.kallsyms=snapshot vpmu.perf_cpu_time_max_percent=0";
 
 /// How the user asked quirks to be chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
