@@ -4,8 +4,8 @@
 Alternates N boots of each (initramfs, disk, initramfs, disk, ...) so drift in the machine's load
 falls on both, and prints per boot and as medians, with their ratio:
   init   wall seconds from process start to the kernel's "Run /init" / "Run /sbin/init" line;
-  ready  wall seconds to /init's "vpmu: interactive shell" line (`vpmu.shell`, stdin empty: the
-         shell exits at once and the guest powers off), which /init prints after it has given
+  ready  wall seconds to /init's "vpmu: interactive shell" line (`vpmu.shell`; the VMM is then
+         stopped with SIGTERM), which /init prints after it has given
          the profilers the kernel's symbols (`vpmu.kallsyms=snapshot`, set by the VMM where guest
          kernel code is emulated): read from /proc/kallsyms in emulated code with the initramfs,
          from the disk image's copy (guest-image/build.sh rootfs) with the disk.
@@ -29,8 +29,9 @@ def boot(vmm, kernel, root_args, timeout):
             init = now
         if ready is None and "vpmu: interactive shell" in line:
             ready = now
+            p.terminate()  # the shell waits on the console: the measurement is taken
     code = p.wait()
-    if code != 0 or init is None or ready is None:
+    if code not in (0, 143) or init is None or ready is None:
         sys.exit(f"error: {' '.join(cmd)} ended with exit code {code} (init {init}, ready {ready})")
     return init, ready
 
