@@ -625,6 +625,13 @@ fn plan_vpmu(
             let sites = pmu::setup::patch_rdpmc(mem, code)?;
             (RdpmcSites::new(probe.rdpmc_ranges(), &sites), None)
         }
+        RdpmcSetting::Auto if matches!(code, pmu::setup::GuestCode::Unpatched) => {
+            log::info!(
+                "RDPMC (--rdpmc auto): trap: the guest's code is run unmodified (a Multiboot \
+                 kernel), so every guest RDPMC is served by trapping the guest's #GP handler"
+            );
+            (RdpmcSites::default(), Some(trap_path))
+        }
         RdpmcSetting::Auto => match pmu::setup::patch_rdpmc(mem, code) {
             Ok(sites) => {
                 log::info!(
