@@ -66,7 +66,7 @@ VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
 # results depend on the host's CPU vendor (the guest's CPUID vendor): on an Intel host x86/pmu
 # sees no Intel PMU with the AMD model and stops at once (~3 min); on an AMD host it runs the AMD
 # sub-tests. A configuration without an expected file for this host's vendor is reported as NOT
-# CHECKED before booting. The Intel model (~24 min a boot here) and domain-switch run from
+# CHECKED before booting. The Intel model (12-24 min a boot here) and domain-switch run from
 # scripts/kvm-unit-tests.sh (README). docs/kvm-unit-tests.md.
 say "tier 3: kvm-unit-tests x86/pmu, AMD model, cpu-switch (one boot), against guest-image/kvm-unit-tests/pmu.amd.cpu-switch.soft.<host vendor>-host.expected"
 VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL=amd VPMU_TEST_KUT_VPMU=cpu-switch VPMU_TEST_KUT_BACKEND=soft \

@@ -1,6 +1,6 @@
 //! Tier 3: kvm-unit-tests' `x86/pmu` (unmodified, built by `guest-image/build.sh kvm-unit-tests`)
 //! booted as a Multiboot kernel, its result lines compared with an expected-results file,
-//! sub-test by sub-test (docs/kvm-unit-tests.md). One boot: ~24 minutes here (its CPL 0 code
+//! sub-test by sub-test (docs/kvm-unit-tests.md). One Intel-model boot: 12-24 minutes here (its CPL 0 code
 //! is emulated). Run by scripts/test.sh (AMD model, cpu-switch, soft backend)
 //! and by scripts/kvm-unit-tests.sh for the other configurations:
 //!   VPMU_TEST_KUT_PMU=.../pmu.flat cargo test --release -p vmm --test kvm_unit_tests -- --ignored
@@ -181,7 +181,7 @@ fn expected_path(model: &str, vpmu: &str, backend: &str) -> PathBuf {
 }
 
 #[test]
-#[ignore = "tier 3: boots kvm-unit-tests x86/pmu (~24 minutes here); scripts/test.sh runs it"]
+#[ignore = "tier 3: boots kvm-unit-tests x86/pmu (3-24 minutes here, by model); scripts/test.sh runs it"]
 fn kvm_unit_tests_pmu_matches_its_expected_results() {
     assert!(common::kvm_available(), "tier 3 needs /dev/kvm");
     let flat = std::env::var("VPMU_TEST_KUT_PMU").expect(
