@@ -305,8 +305,19 @@ fn check_mode(b: &Boot, mode: &str) {
     // vector_regs exits 1 when a register changed (a failed step above); here: it did check.
     let vr = text(b, mode, "vector-regs/vector_regs.txt");
     eprintln!("{mode}: {}", vr.trim_end());
+    // Where the guest kernel's `noxsave` also hides AVX from user space (OSXSAVE clear: seen on an
+    // Intel kvm_pvm host; on the AMD ones user space saw the host's AVX), no process can use the
+    // registers, so there is nothing to corrupt: said loudly, not counted as checked.
+    let no_avx =
+        vr.contains("ymm1 skipped (no AVX usable in user space)") && vr.contains("ymm16 skipped");
+    if no_avx {
+        eprintln!(
+            "*** {mode}: vector_regs: guest user space has no usable AVX on this host (OSXSAVE off): \
+             the ymm check has nothing to check ***"
+        );
+    }
     assert!(
-        vr.contains("changed in 0 of"),
+        no_avx || vr.contains("changed in 0 of"),
         "{mode}: vector_regs checked no register:\n{vr}"
     );
     let op = text(b, mode, "operf/opreport-symbols.txt");
