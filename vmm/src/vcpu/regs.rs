@@ -68,17 +68,19 @@ fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
     }
 }
 
-/// Writes GDT and identity-mapped page tables (first 4 GiB, 2 MiB pages) and returns the
-/// special registers for 64-bit long mode.
-pub fn long_mode_sregs(
+/// Writes the boot GDT (null, code with `code_flags`, flat 4 GiB data, TSS) and loads it: GDTR,
+/// no IDT, CS from entry 1, DS/ES/FS/GS/SS from entry 2, TR from entry 3. Long mode and the
+/// Multiboot state differ only in the code segment (0xa09b 64-bit, 0xc09b 32-bit).
+fn flat_segments(
     mem: &GuestMemoryMmap,
-    mut sregs: kvm_sregs,
-) -> Result<kvm_sregs, RegsError> {
+    sregs: &mut kvm_sregs,
+    code_flags: u16,
+) -> Result<(), RegsError> {
     let gdt = [
-        gdt_entry(0, 0, 0),            // null
-        gdt_entry(0xa09b, 0, 0xfffff), // 64-bit code
-        gdt_entry(0xc093, 0, 0xfffff), // data
-        gdt_entry(0x808b, 0, 0xfffff), // TSS
+        gdt_entry(0, 0, 0),                // null
+        gdt_entry(code_flags, 0, 0xfffff), // code
+        gdt_entry(0xc093, 0, 0xfffff),     // data, 4 GiB
+        gdt_entry(0x808b, 0, 0xfffff),     // TSS
     ];
     for (i, e) in gdt.iter().enumerate() {
         mem.write_obj(*e, GuestAddress(GDT_ADDR + 8 * i as u64))?;
@@ -87,15 +89,24 @@ pub fn long_mode_sregs(
     sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
     sregs.idt.base = 0;
     sregs.idt.limit = 0;
-    let code = segment_from_gdt(gdt[1], 1);
     let data = segment_from_gdt(gdt[2], 2);
-    sregs.cs = code;
+    sregs.cs = segment_from_gdt(gdt[1], 1);
     sregs.ds = data;
     sregs.es = data;
     sregs.fs = data;
     sregs.gs = data;
     sregs.ss = data;
     sregs.tr = segment_from_gdt(gdt[3], 3);
+    Ok(())
+}
+
+/// Writes GDT and identity-mapped page tables (first 4 GiB, 2 MiB pages) and returns the
+/// special registers for 64-bit long mode.
+pub fn long_mode_sregs(
+    mem: &GuestMemoryMmap,
+    mut sregs: kvm_sregs,
+) -> Result<kvm_sregs, RegsError> {
+    flat_segments(mem, &mut sregs, 0xa09b)?; // 64-bit code
 
     mem.write_obj(PDPT_ADDR | 0x03, GuestAddress(PML4_ADDR))?;
     for g in 0..IDENTITY_MAP_GIB {
@@ -182,27 +193,7 @@ pub fn protected_mode_sregs(
     mem: &GuestMemoryMmap,
     mut sregs: kvm_sregs,
 ) -> Result<kvm_sregs, RegsError> {
-    let gdt = [
-        gdt_entry(0, 0, 0),            // null
-        gdt_entry(0xc09b, 0, 0xfffff), // 32-bit code, 4 GiB
-        gdt_entry(0xc093, 0, 0xfffff), // data, 4 GiB
-        gdt_entry(0x808b, 0, 0xfffff), // TSS
-    ];
-    for (i, e) in gdt.iter().enumerate() {
-        mem.write_obj(*e, GuestAddress(GDT_ADDR + 8 * i as u64))?;
-    }
-    sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = (std::mem::size_of_val(&gdt) - 1) as u16;
-    sregs.idt.base = 0;
-    sregs.idt.limit = 0;
-    let data = segment_from_gdt(gdt[2], 2);
-    sregs.cs = segment_from_gdt(gdt[1], 1);
-    sregs.ds = data;
-    sregs.es = data;
-    sregs.fs = data;
-    sregs.gs = data;
-    sregs.ss = data;
-    sregs.tr = segment_from_gdt(gdt[3], 3);
+    flat_segments(mem, &mut sregs, 0xc09b)?; // 32-bit code, 4 GiB
     sregs.cr0 = X86_CR0_PE | X86_CR0_ET;
     sregs.cr3 = 0;
     sregs.cr4 = 0;
