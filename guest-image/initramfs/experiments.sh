@@ -125,8 +125,8 @@ vpmu_frame_text() {
 # --- Steps ------------------------------------------------------------------------------------
 
 # vpmu_step EXP FILE CMD...: run CMD (stdout+stderr to $dir/FILE), note its exit status and
-# wall time in $dir/status.txt (`exit=RC<TAB>secs=S<TAB>CMD`), send FILE as frame EXP/FILE, print
-# one line on the console.
+# wall time in $dir/status.txt (`exit=RC<TAB>secs=S<TAB>log=FILE<TAB>CMD`: the VMM shows the end
+# of FILE when the step failed), send FILE as frame EXP/FILE, print one line on the console.
 vpmu_step() {
 	local exp=$1 file=$2 rc t0 t1
 	shift 2
@@ -134,7 +134,7 @@ vpmu_step() {
 	(cd "$dir" && "$@") >"$dir/$file" 2>&1
 	rc=$?
 	t1=$(date +%s)
-	printf 'exit=%d\tsecs=%d\t%s\n' "$rc" "$((t1 - t0))" "$*" >>"$dir/status.txt"
+	printf 'exit=%d\tsecs=%d\tlog=%s\t%s\n' "$rc" "$((t1 - t0))" "$file" "$*" >>"$dir/status.txt"
 	echo "vpmu: [$VPMU_MODE_TAG] $exp: $* -> exit $rc ($((t1 - t0)) s)"
 	vpmu_frame "$exp/$file" "$dir/$file"
 	return "$rc"

@@ -145,12 +145,27 @@ pub fn ocount_counts(text: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The `exit=N<TAB>command` lines of an experiment's status.txt frame that are not `exit=0`.
+/// The `exit=N<TAB>...` lines of an experiment's status.txt frame that are not `exit=0`.
 pub fn failed_steps(status: &str) -> Vec<&str> {
     status
         .lines()
         .filter(|l| l.starts_with("exit=") && !l.starts_with("exit=0\t"))
         .collect()
+}
+
+/// The name of the log a status line's step wrote (its `log=FILE` field; images older than that
+/// field have none).
+pub fn step_log(status_line: &str) -> Option<&str> {
+    status_line
+        .split('\t')
+        .find_map(|f| f.strip_prefix("log="))
+        .filter(|name| !name.is_empty())
+}
+
+/// The last `n` lines of a step's log, for an error message.
+pub fn log_tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 #[cfg(test)]
@@ -303,5 +318,17 @@ mod tests {
             failed_steps(s),
             vec!["exit=1\tocount y", "exit=10\toperf z"]
         );
+    }
+
+    #[test]
+    fn a_failed_step_names_its_log_and_the_error_shows_its_end() {
+        let s = "exit=2\tsecs=12\tlog=operf-system.log\toperf x\nexit=1\tsecs=2\told image\n";
+        let failed = failed_steps(s);
+        assert_eq!(step_log(failed[0]), Some("operf-system.log"));
+        assert_eq!(step_log(failed[1]), None, "an image without the log= field");
+        assert_eq!(step_log("exit=1\tlog=\tx"), None);
+        assert_eq!(log_tail("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(log_tail("a", 5), "a");
+        assert_eq!(log_tail("", 5), "");
     }
 }

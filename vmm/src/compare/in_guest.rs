@@ -19,7 +19,9 @@ use std::time::Duration;
 use super::table::{Comparison, Profile};
 use super::CompareError;
 use crate::end::VmEnd;
-use crate::guest_reports::{failed_steps, opreport_samples, perf_report_samples};
+use crate::guest_reports::{
+    failed_steps, log_tail, opreport_samples, perf_report_samples, step_log,
+};
 use crate::guest_results::{decode, Decoded};
 use crate::net::NetConfig;
 use crate::pmu::ModelChoice;
@@ -231,6 +233,22 @@ pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     })
 }
 
+/// A failed step's status line and the end of the log it wrote (sent as frame `exp/<log>`).
+fn describe_failed_step(d: &Decoded, mode: &str, exp: &str, line: &str) -> String {
+    let log = step_log(line).and_then(|name| d.get(mode, &format!("{exp}/{name}")));
+    match log {
+        Some(f) => format!(
+            "  {line}\n    its log ends:\n{}",
+            log_tail(&String::from_utf8_lossy(&f.payload), 15)
+                .lines()
+                .map(|l| format!("    | {l}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+        None => format!("  {line}"),
+    }
+}
+
 /// The window's and the control's comparisons from the guest's result frames of experiment
 /// `exp`, named after `label` and the profiler.
 pub fn comparisons(
@@ -269,9 +287,13 @@ pub fn comparisons(
         }
         let failed = failed_steps(&status);
         if !failed.is_empty() {
+            let described: Vec<String> = failed
+                .iter()
+                .map(|line| describe_failed_step(d, mode, exp, line))
+                .collect();
             return Err(CompareError::GuestReport(format!(
-                "{mode}: profiler steps failed in the guest: {}",
-                failed.join("; ")
+                "{mode}: profiler steps failed in the guest:\n{}",
+                described.join("\n")
             )));
         }
         let system = profiler.parse(&text(mode, "report-system.txt")?);
@@ -374,7 +396,12 @@ mod tests {
             (
                 "cpu-switch",
                 "compare-perf/status.txt",
-                "exit=1\tperf record -a\n",
+                "exit=1\tsecs=3\tlog=record-system.log\tperf record -a\n",
+            ),
+            (
+                "cpu-switch",
+                "compare-perf/record-system.log",
+                "line 1\nperf_event_open failed: Device or resource busy\n",
             ),
         ]);
         let e = comparisons(
@@ -385,6 +412,10 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("perf record -a"), "{e}");
+        assert!(
+            e.to_string().contains("| perf_event_open failed"),
+            "the step's log is shown: {e}"
+        );
         // A missing mode is named.
         let half = stream(&[
             ("cpu-switch", "compare-perf/report-system.txt", &cpu_sys),
