@@ -77,12 +77,44 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         path: args.out.clone(),
         source,
     })?;
+    let _lock = lock_out_dir(&args.out)?;
     match (args.workload, in_guest) {
         (Workload::PacketRx, None) => packet_rx_host(args),
         (Workload::PacketRx | Workload::Command, Some(p)) => in_guest_comparison(args, p),
         (Workload::Tiny, _) => tiny_guest(args),
         (Workload::Command, None) => unreachable!("refused by check_workload_args"),
     }
+}
+
+/// An exclusive lock on `DIR/.lock` for the whole comparison: two compares writing the same
+/// files (the guest's result stream, the CSVs) would mix them; the second is refused instead.
+fn lock_out_dir(dir: &std::path::Path) -> Result<std::fs::File, CompareError> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(".lock");
+    let io = |source| CompareError::Io {
+        path: path.clone(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io)?;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(CompareError::Input(format!(
+                "--out {}: another vpmu-vmm compare is writing there (it holds {}); give this one \
+                 its own --out DIR",
+                dir.display(),
+                path.display()
+            )));
+        }
+        return Err(io(e));
+    }
+    Ok(f)
 }
 
 /// The combinations of workload, profiler and command that make sense, else a usage message.
@@ -563,4 +595,21 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()?;
     drop(f);
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_compare_on_the_same_out_dir_is_refused() {
+        let dir = std::env::temp_dir().join(format!("vpmu-lock-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = lock_out_dir(&dir).unwrap();
+        let e = lock_out_dir(&dir).unwrap_err();
+        assert!(e.to_string().contains("another vpmu-vmm compare"), "{e}");
+        drop(first);
+        lock_out_dir(&dir).expect("free again once the first ends");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
