@@ -42,6 +42,7 @@ SCRIPT=$(readlink -f "${BASH_SOURCE[0]}")
 HERE=$(dirname "$SCRIPT")
 CACHE=${VPMU_CACHE:-$HOME/.cache/vpmu}
 FRAGMENT=$HERE/kernel/minimal.config
+TASK_LAYOUT_C=$HERE/kernel/task-layout.c
 INIT_SCRIPT=$HERE/initramfs/init
 SPIN_INIT=$HERE/initramfs/spin-init.S
 EXPERIMENTS=$HERE/initramfs/experiments.sh
@@ -172,13 +173,32 @@ kernel_make() {
 		KBUILD_BUILD_TIMESTAMP="$2" "${@:3}"
 }
 
+# write_task_layout SRC: the built tree's VPMU_ offsets (kernel/task-layout.c), the addresses of
+# the symbols they start from, and the kernel's banner, as vmm/src/profile/guest_task.rs reads
+# them: `banner TEXT`, `symbol NAME ADDR`, `value NAME NUMBER` lines.
+write_task_layout() {
+	local sym addr banner
+	echo "# vpmu task layout v1: guest-image/build.sh default-kernel (kernel/task-layout.c)"
+	banner=$(strings -n 20 "$1/vmlinux" | grep -m1 '^Linux version ') || return 1
+	printf 'banner %s\n' "$banner"
+	for sym in __per_cpu_offset current_task linux_banner; do
+		addr=$(awk -v s="$sym" '$3 == s { print $1; exit }' "$1/System.map")
+		[ -n "$addr" ] || return 1
+		printf 'symbol %s 0x%s\n' "$sym" "$addr"
+	done
+	grep -E '^#define VPMU_' "$1/include/generated/asm-offsets.h" |
+		awk '{ sub(/^VPMU_/, "", $2); print "value", $2, $3 }'
+	[ "$(grep -c '^#define VPMU_' "$1/include/generated/asm-offsets.h")" -ge 21 ]
+}
+
 build_default_kernel() {
 	need_pkgs "${KERNEL_PKGS[@]}"
 	local ver kver k name final log stamp
 	ver=$(pkg_version linux-source-6.1)
 	kver=${ver%%-*}
-	k=$(key default-kernel "$ver" "$(cat "$FRAGMENT")" "$(declare -p KERNEL_PKGS CONFIG_MAY_DIFFER)" \
-		"$(declare -f build_default_kernel check_config kernel_make)")
+	k=$(key default-kernel "$ver" "$(cat "$FRAGMENT" "$TASK_LAYOUT_C")" \
+		"$(declare -p KERNEL_PKGS CONFIG_MAY_DIFFER)" \
+		"$(declare -f build_default_kernel check_config kernel_make write_task_layout)")
 	name=default-kernel-$kver-$k
 	final=$CACHE/$name
 	if [ ! -f "$final/vmlinux" ]; then
@@ -200,9 +220,12 @@ build_default_kernel() {
 			check_config "$src/.config" "$FRAGMENT" ||
 				die "the kernel configuration differs from $FRAGMENT (see above)"
 			say "config: all $(grep -c '^CONFIG_' "$FRAGMENT") options of the fragment came out as asked"
+			cat "$TASK_LAYOUT_C" >>"$src/arch/x86/kernel/asm-offsets.c"
 			run_logged "$log" "make -j$JOBS vmlinux bzImage (4-6 min with -j2)" \
 				kernel_make "$src" "$stamp" -j"$JOBS" vmlinux bzImage
 			cp "$src/vmlinux" "$src/arch/x86/boot/bzImage" "$src/System.map" "$TMP/"
+			write_task_layout "$src" >"$TMP/task-layout" ||
+				die "task-layout: the kernel build did not give every offset (see $log)"
 			cp "$src/.config" "$TMP/config"
 			kernel_make "$src" "$stamp" -s kernelrelease >"$TMP/kernelrelease"
 			cp "$log" "$TMP/build.log"
@@ -219,6 +242,7 @@ build_default_kernel() {
 	link default-bzImage "$final/bzImage"
 	link default-System.map "$final/System.map"
 	link default-config "$final/config"
+	link default-task-layout "$final/task-layout"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -741,6 +765,7 @@ print_paths() {
 	local var file
 	for var in DEFAULT_VMLINUX:default-vmlinux DEFAULT_BZIMAGE:default-bzImage \
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
+		DEFAULT_TASK_LAYOUT:default-task-layout \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
 		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
 		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv KUT_PMU_FLAT:kvm-unit-tests-pmu.flat; do

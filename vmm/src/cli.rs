@@ -309,6 +309,12 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     /// guest time only; domain-switch or off: the VMM's exit handling is charged to the guest).
     #[arg(long, value_enum, default_value_t = ProfileClock::Auto)]
     pub host_profile_clock: ProfileClock,
+    /// The guest kernel's task layout (symbol addresses and struct offsets; `guest-image/build.sh
+    /// default-kernel` writes `task-layout` beside the kernel), so each host profile sample also
+    /// names the guest task it interrupted (pid, tgid, comm). Default: `task-layout` beside
+    /// --kernel, if there is one.
+    #[arg(long, value_name = "FILE", requires = "host_profile")]
+    pub task_layout: Option<PathBuf>,
     /// A virtio-net card (virtio-mmio) whose other end is the VMM: it sends the guest ICMP echo
     /// requests, answers its ARP and checks its replies (docs/virtio-net.md). Appends `ip=` to
     /// the kernel command line.
@@ -513,6 +519,7 @@ impl RunArgs {
                     path: p.clone(),
                     hz: self.host_profile_hz,
                     clock: self.host_profile_clock,
+                    task_layout: self.task_layout.clone(),
                 }),
                 pool: Default::default(),
             },

@@ -224,6 +224,7 @@ fn recorded_run(adjust: impl FnOnce(&mut vmm::vm::VmConfig)) -> (TinyRun, tempfi
                 path: profile,
                 hz: 1000,
                 clock: ProfileClock::Wall,
+                task_layout: None,
             });
             adjust(cfg);
         },

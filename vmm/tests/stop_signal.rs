@@ -34,6 +34,7 @@ fn sigint_ends_the_run_with_130_and_closed_files() {
                 path: pr,
                 hz: 1000,
                 clock: ProfileClock::Wall,
+                task_layout: None,
             });
         },
     );

@@ -88,6 +88,7 @@ fn profile_run(clock: ProfileClock) -> (u64, u64, u64, Trace) {
             path: path.clone(),
             hz: 2000,
             clock,
+            task_layout: None,
         });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);
@@ -179,6 +180,7 @@ fn wall_clock_profile_samples_at_about_the_requested_rate() {
             // every period that passed, so the rate still comes out right.
             hz: 100,
             clock: ProfileClock::Wall,
+            task_layout: None,
         });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff);
@@ -223,6 +225,7 @@ fn vpmu_overflows_and_profile_samples_share_the_signal() {
             path: path.clone(),
             hz: 2000,
             clock: ProfileClock::Auto,
+            task_layout: None,
         });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);

@@ -285,6 +285,7 @@ fn guest_switches_the_accounting_mode_at_run_time() {
                 path: profile.clone(),
                 hz: 2000,
                 clock: vmm::trace::ProfileClock::Auto,
+                task_layout: None,
             });
         },
     );

@@ -157,6 +157,7 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
         path: profile.clone(),
         hz: s.hz,
         clock: ProfileClock::Auto,
+        task_layout: None,
     });
     let slices: Arc<Mutex<Vec<Slice>>> = Arc::default();
     let end_tsc = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));

@@ -4,12 +4,17 @@
 //!
 //! * [`sampler`] — the per-vCPU trigger: a cycles counter over the vPMU's perf backend, gated
 //!   like the accounting mode, or a wall-clock timer;
+//! * [`guest_task`] — which guest task (pid, tgid, comm) a sample interrupted, read from guest
+//!   memory through a layout file made with the kernel;
 //! * [`kallsyms`] — the kallsyms tables inside a kernel image (ELF symbols or a scan);
 //! * [`symbols`] — an address -> symbol table (from kallsyms or a System.map);
+//! * [`stacks`] — samples by guest process, and the folded / flame-graph SVG / JSON formats;
 //! * [`report`] — the opreport-like table and the system-wide view (guest symbols beside the
 //!   VMM's exit handling).
 
+pub mod guest_task;
 pub mod kallsyms;
 pub mod report;
 pub mod sampler;
+pub mod stacks;
 pub mod symbols;

@@ -18,12 +18,15 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::stacks;
 use super::symbols::{Origin, SymbolTable, SymbolsError};
 use crate::trace::command::{load, CommandError};
 use crate::trace::format::{Reason, Record, Trace};
 use crate::trace::summary;
 
 pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
+/// The user-space row of a sample whose process is known (`profile::stacks`).
+pub const USER_BUCKET_NAMED: &str = "[guest user space, CPL 3]";
 pub const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
 /// The system-wide view's remainder row.
 pub const REST: &str = "[rest: halted, off-CPU or unsampled]";
@@ -44,6 +47,20 @@ pub struct ReportArgs {
     /// Show at most N rows (0 = all).
     #[arg(long, value_name = "N", default_value_t = 40)]
     pub top: usize,
+    /// table: the opreport-like tables (by symbol; by process and symbol when the run named
+    /// guest tasks; the system-wide view with --trace); json: the (process, symbol) rows
+    /// (schema vpmu-profile/1); folded: flame-graph input (`process;symbol[;[vmm] exit] count`);
+    /// svg: that flame graph drawn.
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    pub format: ReportFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    Table,
+    Json,
+    Folded,
+    Svg,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +71,10 @@ pub enum ReportError {
     Symbols(#[from] SymbolsError),
     #[error("{0}: no profile samples in this file (record them with `run --host-profile FILE`)")]
     NoSamples(String),
+    #[error(transparent)]
+    Stacks(#[from] super::stacks::StacksError),
+    #[error("writing the report: {0}")]
+    Write(std::io::Error),
 }
 
 /// Samples per bucket.
@@ -192,6 +213,46 @@ pub fn render_profile(t: &Trace, rows: &[Row], syms: Option<&SymbolTable>, top: 
             out,
             "{:>9} {:>7.2} {:>8}  ({} more symbols; --top 0 shows all)",
             rest,
+            rest as f64 * 100.0 / total.max(1) as f64,
+            "",
+            rows.len() - top
+        );
+    }
+    out
+}
+
+/// The (process, symbol) table: which guest task each sample interrupted.
+pub fn render_by_process(rows: &[stacks::ProcessRow], top: usize) -> String {
+    let total: u64 = rows.iter().map(|r| r.samples).sum();
+    let width = limit(rows, top)
+        .iter()
+        .map(|r| r.process.len())
+        .max()
+        .unwrap_or(7)
+        .clamp(7, 48);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nby guest process (the task each sample interrupted, read from guest memory; \
+         comm[tgid]):\n\n{:>9} {:>7} {:>8}  {:<width$}  symbol",
+        "samples", "%", "in-exit", "process"
+    );
+    for r in limit(rows, top) {
+        let _ = writeln!(
+            out,
+            "{:>9} {:>7.2} {:>8}  {:<width$}  {}",
+            r.samples,
+            r.samples as f64 * 100.0 / total.max(1) as f64,
+            r.in_exit,
+            r.process,
+            r.symbol
+        );
+    }
+    if top != 0 && rows.len() > top {
+        let rest: u64 = rows[top..].iter().map(|r| r.samples).sum();
+        let _ = writeln!(
+            out,
+            "{rest:>9} {:>7.2} {:>8}  ({} more rows; --top 0 shows all)",
             rest as f64 * 100.0 / total.max(1) as f64,
             "",
             rows.len() - top
@@ -344,8 +405,34 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         return Err(ReportError::NoSamples(args.file.display().to_string()));
     }
     let syms = symbols_for(&t, args.kernel.as_deref(), args.system_map.as_deref())?;
+    let per_sample = stacks::samples(&t, syms.as_ref(), None);
+    let write = |bytes: &[u8]| {
+        use std::io::Write as _;
+        std::io::stdout()
+            .write_all(bytes)
+            .map_err(ReportError::Write)
+    };
+    match args.format {
+        ReportFormat::Table => {}
+        ReportFormat::Json => {
+            let rows = stacks::by_process(&per_sample);
+            let doc = stacks::json(&t, &rows, &origin(syms.as_ref()));
+            return write(format!("{doc:#}\n").as_bytes());
+        }
+        ReportFormat::Folded => return write(stacks::folded(&per_sample).as_bytes()),
+        ReportFormat::Svg => {
+            let title = format!("vpmu-vmm host-side profile: {}", args.file.display());
+            return write(&stacks::flame_graph(&stacks::folded(&per_sample), &title)?);
+        }
+    }
     let rows = profile(&t, syms.as_ref());
     let mut out = render_profile(&t, &rows, syms.as_ref(), args.top);
+    if t.has_tasks() {
+        out.push_str(&render_by_process(
+            &stacks::by_process(&per_sample),
+            args.top,
+        ));
+    }
     let modes = sample_modes(&t);
     if modes.len() > 1 {
         // The run switched accounting modes: each mode's samples on their own.

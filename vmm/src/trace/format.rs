@@ -16,7 +16,7 @@
 //!  12 dropped u32: records this vCPU dropped (no free buffer) just before this block
 //!  16 checksum u32: FNV-1a of the block's records   20 reserved u32
 //! record (32 bytes), `count` of them after a records block; an end block has exactly one
-//!   0 kind u8 (1 exit, 2 sample, 3 clock)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
+//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
 //!   8 addr u64   16 tsc_a u64   24 tsc_b u64
 //! ```
 //! * exit: `tsc_a` = TSC when KVM_RUN returned, `tsc_b` = TSC just before the next KVM_RUN
@@ -26,6 +26,11 @@
 //!   arrived while the VMM handled an exit, described by `reason`/`detail`/`tsc_b`=that exit's TSC;
 //!   `flags` bits 5..=6 = the accounting mode the sampling counter counted in (0 none: wall
 //!   clock; 1 cpu-switch; 2 domain-switch), which follows run-time mode switches.
+//! * task (kind 4; follows the sample it belongs to, on the same vCPU, when the run knew the guest
+//!   kernel's task layout: `profile::guest_task`): `1` status (0 resolved, else why not:
+//!   `Unresolved::code`), `2` flags (bit 0 kernel thread), `3` the step that failed, `4` pid u32,
+//!   `8` tgid u32, `12` CR3 >> 12 (5 bytes: the page-table root, the address space), `17` comm
+//!   (15 bytes, NUL-padded; Linux's TASK_COMM_LEN 16 holds 15 and a NUL).
 //! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
 //!   KVM_RUN time into running and halted/off-CPU).
 //! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
@@ -73,6 +78,7 @@ pub enum FormatError {
 // exit, shared by this file format, the last-exits ring and the exit counts); the numbers
 // `Reason` carries (`#[repr(u8)]`) are this format's encoding.
 pub use crate::exit::kind::{ExitEvent, Reason};
+use crate::profile::guest_task::{GuestTask, Unresolved, COMM_MAX};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -95,20 +101,64 @@ pub enum Record {
         tsc: u64,
         thread_cpu_ns: u64,
     },
+    /// The guest task the sample before it interrupted.
+    Task {
+        /// CR3 with its low 12 bits cleared.
+        cr3: u64,
+        task: Result<GuestTask, Unresolved>,
+    },
 }
 
 impl Record {
-    /// The record's time (exit, sample or clock TSC).
+    /// The record's time (exit, sample or clock TSC; a task record has none of its own: 0).
     pub fn tsc(&self) -> u64 {
         match *self {
             Record::Exit { exit_tsc, .. } => exit_tsc,
             Record::Sample { tsc, .. } => tsc,
             Record::Clock { tsc, .. } => tsc,
+            Record::Task { .. } => 0,
         }
+    }
+
+    fn encode_task(cr3: u64, task: &Result<GuestTask, Unresolved>, out: &mut [u8; RECORD_SIZE]) {
+        out.fill(0);
+        out[0] = 4;
+        out[12..17].copy_from_slice(&(cr3 >> 12).to_le_bytes()[..5]);
+        match task {
+            Ok(t) => {
+                out[2] = u8::from(t.kernel_thread);
+                out[4..8].copy_from_slice(&t.pid.to_le_bytes());
+                out[8..12].copy_from_slice(&t.tgid.to_le_bytes());
+                out[17..32].copy_from_slice(&t.comm);
+            }
+            Err(u) => (out[1], out[3]) = u.code(),
+        }
+    }
+
+    fn decode_task(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+        let mut pfn = [0u8; 8];
+        pfn[..5].copy_from_slice(&b[12..17]);
+        let cr3 = u64::from_le_bytes(pfn) << 12;
+        let task = match b[1] {
+            0 => {
+                let mut comm = [0u8; COMM_MAX];
+                comm.copy_from_slice(&b[17..32]);
+                Ok(GuestTask {
+                    pid: u32_at(b, 4),
+                    tgid: u32_at(b, 8),
+                    comm,
+                    kernel_thread: b[2] & 1 == 1,
+                })
+            }
+            s => Err(Unresolved::from_code(s, b[3])
+                .ok_or_else(|| format!("task record with status {s}, step {}", b[3]))?),
+        };
+        Ok(Record::Task { cr3, task })
     }
 
     pub fn encode(&self, out: &mut [u8; RECORD_SIZE]) {
         let (kind, ev, cpl, addr, a, b) = match *self {
+            Record::Task { cr3, ref task } => return Self::encode_task(cr3, task, out),
             Record::Exit {
                 event,
                 exit_tsc,
@@ -151,6 +201,9 @@ impl Record {
 
     /// Decodes one record; `Err` says what is wrong with it.
     pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+        if b[0] == 4 {
+            return Self::decode_task(b);
+        }
         let detail = u32_at(b, 4);
         let addr = u64_at(b, 8);
         let a = u64_at(b, 16);
@@ -529,6 +582,13 @@ impl Trace {
         self.header.contents & CONTENTS_SAMPLES != 0
     }
 
+    /// Whether any sample names its guest task (the run knew the kernel's task layout).
+    pub fn has_tasks(&self) -> bool {
+        self.vcpus
+            .iter()
+            .any(|v| v.records.iter().any(|r| matches!(r, Record::Task { .. })))
+    }
+
     /// The run's end: the latest end TSC of any vCPU.
     pub fn end_tsc(&self) -> u64 {
         self.vcpus
@@ -620,6 +680,22 @@ mod tests {
                 tsc: 2160,
                 during: None,
                 mode: None,
+            },
+            Record::Task {
+                // The largest page-table root 52 physical address bits allow.
+                cr3: 0x000f_ffff_ffff_f000,
+                task: Ok(GuestTask {
+                    pid: 4_194_304,
+                    tgid: 77,
+                    comm: *b"fifteen_chars_x",
+                    kernel_thread: true,
+                }),
+            },
+            Record::Task {
+                cr3: 0x1234_5000,
+                task: Err(Unresolved::BadPointer(
+                    crate::profile::guest_task::Step::CurrentTask,
+                )),
             },
             Record::Clock {
                 tsc: 2170,

@@ -13,6 +13,7 @@ use super::format::{
     ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
 };
 use super::writer::{PoolConfig, TraceWriter, VcpuSink, WriterStats};
+use crate::profile::guest_task::{LayoutError, TaskLayout, TaskReader};
 use crate::profile::sampler::Sampler;
 use crate::vcpu::access::VcpuAccess;
 
@@ -54,6 +55,9 @@ pub struct ProfileConfig {
     pub path: PathBuf,
     pub hz: u32,
     pub clock: ProfileClock,
+    /// The guest kernel's task layout (`profile::guest_task`), to name the task each sample
+    /// interrupted. None: `task-layout` beside the kernel, if there is one.
+    pub task_layout: Option<PathBuf>,
 }
 
 /// `run --trace` / `--host-profile` (both off by default).
@@ -82,6 +86,8 @@ pub enum RecordError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("--task-layout: {0}")]
+    TaskLayout(#[from] LayoutError),
 }
 
 /// The calling thread's CPU time in ns.
@@ -101,6 +107,8 @@ pub struct VcpuRecorder {
     /// Samples' own file (None: no profile, or samples share the exits' file).
     samples: Option<VcpuSink>,
     sampler: Option<Sampler>,
+    /// Names the guest task of each sample (None: the run knows no task layout).
+    tasks: Option<TaskReader>,
     /// The last exit, waiting for the re-entry TSC.
     pending: Option<(ExitEvent, u64)>,
     clock_every: u64,
@@ -211,10 +219,17 @@ impl VcpuRecorder {
             during,
             mode: s.mode(),
         };
+        let task = self.tasks.as_mut().map(|r| Record::Task {
+            cr3: cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0),
+            task: r.current(cpu),
+        });
         // Each sample period that passed is a sample of this RIP (Sampler::due).
         if let (Some(sink), _) | (None, Some(sink)) = (&mut self.samples, &mut self.exits) {
             for _ in 0..n {
                 sink.push(rec);
+                if let Some(t) = task {
+                    sink.push(t);
+                }
             }
         }
     }
@@ -267,6 +282,41 @@ impl VcpuRecorder {
 impl Drop for VcpuRecorder {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// The task layout a profile uses: the one named (an error if unreadable), else `task-layout`
+/// beside the kernel (a warning if unreadable), else none (said once).
+fn task_layout(
+    p: &ProfileConfig,
+    kernel: &str,
+) -> Result<Option<std::sync::Arc<TaskLayout>>, RecordError> {
+    if let Some(path) = &p.task_layout {
+        return Ok(Some(std::sync::Arc::new(TaskLayout::load(path)?)));
+    }
+    let beside = (!kernel.is_empty())
+        .then(|| TaskLayout::beside(std::path::Path::new(kernel)))
+        .flatten();
+    match beside.map(|path| (TaskLayout::load(&path), path)) {
+        Some((Ok(l), path)) => {
+            log::info!(
+                "host profile: guest tasks named with {} ({})",
+                path.display(),
+                l.banner
+            );
+            Ok(Some(std::sync::Arc::new(l)))
+        }
+        Some((Err(e), _)) => {
+            log::warn!("host profile: {e}; samples name no guest task");
+            Ok(None)
+        }
+        None => {
+            log::info!(
+                "host profile: no task-layout beside the kernel (guest-image/build.sh writes one \
+                 for the default kernel; --task-layout FILE names one): samples name no guest task"
+            );
+            Ok(None)
+        }
     }
 }
 
@@ -347,6 +397,10 @@ impl Recording {
             writers.push((p.path.clone(), w));
             sample_sinks = sinks.into_iter().map(Some).collect();
         }
+        let layout = match cfg.profile.as_ref() {
+            Some(p) => task_layout(p, kernel.as_str())?,
+            None => None,
+        };
         let recorders: Vec<VcpuRecorder> = exit_sinks
             .into_iter()
             .zip(sample_sinks)
@@ -358,6 +412,7 @@ impl Recording {
                     let follow = follow.clone().filter(|_| p.clock == ProfileClock::Auto);
                     Sampler::new(clock, p.hz, tsc_khz, follow)
                 }),
+                tasks: layout.clone().map(|l| TaskReader::new(l, i as u32)),
                 pending: None,
                 clock_every: u64::from(tsc_khz) * CLOCK_EVERY_MS,
                 last_clock: 0,

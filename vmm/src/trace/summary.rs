@@ -168,6 +168,7 @@ pub fn summarize(t: &Trace) -> Summary {
                     }
                 }
                 Record::Sample { .. } => vs.samples += 1,
+                Record::Task { .. } => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     first_clock.get_or_insert((tsc, thread_cpu_ns));
                     if let Some((_, cpu0, d)) = open.take().filter(|o| o.0 == tsc) {
@@ -369,8 +370,18 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
         .vcpus
         .iter()
         .enumerate()
-        .flat_map(|(i, v)| v.records.iter().map(move |r| (r.tsc(), i, r)))
+        .flat_map(|(i, v)| {
+            // A task record has no time of its own: its sample's (it follows it).
+            let mut last = 0;
+            v.records.iter().map(move |r| {
+                if !matches!(r, Record::Task { .. }) {
+                    last = r.tsc();
+                }
+                (last, i, r)
+            })
+        })
         .collect();
+    // Stable: a task record stays right after its sample.
     all.sort_by_key(|(tsc, i, _)| (*tsc, *i));
     let h = &t.header;
     let secs = |tsc: u64| h.secs(tsc.saturating_sub(h.start_tsc));
@@ -412,6 +423,21 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
                 "{:.9} vcpu{v} clock thread_cpu_ms={:.3}",
                 secs(tsc),
                 *thread_cpu_ns as f64 / 1e6
+            )?,
+            Record::Task { cr3, task } => writeln!(
+                out,
+                "{:.9} vcpu{v} task cr3={cr3:#x} {}",
+                secs(tsc),
+                match task {
+                    Ok(t) => format!(
+                        "pid={} tgid={} comm={:?}{}",
+                        t.pid,
+                        t.tgid,
+                        t.comm(),
+                        if t.kernel_thread { " kthread" } else { "" }
+                    ),
+                    Err(u) => format!("unresolved ({})", u.describe()),
+                }
             )?,
         }
     }

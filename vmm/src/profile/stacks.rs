@@ -1,0 +1,307 @@
+//! The host-side profile by guest process, and the formats other tools read (issue 19):
+//!
+//! * [`by_process`]: samples per (process, symbol) — the process is the guest task the sample
+//!   interrupted (`comm[tgid]`, from the trace's task records: `profile::guest_task`);
+//! * [`folded`]: one line per distinct stack, `process;symbol[;[vmm] exit] COUNT`, the input of
+//!   flame-graph tools (Brendan Gregg's flamegraph.pl, inferno, speedscope). Kernel symbols carry
+//!   the `_[k]` suffix those tools colour as kernel code. A sample that arrived while the VMM
+//!   handled an exit (domain-switch) gets the exit as its leaf frame: the VMM's work shows on top
+//!   of the guest code that caused it;
+//! * [`flame_graph`]: that folded profile drawn as an SVG flame graph (the inferno crate);
+//! * [`json`]: the per-(process, symbol) rows as one JSON document (schema `vpmu-profile/1`).
+//!
+//! No guest call stacks yet: a stack is the process and the sampled symbol.
+
+use std::collections::HashMap;
+
+use super::guest_task::{GuestTask, Unresolved};
+use super::report::{bucket, USER_BUCKET_NAMED};
+use super::symbols::SymbolTable;
+use crate::trace::format::{Record, Trace};
+
+/// A sample with no task record (the run knew no task layout).
+pub const NO_PROCESS: &str = "[no process information]";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StacksError {
+    #[error("drawing the flame graph: {0}")]
+    FlameGraph(std::io::Error),
+}
+
+/// The process a sample names: `comm[tgid]`, or why it names none.
+pub fn process_label(task: Option<&Result<GuestTask, Unresolved>>) -> String {
+    match task {
+        Some(Ok(t)) => t.label(),
+        Some(Err(u)) => format!("[unresolved: {}]", u.describe()),
+        None => NO_PROCESS.to_string(),
+    }
+}
+
+/// One sample as the views see it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frames {
+    pub process: String,
+    pub symbol: String,
+    pub kernel: bool,
+    /// The exit the VMM was handling when the sample came (None: the guest was running).
+    pub vmm: Option<String>,
+}
+
+/// Every sample of `t` (counted in `mode`; None: all), with the task record after it.
+pub fn samples(
+    t: &Trace,
+    syms: Option<&SymbolTable>,
+    mode: Option<vpmu::AccountingMode>,
+) -> HashMap<Frames, u64> {
+    let mut out: HashMap<Frames, u64> = HashMap::new();
+    for v in &t.vcpus {
+        for (i, r) in v.records.iter().enumerate() {
+            let Record::Sample {
+                rip,
+                cpl,
+                during,
+                mode: m,
+                ..
+            } = *r
+            else {
+                continue;
+            };
+            if mode.is_some() && m != mode {
+                continue;
+            }
+            let task = match v.records.get(i + 1) {
+                Some(Record::Task { task, .. }) => Some(task),
+                _ => None,
+            };
+            let symbol = if cpl == 3 && task.is_some() {
+                USER_BUCKET_NAMED.to_string()
+            } else {
+                bucket(rip, cpl, syms)
+            };
+            let f = Frames {
+                process: process_label(task),
+                symbol,
+                kernel: cpl != 3,
+                vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
+            };
+            *out.entry(f).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Samples per (process, symbol).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessRow {
+    pub process: String,
+    pub symbol: String,
+    pub samples: u64,
+    /// Of which taken while the VMM handled an exit.
+    pub in_exit: u64,
+}
+
+/// Samples per (process, symbol), most first (ties by process, then symbol).
+pub fn by_process(samples: &HashMap<Frames, u64>) -> Vec<ProcessRow> {
+    let mut rows: HashMap<(&str, &str), ProcessRow> = HashMap::new();
+    for (f, &n) in samples {
+        let row = rows
+            .entry((&f.process, &f.symbol))
+            .or_insert_with(|| ProcessRow {
+                process: f.process.clone(),
+                symbol: f.symbol.clone(),
+                ..Default::default()
+            });
+        row.samples += n;
+        row.in_exit += if f.vmm.is_some() { n } else { 0 };
+    }
+    let mut rows: Vec<ProcessRow> = rows.into_values().collect();
+    rows.sort_by(|a, b| {
+        b.samples
+            .cmp(&a.samples)
+            .then_with(|| a.process.cmp(&b.process))
+            .then_with(|| a.symbol.cmp(&b.symbol))
+    });
+    rows
+}
+
+/// Flame-graph tools split frames at `;` and the count at the last space: keep both out of names.
+fn frame(name: &str) -> String {
+    name.replace(';', ":").replace('\n', " ")
+}
+
+/// The folded profile (module comment), lines sorted so equal inputs give equal files.
+pub fn folded(samples: &HashMap<Frames, u64>) -> String {
+    let mut lines: Vec<String> = samples
+        .iter()
+        .map(|(f, n)| {
+            let mut s = frame(&f.process);
+            s.push(';');
+            s.push_str(&frame(&f.symbol));
+            if f.kernel {
+                s.push_str("_[k]");
+            }
+            if let Some(v) = &f.vmm {
+                s.push(';');
+                s.push_str(&frame(v));
+            }
+            format!("{s} {n}")
+        })
+        .collect();
+    lines.sort();
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+/// The folded profile drawn as an SVG flame graph.
+pub fn flame_graph(folded: &str, title: &str) -> Result<Vec<u8>, StacksError> {
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = "samples".into();
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut svg)
+        .map_err(StacksError::FlameGraph)?;
+    Ok(svg)
+}
+
+/// The rows as JSON (schema `vpmu-profile/1`): the file's clock and period, and each
+/// (process, symbol) row's samples, in-exit samples and share.
+pub fn json(t: &Trace, rows: &[ProcessRow], symbols: &str) -> serde_json::Value {
+    let total: u64 = rows.iter().map(|r| r.samples).sum();
+    serde_json::json!({
+        "schema": "vpmu-profile/1",
+        "vcpus": t.header.vcpus,
+        "clock": t.header.sample_clock.describe(),
+        "sample_period_ns": t.header.sample_period_ns,
+        "symbols": symbols,
+        "samples": total,
+        "rows": rows.iter().map(|r| serde_json::json!({
+            "process": r.process,
+            "symbol": r.symbol,
+            "samples": r.samples,
+            "in_exit": r.in_exit,
+            "percent": r.samples as f64 * 100.0 / total.max(1) as f64,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::guest_task::{Step, COMM_MAX};
+    use crate::trace::format::{ExitEvent, Header, Reason, VcpuTrace, CONTENTS_SAMPLES};
+
+    fn task(comm: &str, tgid: u32) -> Record {
+        let mut c = [0u8; COMM_MAX];
+        c[..comm.len()].copy_from_slice(comm.as_bytes());
+        Record::Task {
+            cr3: 0x1000,
+            task: Ok(GuestTask {
+                pid: tgid,
+                tgid,
+                comm: c,
+                kernel_thread: false,
+            }),
+        }
+    }
+
+    fn sample(rip: u64, cpl: u8, during: bool) -> Record {
+        Record::Sample {
+            rip,
+            cpl,
+            tsc: 1,
+            during: during.then_some((ExitEvent::new(Reason::IoOut), 1)),
+            mode: None,
+        }
+    }
+
+    fn trace() -> Trace {
+        Trace {
+            header: Header::for_tests(CONTENTS_SAMPLES),
+            vcpus: vec![VcpuTrace {
+                records: vec![
+                    sample(0x40_0000, 3, false),
+                    task("cpu_split", 42),
+                    sample(0x40_0010, 3, false),
+                    task("cpu_split", 42),
+                    sample(0xffff_ffff_8100_0010, 0, true),
+                    task("dd", 7),
+                    sample(0xffff_ffff_8100_0010, 0, false),
+                    Record::Task {
+                        cr3: 0,
+                        task: Err(Unresolved::NotMapped(Step::CurrentTask)),
+                    },
+                    // A file without task records: the sample names no process.
+                    sample(0x40_0000, 3, false),
+                ],
+                dropped: 0,
+                end_tsc: 10,
+                end_thread_cpu_ns: 10,
+            }],
+        }
+    }
+
+    fn syms() -> SymbolTable {
+        SymbolTable::parse_system_map("ffffffff81000000 T vm_notify\n", "m").unwrap()
+    }
+
+    #[test]
+    fn samples_name_their_process_and_the_vmm_exit_on_top() {
+        let s = samples(&trace(), Some(&syms()), None);
+        let rows = by_process(&s);
+        assert_eq!(
+            (
+                rows[0].process.as_str(),
+                rows[0].symbol.as_str(),
+                rows[0].samples
+            ),
+            ("cpu_split[42]", USER_BUCKET_NAMED, 2)
+        );
+        let find = |p: &str| rows.iter().find(|r| r.process.starts_with(p)).unwrap();
+        assert_eq!(
+            (find("dd[7]").symbol.as_str(), find("dd[7]").in_exit),
+            ("vm_notify", 1)
+        );
+        assert_eq!(
+            find("[unresolved").process,
+            "[unresolved: current_task not mapped]"
+        );
+        assert_eq!(find(NO_PROCESS).symbol, super::super::report::USER_BUCKET);
+        let f = folded(&s);
+        assert!(
+            f.contains("cpu_split[42];[guest user space, CPL 3] 2\n"),
+            "{f}"
+        );
+        assert!(
+            f.contains("dd[7];vm_notify_[k];[vmm] pio 0x0 out 1\n")
+                || f.contains("dd[7];vm_notify_[k];[vmm] "),
+            "{f}"
+        );
+        assert_eq!(f.lines().count(), 4);
+        let svg = flame_graph(&f, "test").unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(
+            svg.starts_with("<?xml") && svg.contains("cpu_split[42]"),
+            "an SVG naming the process"
+        );
+        let j = json(&trace(), &rows, "m");
+        assert_eq!(j["schema"], "vpmu-profile/1");
+        assert_eq!(j["samples"], 5);
+        assert_eq!(j["rows"][0]["process"], "cpu_split[42]");
+    }
+
+    #[test]
+    fn names_cannot_break_the_folded_format() {
+        let mut m = HashMap::new();
+        m.insert(
+            Frames {
+                process: "a;b[1]".into(),
+                symbol: "x\ny".into(),
+                kernel: false,
+                vmm: None,
+            },
+            3,
+        );
+        assert_eq!(folded(&m), "a:b[1];x y 3\n");
+    }
+}
