@@ -223,26 +223,48 @@ exp_compare_perf() {
 # window, or the user's workload). operf runs until SIGINT, and where guest kernel code is
 # emulated its start-up alone takes longer than a window of seconds (a plain
 # `timeout -s INT 20 operf ...` killed it before it profiled anything, exit 130): CMD starts at
-# its "Press Ctl-c" line (at most 20 minutes of waiting for it), then SIGINT stops it as a user at
-# the console would. Prints operf's output; returns its exit status
-# (an operf that died during its start-up fails its step: nothing runs a step twice).
+# its "Press Ctl-c" line, then SIGINT stops it as a user at the console would. Prints operf's
+# output; returns its exit status (an operf that died during its start-up fails its step:
+# nothing runs a step twice).
+#
+# While operf starts, no process may start or exit in the guest: OProfile 1.4's system-wide
+# start-up reads /proc/PID/status and then /proc/PID/task of every process, and a process that
+# exits in between makes it give up ("Unexpected error in operf_record setup", operf exit 2;
+# libperf_events/operf_utils.cpp, _get_one_process_info). A CI run lost its domain-switch phase
+# to that when this function polled the log with `grep` and `sleep` once a second. So operf's
+# output comes through a FIFO that the shell reads with its own `read` (no child process) until
+# the ready line; only then does `cat` take over the rest.
 vpmu_operf_system_wide() {
-	local d=$1 log="$1.out" pid rc waited=0
+	local d=$1 log="$1.out" fifo="$1.fifo" pid rc line ready=0 drain
 	shift
-	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$log" 2>&1 &
+	rm -f "$fifo" "$log"
+	mkfifo "$fifo" || return 1
+	operf --system-wide -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$d" >"$fifo" 2>&1 &
 	pid=$!
-	while ! grep -q 'Press Ctl-c' "$log" 2>/dev/null && kill -0 "$pid" 2>/dev/null &&
-		[ "$waited" -lt 1200 ]; do
-		sleep 1
-		waited=$((waited + 1))
+	exec 3<"$fifo"
+	# At most 20 minutes for the start-up; EOF if operf died first.
+	while IFS= read -r -t 1200 line <&3; do
+		printf '%s\n' "$line" >>"$log"
+		case $line in *'Press Ctl-c'*)
+			ready=1
+			break
+			;;
+		esac
 	done
-	if kill -0 "$pid" 2>/dev/null; then
-		echo "vpmu: operf ready after ${waited} s; profiling: $*"
+	cat <&3 >>"$log" &
+	drain=$!
+	exec 3<&-
+	if [ "$ready" = 1 ]; then
+		echo "vpmu: operf ready; profiling: $*"
 		"$@"
+		kill -INT "$pid" 2>/dev/null
+	else
 		kill -INT "$pid" 2>/dev/null
 	fi
 	wait "$pid"
 	rc=$?
+	wait "$drain"
+	rm -f "$fifo"
 	cat "$log"
 	return "$rc"
 }

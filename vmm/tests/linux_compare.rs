@@ -110,4 +110,71 @@ fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
         "the guest answered only {replies} echo requests"
     );
     assert!(stderr.contains(", 0 bad"), "bad replies: {stderr}");
+    samples_name_the_guest_process(&dir.path().join("packet-rx.profile"), &kernel);
+}
+
+/// Issue 19: the passive profile names the guest task of each sample. The spin initramfs runs
+/// one user process, its /init (pid 1, comm "init"), which spins in user space: every user-space
+/// sample whose task was read must name it (>= 95% of all user-space samples, so that unresolved
+/// ones cannot hide), and the kernel's samples must name tasks too. The other formats must come
+/// out of the same file.
+fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
+    let layout = vmm::profile::guest_task::TaskLayout::beside(std::path::Path::new(kernel));
+    assert!(
+        layout.is_some(),
+        "no task-layout beside {kernel}: guest-image/build.sh default-kernel writes one (a kernel \
+         cached by an older build.sh? rebuild it)"
+    );
+    let report = |format: &str| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vpmu-vmm"))
+            .args(["report", "--format", format])
+            .arg(profile)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "report --format {format}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o.stdout
+    };
+    let doc: serde_json::Value = serde_json::from_slice(&report("json")).unwrap();
+    assert_eq!(doc["schema"], "vpmu-profile/1");
+    let rows = doc["rows"].as_array().unwrap();
+    let sum = |pred: &dyn Fn(&str, &str) -> bool| -> u64 {
+        rows.iter()
+            .filter(|r| pred(r["process"].as_str().unwrap(), r["symbol"].as_str().unwrap()))
+            .map(|r| r["samples"].as_u64().unwrap())
+            .sum()
+    };
+    let user = sum(&|_, s| s.starts_with("[guest user space"));
+    let init = sum(&|p, s| p == "init[1]" && s.starts_with("[guest user space"));
+    let kernel_named = sum(&|p, s| !s.starts_with("[guest user space") && !p.starts_with('['));
+    let kernel_all = sum(&|_, s| !s.starts_with("[guest user space"));
+    eprintln!(
+        "passive profile: {init} of {user} user-space samples name init[1]; {kernel_named} of \
+         {kernel_all} kernel samples name a task"
+    );
+    let top: Vec<String> = rows
+        .iter()
+        .take(12)
+        .map(|r| format!("{} {} {}", r["samples"], r["process"], r["symbol"]))
+        .collect();
+    assert!(
+        user > 100 && init * 100 >= user * 95,
+        "{init} of {user} user-space samples name the spinning init[1]; top rows:\n{}",
+        top.join("\n")
+    );
+    assert!(
+        kernel_named * 100 >= kernel_all * 95,
+        "{kernel_named} of {kernel_all} kernel samples name a task; top rows:\n{}",
+        top.join("\n")
+    );
+    let folded = String::from_utf8(report("folded")).unwrap();
+    assert!(
+        folded.contains("init[1];[guest user space, CPL 3] "),
+        "{folded}"
+    );
+    let svg = report("svg");
+    assert!(svg.starts_with(b"<?xml") && svg.len() > 1000, "an SVG flame graph");
 }

@@ -90,7 +90,7 @@ pub fn run_compare(args: &[&str], out: &Path) -> Compared {
         panic!(
             "vpmu-vmm compare {args:?} failed ({}); the end of its stderr:\n{}",
             o.status,
-            lines[lines.len().saturating_sub(15)..].join("\n")
+            lines[lines.len().saturating_sub(40)..].join("\n")
         );
     }
     c
