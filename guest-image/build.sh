@@ -179,7 +179,14 @@ kernel_make() {
 write_task_layout() {
 	local sym addr banner
 	echo "# vpmu task layout v1: guest-image/build.sh default-kernel (kernel/task-layout.c)"
-	banner=$(strings -n 20 "$1/vmlinux" | grep -m1 '^Linux version ') || return 1
+	# The bytes at linux_banner, up to its newline: what the VMM compares with guest memory.
+	addr=$(awk '$3 == "linux_banner" { print $1; exit }' "$1/System.map")
+	[ -n "$addr" ] || return 1
+	banner=$(objdump -s --start-address="0x$addr" \
+		--stop-address="$(printf '0x%x' $((0x$addr + 512)))" "$1/vmlinux" |
+		awk 'NR > 4 { for (i = 2; i <= 5; i++) if ($i ~ /^[0-9a-f]+$/) printf "%s", $i }' |
+		perl -ne 'chomp; $h .= $_; END { $s = pack("H*", $h); $s =~ s/[\n\0].*//s; print $s }')
+	case $banner in "Linux version "*) ;; *) return 1 ;; esac
 	printf 'banner %s\n' "$banner"
 	for sym in __per_cpu_offset current_task linux_banner; do
 		addr=$(awk -v s="$sym" '$3 == s { print $1; exit }' "$1/System.map")

@@ -143,7 +143,12 @@ fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
     let rows = doc["rows"].as_array().unwrap();
     let sum = |pred: &dyn Fn(&str, &str) -> bool| -> u64 {
         rows.iter()
-            .filter(|r| pred(r["process"].as_str().unwrap(), r["symbol"].as_str().unwrap()))
+            .filter(|r| {
+                pred(
+                    r["process"].as_str().unwrap(),
+                    r["symbol"].as_str().unwrap(),
+                )
+            })
             .map(|r| r["samples"].as_u64().unwrap())
             .sum()
     };
@@ -176,5 +181,8 @@ fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
         "{folded}"
     );
     let svg = report("svg");
-    assert!(svg.starts_with(b"<?xml") && svg.len() > 1000, "an SVG flame graph");
+    assert!(
+        svg.starts_with(b"<?xml") && svg.len() > 1000,
+        "an SVG flame graph"
+    );
 }

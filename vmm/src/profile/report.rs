@@ -571,6 +571,46 @@ mod tests {
     }
 
     #[test]
+    fn the_process_table_names_each_samples_task() {
+        let mut t = trace();
+        assert!(!t.has_tasks());
+        let mut comm = [0u8; crate::profile::guest_task::COMM_MAX];
+        comm[..4].copy_from_slice(b"spin");
+        // The user-space sample (index 4) names its task.
+        t.vcpus[0].records.insert(
+            5,
+            Record::Task {
+                cr3: 0x5000,
+                task: Ok(crate::profile::guest_task::GuestTask {
+                    pid: 9,
+                    tgid: 9,
+                    comm,
+                    kernel_thread: false,
+                }),
+            },
+        );
+        assert!(t.has_tasks());
+        let rows = stacks::by_process(&stacks::samples(&t, Some(&syms()), None));
+        let text = render_by_process(&rows, 0);
+        assert!(
+            text.contains("spin[9]") && text.contains(USER_BUCKET_NAMED),
+            "{text}"
+        );
+        assert!(
+            text.contains(stacks::NO_PROCESS),
+            "samples without a task record: {text}"
+        );
+        // The symbol table is unchanged by task records.
+        assert_eq!(
+            profile(&t, Some(&syms()))
+                .iter()
+                .map(|r| r.samples)
+                .sum::<u64>(),
+            5
+        );
+    }
+
+    #[test]
     fn system_wide_view_puts_vmm_time_beside_guest_symbols() {
         let t = trace();
         let rows = system_wide(&t, Some(&syms()));
