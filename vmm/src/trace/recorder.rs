@@ -109,6 +109,8 @@ pub struct VcpuRecorder {
     sampler: Option<Sampler>,
     /// Names the guest task of each sample (None: the run knows no task layout).
     tasks: Option<TaskReader>,
+    /// Task reads made, resolved, and the TSC ticks they took (logged at the end).
+    task_reads: (u64, u64, u64),
     /// The last exit, waiting for the re-entry TSC.
     pending: Option<(ExitEvent, u64)>,
     clock_every: u64,
@@ -219,9 +221,17 @@ impl VcpuRecorder {
             during,
             mode: s.mode(),
         };
-        let task = self.tasks.as_mut().map(|r| Record::Task {
-            cr3: cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0),
-            task: r.current(cpu),
+        let task = self.tasks.as_mut().map(|r| {
+            let t0 = crate::tsc::now();
+            let rec = Record::Task {
+                cr3: cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0),
+                task: r.current(cpu),
+            };
+            let (reads, resolved, ticks) = &mut self.task_reads;
+            *reads += 1;
+            *resolved += u64::from(matches!(rec, Record::Task { task: Ok(_), .. }));
+            *ticks += crate::tsc::now().saturating_sub(t0);
+            rec
         });
         // Each sample period that passed is a sample of this RIP (Sampler::due).
         if let (Some(sink), _) | (None, Some(sink)) = (&mut self.samples, &mut self.exits) {
@@ -259,6 +269,16 @@ impl VcpuRecorder {
         let t = crate::tsc::now();
         let cpu = thread_cpu_ns();
         self.sampler = None;
+        let (reads, resolved, ticks) = self.task_reads;
+        if reads > 0 {
+            log::info!(
+                "vCPU {}: host profile named the guest task of {resolved} of {reads} samples; \
+                 reading it took {:.2} us per sample",
+                self.vcpu,
+                ticks as f64 * 1000.0 / self.clock_every.max(1) as f64 / reads as f64
+                    * CLOCK_EVERY_MS as f64
+            );
+        }
         if let Some(mut sink) = self.exits.take() {
             if let Some((event, exit_tsc)) = self.pending.take() {
                 sink.push(Record::Exit {
@@ -413,6 +433,7 @@ impl Recording {
                     Sampler::new(clock, p.hz, tsc_khz, follow)
                 }),
                 tasks: layout.clone().map(|l| TaskReader::new(l, i as u32)),
+                task_reads: (0, 0, 0),
                 pending: None,
                 clock_every: u64::from(tsc_khz) * CLOCK_EVERY_MS,
                 last_clock: 0,
