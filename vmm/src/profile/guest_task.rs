@@ -64,6 +64,16 @@ pub struct TaskLayout {
     pub task_flags: u64,
     pub task_size: u64,
     pub pf_kthread: u64,
+    /// The executable's chain: task->mm->exe_file->f_path.dentry->d_name.name, and
+    /// mm->start_code/end_code.
+    pub task_mm: u64,
+    pub mm_exe_file: u64,
+    pub mm_start_code: u64,
+    pub mm_end_code: u64,
+    /// f_path.dentry: the `struct file` offset of f_path plus the `struct path` offset of dentry.
+    pub file_dentry: u64,
+    /// d_name.name: the `struct dentry` offset of d_name plus the `struct qstr` offset of name.
+    pub dentry_name: u64,
 }
 
 impl TaskLayout {
@@ -117,13 +127,33 @@ impl TaskLayout {
             task_flags: need("task_struct_flags")?,
             task_size: need("task_struct_size")?,
             pf_kthread: need("pf_kthread")?,
+            task_mm: need("task_struct_mm")?,
+            mm_exe_file: need("mm_struct_exe_file")?,
+            mm_start_code: need("mm_struct_start_code")?,
+            mm_end_code: need("mm_struct_end_code")?,
+            file_dentry: need("file_f_path")? + need("path_dentry")?,
+            dentry_name: need("dentry_d_name")? + need("qstr_name")?,
         };
         let fields = [
             layout.task_pid + 4,
             layout.task_tgid + 4,
             layout.task_comm + COMM_MAX as u64,
             layout.task_flags + 4,
+            layout.task_mm + 8,
         ];
+        let small = [
+            layout.mm_exe_file,
+            layout.mm_start_code,
+            layout.mm_end_code,
+            layout.file_dentry,
+            layout.dentry_name,
+        ];
+        if small.iter().any(|&o| o > 1 << 16) {
+            return Err(LayoutError::Bad {
+                line: 0,
+                what: "an mm/file/dentry offset beyond 64 KiB".into(),
+            });
+        }
         if layout.task_size > 1 << 16 || fields.iter().any(|&end| end > layout.task_size) {
             return Err(LayoutError::Bad {
                 line: 0,
@@ -179,6 +209,34 @@ impl GuestTask {
     }
 }
 
+/// The most executable-name bytes an exe record keeps.
+pub const EXE_NAME_MAX: usize = 16;
+
+/// The executable a user-space sample ran in: its file name (the dentry's, not the path) and
+/// where its code was loaded (`mm->start_code`, `end_code`: the executable's PF_X segments,
+/// with the load bias of a PIE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestExe {
+    /// NUL-padded; the first [`EXE_NAME_MAX`] bytes of the name.
+    pub name: [u8; EXE_NAME_MAX],
+    /// The name's whole length (longer than [`EXE_NAME_MAX`]: truncated).
+    pub name_len: u8,
+    pub start_code: u64,
+    /// end_code - start_code (saturated to u32).
+    pub code_size: u32,
+}
+
+impl GuestExe {
+    pub fn name(&self) -> String {
+        let n = usize::from(self.name_len).min(EXE_NAME_MAX);
+        String::from_utf8_lossy(&self.name[..n]).into_owned()
+    }
+
+    pub fn truncated(&self) -> bool {
+        usize::from(self.name_len) > EXE_NAME_MAX
+    }
+}
+
 /// Which read of the chain failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -187,6 +245,8 @@ pub enum Step {
     PerCpuOffset = 2,
     CurrentTask = 3,
     TaskFields = 4,
+    /// task->mm and the executable behind it.
+    Executable = 5,
 }
 
 /// Why a sample names no task (the trace's task record carries it).
@@ -223,6 +283,7 @@ impl Unresolved {
             2 => Step::PerCpuOffset,
             3 => Step::CurrentTask,
             4 => Step::TaskFields,
+            5 => Step::Executable,
             _ => return None,
         };
         Some(match status {
@@ -242,6 +303,7 @@ impl Unresolved {
             Step::PerCpuOffset => "__per_cpu_offset[cpu]",
             Step::CurrentTask => "current_task",
             Step::TaskFields => "the task's pid/tgid/comm",
+            Step::Executable => "the task's executable (mm, exe_file)",
         };
         match self {
             Unresolved::NotThisKernel => "kernel not verified (banner differs)".into(),
@@ -290,6 +352,98 @@ impl TaskReader {
 
     /// The task running on this vCPU now (see the module comment for the chain).
     pub fn current<M: GuestRead + ?Sized>(&mut self, mem: &mut M) -> Result<GuestTask, Unresolved> {
+        self.current_at(mem).map(|(t, _)| t)
+    }
+
+    /// The running task and, for a user task, its executable (`Ok(None)`: a kernel thread, or a
+    /// task with no mm).
+    #[allow(clippy::type_complexity)]
+    pub fn current_with_exe<M: GuestRead + ?Sized>(
+        &mut self,
+        mem: &mut M,
+    ) -> Result<(GuestTask, Option<Result<GuestExe, Unresolved>>), Unresolved> {
+        let (task, at) = self.current_at(mem)?;
+        if task.kernel_thread {
+            return Ok((task, None));
+        }
+        Ok((task, self.exe(mem, at)))
+    }
+
+    /// task->mm->exe_file->f_path.dentry->d_name.name, and mm->start_code/end_code: a fixed
+    /// number of reads, each pointer checked. None: the task has no mm.
+    fn exe<M: GuestRead + ?Sized>(
+        &self,
+        mem: &mut M,
+        task: u64,
+    ) -> Option<Result<GuestExe, Unresolved>> {
+        let l = &*self.layout;
+        let step = Step::Executable;
+        let read_ptr = |mem: &mut M, at: u64| -> Result<u64, Unresolved> {
+            let p = read_u64(mem, at, step)?;
+            if kernel_pointer(p, 8) && p.checked_add(1 << 16).is_some() {
+                Ok(p)
+            } else {
+                Err(Unresolved::BadPointer(step))
+            }
+        };
+        let mm = match read_u64(mem, task + l.task_mm, step) {
+            Ok(0) => return None,
+            Ok(p) if kernel_pointer(p, 8) && p.checked_add(1 << 16).is_some() => Ok(p),
+            Ok(_) => Err(Unresolved::BadPointer(step)),
+            Err(e) => Err(e),
+        };
+        let exe = (|| {
+            let mm = mm?;
+            let start = read_u64(mem, mm + l.mm_start_code, step)?;
+            let end = read_u64(mem, mm + l.mm_end_code, step)?;
+            if end < start {
+                return Err(Unresolved::BadValue(step));
+            }
+            let file = read_ptr(mem, mm + l.mm_exe_file)?;
+            let dentry = read_ptr(mem, file + l.file_dentry)?;
+            let name_at = read_u64(mem, dentry + l.dentry_name, step)?;
+            if !kernel_pointer(name_at, 1) {
+                return Err(Unresolved::BadPointer(step));
+            }
+            // The name: up to EXE_NAME_MAX bytes, then how long it really is (bounded: 255).
+            let mut name = [0u8; EXE_NAME_MAX];
+            let mut len = 0usize;
+            let mut chunk = [0u8; 64];
+            let mut at = name_at;
+            'outer: for _ in 0..8 {
+                // Never past the page the name is on until its NUL is not there.
+                let n = (0x1000 - (at & 0xfff)).min(64) as usize;
+                mem.read_virt(at, &mut chunk[..n])
+                    .map_err(|_| Unresolved::NotMapped(step))?;
+                at = at.wrapping_add(n as u64);
+                for &b in &chunk[..n] {
+                    if b == 0 {
+                        break 'outer;
+                    }
+                    if len < EXE_NAME_MAX {
+                        name[len] = b;
+                    }
+                    len += 1;
+                }
+            }
+            if len == 0 || len > 255 || !name.iter().take(len.min(EXE_NAME_MAX)).all(|&b| b != b'/')
+            {
+                return Err(Unresolved::BadValue(step));
+            }
+            Ok(GuestExe {
+                name,
+                name_len: len as u8,
+                start_code: start,
+                code_size: u32::try_from(end - start).unwrap_or(u32::MAX),
+            })
+        })();
+        Some(exe)
+    }
+
+    fn current_at<M: GuestRead + ?Sized>(
+        &mut self,
+        mem: &mut M,
+    ) -> Result<(GuestTask, u64), Unresolved> {
         let l = &*self.layout;
         if !self.verified {
             let mut b = vec![0u8; l.banner.len()];
@@ -323,12 +477,15 @@ impl TaskReader {
         if pid > PID_MAX_LIMIT || tgid > PID_MAX_LIMIT || !comm_is_text(&comm) {
             return Err(Unresolved::BadValue(Step::TaskFields));
         }
-        Ok(GuestTask {
-            pid,
-            tgid,
-            comm,
-            kernel_thread: u64::from(flags) & l.pf_kthread != 0,
-        })
+        Ok((
+            GuestTask {
+                pid,
+                tgid,
+                comm,
+                kernel_thread: u64::from(flags) & l.pf_kthread != 0,
+            },
+            task,
+        ))
     }
 }
 
@@ -372,16 +529,27 @@ mod tests {
         value task_comm_len 16\n\
         value pf_kthread 2097152\n\
         value nr_cpus 8\n\
-        value mm_struct_pgd 80\n";
+        value mm_struct_pgd 80\n\
+        value task_struct_mm 768\n\
+        value mm_struct_exe_file 840\n\
+        value mm_struct_start_code 240\n\
+        value mm_struct_end_code 248\n\
+        value file_f_path 16\n\
+        value path_dentry 8\n\
+        value dentry_d_name 32\n\
+        value qstr_name 8\n";
 
-    /// Guest memory by virtual address: bytes at addresses (unlisted addresses are unmapped).
+    /// Guest memory by virtual page: a page is mapped once anything was put on it (the rest of
+    /// it reads as zeros), as a guest's page tables map whole pages.
     #[derive(Default)]
-    struct Mem(HashMap<u64, u8>);
+    struct Mem(HashMap<u64, Box<[u8; 4096]>>);
 
     impl Mem {
         fn put(&mut self, at: u64, bytes: &[u8]) {
             for (i, b) in bytes.iter().enumerate() {
-                self.0.insert(at + i as u64, *b);
+                let a = at + i as u64;
+                let page = self.0.entry(a >> 12).or_insert_with(|| Box::new([0; 4096]));
+                page[(a & 0xfff) as usize] = *b;
             }
         }
     }
@@ -390,7 +558,8 @@ mod tests {
         fn read_virt(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), AccessError> {
             for (i, b) in buf.iter_mut().enumerate() {
                 let a = gva.wrapping_add(i as u64);
-                *b = *self.0.get(&a).ok_or(AccessError::NotMapped(a))?;
+                let page = self.0.get(&(a >> 12)).ok_or(AccessError::NotMapped(a))?;
+                *b = page[(a & 0xfff) as usize];
             }
             Ok(())
         }
@@ -492,6 +661,79 @@ mod tests {
         assert_eq!(Unresolved::from_code(9, 1), None);
     }
 
+    const MM: u64 = 0xffff_8880_0200_0000;
+    const FILE: u64 = 0xffff_8880_0300_0000;
+    const DENTRY: u64 = 0xffff_8880_0400_0000;
+    const NAME: u64 = 0xffff_8880_0500_0ff8;
+
+    /// `guest` plus a user task's mm, executable file, dentry and name (the name across a page
+    /// boundary).
+    fn user_guest(l: &TaskLayout, name: &[u8]) -> Mem {
+        let mut m = guest(l);
+        m.put(TASK + l.task_mm, &MM.to_le_bytes());
+        m.put(MM + l.mm_start_code, &0x40_1000u64.to_le_bytes());
+        m.put(MM + l.mm_end_code, &0x4b_2000u64.to_le_bytes());
+        m.put(MM + l.mm_exe_file, &FILE.to_le_bytes());
+        m.put(FILE + l.file_dentry, &DENTRY.to_le_bytes());
+        m.put(DENTRY + l.dentry_name, &NAME.to_le_bytes());
+        m.put(NAME, name);
+        m.put(NAME + name.len() as u64, &[0]);
+        m
+    }
+
+    #[test]
+    fn a_user_task_names_its_executable_and_where_its_code_is() {
+        let l = Arc::new(TaskLayout::parse(LAYOUT).unwrap());
+        let mut r = TaskReader::new(l.clone(), 1);
+        let (t, exe) = r
+            .current_with_exe(&mut user_guest(&l, b"cpu_split"))
+            .unwrap();
+        assert_eq!(t.comm(), "cpu_split");
+        let e = exe.unwrap().unwrap();
+        assert_eq!(
+            (e.name(), e.start_code, e.code_size),
+            ("cpu_split".into(), 0x40_1000, 0xb_1000)
+        );
+        assert!(!e.truncated());
+        // A long name keeps its first 16 bytes and says how long it was.
+        let long = b"a_program_with_a_long_name";
+        let (_, exe) = r.current_with_exe(&mut user_guest(&l, long)).unwrap();
+        let e = exe.unwrap().unwrap();
+        assert_eq!(
+            (e.name(), e.name_len, e.truncated()),
+            ("a_program_with_a".into(), 26, true)
+        );
+        // A task without mm has no executable.
+        let mut m = user_guest(&l, b"x");
+        m.put(TASK + l.task_mm, &0u64.to_le_bytes());
+        assert_eq!(r.current_with_exe(&mut m).unwrap().1, None);
+        // Hostile chains: a user-space mm, end before start, an unmapped file, a name of 300
+        // bytes, a name with '/' in it.
+        let mut bad = |m: &mut Mem| r.current_with_exe(m).unwrap().1.unwrap().unwrap_err();
+        let mut m = user_guest(&l, b"x");
+        m.put(TASK + l.task_mm, &0x7f00_0000_0000u64.to_le_bytes());
+        assert_eq!(bad(&mut m), Unresolved::BadPointer(Step::Executable));
+        let mut m = user_guest(&l, b"x");
+        m.put(MM + l.mm_end_code, &0x1000u64.to_le_bytes());
+        assert_eq!(bad(&mut m), Unresolved::BadValue(Step::Executable));
+        let mut m = user_guest(&l, b"x");
+        m.put(MM + l.mm_exe_file, &(FILE + 0x10_0000).to_le_bytes());
+        assert_eq!(bad(&mut m), Unresolved::NotMapped(Step::Executable));
+        assert_eq!(
+            bad(&mut user_guest(&l, &[b'a'; 300])),
+            Unresolved::BadValue(Step::Executable)
+        );
+        assert_eq!(
+            bad(&mut user_guest(&l, b"../x")),
+            Unresolved::BadValue(Step::Executable)
+        );
+        // A kernel thread: no executable is read.
+        let mut m = user_guest(&l, b"x");
+        m.put(TASK + l.task_flags, &0x0020_0000u32.to_le_bytes());
+        let mut r = TaskReader::new(l.clone(), 1);
+        assert_eq!(r.current_with_exe(&mut m).unwrap().1, None);
+    }
+
     #[test]
     fn a_layout_file_is_checked_line_by_line() {
         let l = TaskLayout::parse(LAYOUT).unwrap();
@@ -508,10 +750,10 @@ mod tests {
             "comm beyond task_struct"
         );
         let junk = format!("{LAYOUT}offset x 1\n");
-        assert!(matches!(
-            TaskLayout::parse(&junk),
-            Err(LayoutError::Bad { line: 15, .. })
-        ));
+        let junk_line = LAYOUT.lines().count() + 1;
+        assert!(
+            matches!(TaskLayout::parse(&junk), Err(LayoutError::Bad { line, .. }) if line == junk_line)
+        );
         let nan = LAYOUT.replace("0x1fc40", "0xzz");
         assert!(TaskLayout::parse(&nan).is_err());
     }

@@ -16,7 +16,7 @@
 //!  12 dropped u32: records this vCPU dropped (no free buffer) just before this block
 //!  16 checksum u32: FNV-1a of the block's records   20 reserved u32
 //! record (32 bytes), `count` of them after a records block; an end block has exactly one
-//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
+//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task, 5 exe)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
 //!   8 addr u64   16 tsc_a u64   24 tsc_b u64
 //! ```
 //! * exit: `tsc_a` = TSC when KVM_RUN returned, `tsc_b` = TSC just before the next KVM_RUN
@@ -31,6 +31,10 @@
 //!   `Unresolved::code`), `2` flags (bit 0 kernel thread), `3` the step that failed, `4` pid u32,
 //!   `8` tgid u32, `12` CR3 >> 12 (5 bytes: the page-table root, the address space), `17` comm
 //!   (15 bytes, NUL-padded; Linux's TASK_COMM_LEN 16 holds 15 and a NUL).
+//! * exe (kind 5; follows the task record of a user-space sample whose task has an mm): `1`
+//!   status (as task's), `2` the name's whole length, `3` the step that failed, `4` end_code -
+//!   start_code u32, `8` start_code u64, `16` the executable's file name (first 16 bytes,
+//!   NUL-padded).
 //! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
 //!   KVM_RUN time into running and halted/off-CPU).
 //! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
@@ -78,7 +82,7 @@ pub enum FormatError {
 // exit, shared by this file format, the last-exits ring and the exit counts); the numbers
 // `Reason` carries (`#[repr(u8)]`) are this format's encoding.
 pub use crate::exit::kind::{ExitEvent, Reason};
-use crate::profile::guest_task::{GuestTask, Unresolved, COMM_MAX};
+use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved, COMM_MAX, EXE_NAME_MAX};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -107,6 +111,8 @@ pub enum Record {
         cr3: u64,
         task: Result<GuestTask, Unresolved>,
     },
+    /// The executable of the user task the sample before it interrupted (after its task record).
+    Exe(Result<GuestExe, Unresolved>),
 }
 
 impl Record {
@@ -116,8 +122,39 @@ impl Record {
             Record::Exit { exit_tsc, .. } => exit_tsc,
             Record::Sample { tsc, .. } => tsc,
             Record::Clock { tsc, .. } => tsc,
-            Record::Task { .. } => 0,
+            Record::Task { .. } | Record::Exe(_) => 0,
         }
+    }
+
+    fn encode_exe(exe: &Result<GuestExe, Unresolved>, out: &mut [u8; RECORD_SIZE]) {
+        out.fill(0);
+        out[0] = 5;
+        match exe {
+            Ok(e) => {
+                out[2] = e.name_len;
+                out[4..8].copy_from_slice(&e.code_size.to_le_bytes());
+                out[8..16].copy_from_slice(&e.start_code.to_le_bytes());
+                out[16..32].copy_from_slice(&e.name);
+            }
+            Err(u) => (out[1], out[3]) = u.code(),
+        }
+    }
+
+    fn decode_exe(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+        Ok(Record::Exe(match b[1] {
+            0 => {
+                let mut name = [0u8; EXE_NAME_MAX];
+                name.copy_from_slice(&b[16..32]);
+                Ok(GuestExe {
+                    name,
+                    name_len: b[2],
+                    start_code: u64_at(b, 8),
+                    code_size: u32_at(b, 4),
+                })
+            }
+            s => Err(Unresolved::from_code(s, b[3])
+                .ok_or_else(|| format!("exe record with status {s}, step {}", b[3]))?),
+        }))
     }
 
     fn encode_task(cr3: u64, task: &Result<GuestTask, Unresolved>, out: &mut [u8; RECORD_SIZE]) {
@@ -159,6 +196,7 @@ impl Record {
     pub fn encode(&self, out: &mut [u8; RECORD_SIZE]) {
         let (kind, ev, cpl, addr, a, b) = match *self {
             Record::Task { cr3, ref task } => return Self::encode_task(cr3, task, out),
+            Record::Exe(ref exe) => return Self::encode_exe(exe, out),
             Record::Exit {
                 event,
                 exit_tsc,
@@ -201,8 +239,10 @@ impl Record {
 
     /// Decodes one record; `Err` says what is wrong with it.
     pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
-        if b[0] == 4 {
-            return Self::decode_task(b);
+        match b[0] {
+            4 => return Self::decode_task(b),
+            5 => return Self::decode_exe(b),
+            _ => {}
         }
         let detail = u32_at(b, 4);
         let addr = u64_at(b, 8);
@@ -691,6 +731,15 @@ mod tests {
                     kernel_thread: true,
                 }),
             },
+            Record::Exe(Ok(GuestExe {
+                name: *b"a_long_program_n",
+                name_len: 40,
+                start_code: 0x5555_5555_4000,
+                code_size: 0x1234,
+            })),
+            Record::Exe(Err(Unresolved::NotMapped(
+                crate::profile::guest_task::Step::Executable,
+            ))),
             Record::Task {
                 cr3: 0x1234_5000,
                 task: Err(Unresolved::BadPointer(

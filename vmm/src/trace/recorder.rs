@@ -223,22 +223,32 @@ impl VcpuRecorder {
         };
         let task = self.tasks.as_mut().map(|r| {
             let t0 = crate::tsc::now();
-            let rec = Record::Task {
-                cr3: cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0),
-                task: r.current(cpu),
+            let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
+            // The executable only for user-space samples: a kernel sample's RIP is no
+            // executable's.
+            let (task, exe) = if cpl == 3 {
+                match r.current_with_exe(cpu) {
+                    Ok((t, exe)) => (Ok(t), exe),
+                    Err(u) => (Err(u), None),
+                }
+            } else {
+                (r.current(cpu), None)
             };
             let (reads, resolved, ticks) = &mut self.task_reads;
             *reads += 1;
-            *resolved += u64::from(matches!(rec, Record::Task { task: Ok(_), .. }));
+            *resolved += u64::from(task.is_ok());
             *ticks += crate::tsc::now().saturating_sub(t0);
-            rec
+            (Record::Task { cr3, task }, exe.map(Record::Exe))
         });
         // Each sample period that passed is a sample of this RIP (Sampler::due).
         if let (Some(sink), _) | (None, Some(sink)) = (&mut self.samples, &mut self.exits) {
             for _ in 0..n {
                 sink.push(rec);
-                if let Some(t) = task {
+                if let Some((t, exe)) = task {
                     sink.push(t);
+                    if let Some(e) = exe {
+                        sink.push(e);
+                    }
                 }
             }
         }

@@ -108,7 +108,7 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
                     }
                 }
                 Record::Sample { tsc, .. } => out[bucket(tsc)].samples += 1,
-                Record::Task { .. } => {}
+                Record::Task { .. } | Record::Exe(_) => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     if let Some((x, e, c)) = open.take() {
                         if e == tsc && tsc > x {

@@ -168,7 +168,7 @@ pub fn summarize(t: &Trace) -> Summary {
                     }
                 }
                 Record::Sample { .. } => vs.samples += 1,
-                Record::Task { .. } => {}
+                Record::Task { .. } | Record::Exe(_) => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     first_clock.get_or_insert((tsc, thread_cpu_ns));
                     if let Some((_, cpu0, d)) = open.take().filter(|o| o.0 == tsc) {
@@ -374,7 +374,7 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
             // A task record has no time of its own: its sample's (it follows it).
             let mut last = 0;
             v.records.iter().map(move |r| {
-                if !matches!(r, Record::Task { .. }) {
+                if !matches!(r, Record::Task { .. } | Record::Exe(_)) {
                     last = r.tsc();
                 }
                 (last, i, r)
@@ -435,6 +435,21 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
                         t.tgid,
                         t.comm(),
                         if t.kernel_thread { " kthread" } else { "" }
+                    ),
+                    Err(u) => format!("unresolved ({})", u.describe()),
+                }
+            )?,
+            Record::Exe(exe) => writeln!(
+                out,
+                "{:.9} vcpu{v} exe {}",
+                secs(tsc),
+                match exe {
+                    Ok(e) => format!(
+                        "name={:?}{} start_code={:#x} code_size={:#x}",
+                        e.name(),
+                        if e.truncated() { " (truncated)" } else { "" },
+                        e.start_code,
+                        e.code_size
                     ),
                     Err(u) => format!("unresolved ({})", u.describe()),
                 }
