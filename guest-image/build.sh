@@ -575,7 +575,8 @@ build_initramfs() {
 #     /init bind-mounts over /proc/kallsyms when the running kernel's /sys/kernel/notes hashes to
 #     that name (the same build: same build-id), so the profilers do not make the emulated kernel
 #     format its ~25,000 symbols; any other kernel falls back to reading /proc/kallsyms once;
-#   manifest.tsv beside the image: guest path, ELF build-id (or -), size, of every regular file.
+#   manifest.tsv beside the image: guest path, ELF build-id (or -), size, of every regular file;
+#   files/ beside it: the image's ELF files at their guest paths (report --guest-files).
 ROOTFS_FREE_MB=64
 build_rootfs() {
 	need_pkgs busybox-static e2fsprogs binutils
@@ -588,7 +589,7 @@ build_rootfs() {
 	kernel_dir=${kernel_dir%/*}
 	notes_sum=$(kernel_notes_sha256 "$kernel_dir/vmlinux")
 	k=$(key rootfs "$(default_root_inputs)" "$notes_sum" "$(pkg_version e2fsprogs)" "$ROOTFS_FREE_MB" \
-		"$(declare -f build_rootfs kernel_notes_sha256 write_manifest)")
+		"$(declare -f build_rootfs kernel_notes_sha256 write_manifest keep_elf_files)")
 	final=$CACHE/rootfs-$k
 	if [ ! -f "$final/rootfs.ext4" ]; then
 		lock rootfs
@@ -602,6 +603,7 @@ build_rootfs() {
 			mkdir -p "$root/etc/vpmu/kallsyms"
 			install -m 0400 "$kernel_dir/System.map" "$root/etc/vpmu/kallsyms/$notes_sum"
 			write_manifest "$root" >"$TMP/manifest.tsv"
+			keep_elf_files "$root" "$TMP/manifest.tsv" "$TMP/files"
 			mb=$(($(du -sm "$root" | cut -f1) + ROOTFS_FREE_MB))
 			run_logged "$TMP/mke2fs.log" "mke2fs -t ext4 -d (${mb} MB, no journal)" \
 				mke2fs -q -F -t ext4 -O ^has_journal -L vpmu-root -E root_owner=0:0 \
@@ -616,6 +618,18 @@ build_rootfs() {
 	fi
 	link rootfs.ext4 "$final/rootfs.ext4"
 	link rootfs-manifest.tsv "$final/manifest.tsv"
+	link rootfs-files "$final/files"
+}
+
+# keep_elf_files ROOT MANIFEST DEST: copies the image's ELF files (those with a build-id in the
+# manifest) to DEST at their guest paths, for the host-side profile's user-space symbols
+# (`vpmu-vmm report --guest-files DEST`).
+keep_elf_files() {
+	local f
+	awk -F'\t' 'NR > 1 && $2 != "-" { print $1 }' "$2" | while IFS= read -r f; do
+		mkdir -p "$3${f%/*}"
+		cp -p "$1$f" "$3$f"
+	done
 }
 
 # kernel_notes_sha256 VMLINUX: sha256 of the ELF's .notes section, the bytes the running kernel
@@ -775,7 +789,8 @@ print_paths() {
 		DEFAULT_TASK_LAYOUT:default-task-layout \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
 		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
-		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv KUT_PMU_FLAT:kvm-unit-tests-pmu.flat; do
+		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv ROOTFS_FILES:rootfs-files \
+		KUT_PMU_FLAT:kvm-unit-tests-pmu.flat; do
 		file=$CACHE/current/${var#*:}
 		[ -e "$file" ] || continue
 		printf '%s=%q\n' "${var%%:*}" "$(readlink -f "$file")"

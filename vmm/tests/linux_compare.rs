@@ -153,6 +153,11 @@ fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
             .sum()
     };
     let user = sum(&|_, s| s.starts_with("[guest user space"));
+    let with_exe = rows
+        .iter()
+        .filter(|r| r["object"] == "init" && r["process"] == "init[1]")
+        .map(|r| r["samples"].as_u64().unwrap())
+        .sum::<u64>();
     let init = sum(&|p, s| p == "init[1]" && s.starts_with("[guest user space"));
     let kernel_named = sum(&|p, s| !s.starts_with("[guest user space") && !p.starts_with('['));
     let kernel_all = sum(&|_, s| !s.starts_with("[guest user space"));
@@ -171,13 +176,19 @@ fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
         top.join("\n")
     );
     assert!(
+        with_exe * 100 >= user * 95,
+        "{with_exe} of {user} user-space samples name the executable init; top rows:\n{}",
+        top.join("\n")
+    );
+    assert!(
         kernel_named * 100 >= kernel_all * 95,
         "{kernel_named} of {kernel_all} kernel samples name a task; top rows:\n{}",
         top.join("\n")
     );
     let folded = String::from_utf8(report("folded")).unwrap();
+    // The spin init's executable is /init: object "init", no guest files given.
     assert!(
-        folded.contains("init[1];[guest user space, CPL 3] "),
+        folded.contains("init[1];init;[guest user space, CPL 3] "),
         "{folded}"
     );
     let svg = report("svg");

@@ -9,6 +9,8 @@
 //! * [`kallsyms`] — the kallsyms tables inside a kernel image (ELF symbols or a scan);
 //! * [`symbols`] — an address -> symbol table (from kallsyms or a System.map);
 //! * [`stacks`] — samples by guest process, and the folded / flame-graph SVG / JSON formats;
+//! * [`user_symbols`] — user-space RIPs to executable + function, with the guest's files on the
+//!   host;
 //! * [`report`] — the opreport-like table and the system-wide view (guest symbols beside the
 //!   VMM's exit handling).
 
@@ -18,3 +20,4 @@ pub mod report;
 pub mod sampler;
 pub mod stacks;
 pub mod symbols;
+pub mod user_symbols;

@@ -53,6 +53,11 @@ pub struct ReportArgs {
     /// svg: that flame graph drawn.
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     pub format: ReportFormat,
+    /// The guest's root filesystem as a directory on the host (a mounted image, or the
+    /// `files/` directory `guest-image/build.sh rootfs` keeps beside its image): user-space
+    /// samples then resolve to the executable's functions.
+    #[arg(long, value_name = "DIR")]
+    pub guest_files: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -75,6 +80,8 @@ pub enum ReportError {
     Stacks(#[from] super::stacks::StacksError),
     #[error("writing the report: {0}")]
     Write(std::io::Error),
+    #[error(transparent)]
+    GuestFiles(#[from] super::user_symbols::UserSymbolsError),
 }
 
 /// Samples per bucket.
@@ -230,21 +237,28 @@ pub fn render_by_process(rows: &[stacks::ProcessRow], top: usize) -> String {
         .max()
         .unwrap_or(7)
         .clamp(7, 48);
+    let owidth = limit(rows, top)
+        .iter()
+        .map(|r| r.object.len())
+        .max()
+        .unwrap_or(6)
+        .clamp(6, 40);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "\nby guest process (the task each sample interrupted, read from guest memory; \
-         comm[tgid]):\n\n{:>9} {:>7} {:>8}  {:<width$}  symbol",
-        "samples", "%", "in-exit", "process"
+         comm[tgid]):\n\n{:>9} {:>7} {:>8}  {:<width$}  {:<owidth$}  symbol",
+        "samples", "%", "in-exit", "process", "object"
     );
     for r in limit(rows, top) {
         let _ = writeln!(
             out,
-            "{:>9} {:>7.2} {:>8}  {:<width$}  {}",
+            "{:>9} {:>7.2} {:>8}  {:<width$}  {:<owidth$}  {}",
             r.samples,
             r.samples as f64 * 100.0 / total.max(1) as f64,
             r.in_exit,
             r.process,
+            if r.object.is_empty() { "-" } else { &r.object },
             r.symbol
         );
     }
@@ -405,7 +419,11 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         return Err(ReportError::NoSamples(args.file.display().to_string()));
     }
     let syms = symbols_for(&t, args.kernel.as_deref(), args.system_map.as_deref())?;
-    let per_sample = stacks::samples(&t, syms.as_ref(), None);
+    let mut files = match &args.guest_files {
+        Some(d) => Some(super::user_symbols::GuestFiles::open(d)?),
+        None => None,
+    };
+    let per_sample = stacks::samples(&t, syms.as_ref(), None, files.as_mut());
     let write = |bytes: &[u8]| {
         use std::io::Write as _;
         std::io::stdout()
@@ -590,7 +608,7 @@ mod tests {
             },
         );
         assert!(t.has_tasks());
-        let rows = stacks::by_process(&stacks::samples(&t, Some(&syms()), None));
+        let rows = stacks::by_process(&stacks::samples(&t, Some(&syms()), None, None));
         let text = render_by_process(&rows, 0);
         assert!(
             text.contains("spin[9]") && text.contains(USER_BUCKET_NAMED),

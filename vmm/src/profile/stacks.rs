@@ -1,8 +1,10 @@
 //! The host-side profile by guest process, and the formats other tools read (issue 19):
 //!
-//! * [`by_process`]: samples per (process, symbol) — the process is the guest task the sample
-//!   interrupted (`comm[tgid]`, from the trace's task records: `profile::guest_task`);
-//! * [`folded`]: one line per distinct stack, `process;symbol[;[vmm] exit] COUNT`, the input of
+//! * [`by_process`]: samples per (process, object, symbol) — the process is the guest task the
+//!   sample interrupted (`comm[tgid]`, from the trace's task records: `profile::guest_task`), the
+//!   object a user-space sample's executable, the symbol its function when the guest's files are
+//!   given (`profile::user_symbols`);
+//! * [`folded`]: one line per distinct stack, `process;[object;]symbol[;[vmm] exit] COUNT`, the input of
 //!   flame-graph tools (Brendan Gregg's flamegraph.pl, inferno, speedscope). Kernel symbols carry
 //!   the `_[k]` suffix those tools colour as kernel code. A sample that arrived while the VMM
 //!   handled an exit (domain-switch) gets the exit as its leaf frame: the VMM's work shows on top
@@ -14,9 +16,10 @@
 
 use std::collections::HashMap;
 
-use super::guest_task::{GuestTask, Unresolved};
+use super::guest_task::{GuestExe, GuestTask, Unresolved};
 use super::report::{bucket, USER_BUCKET_NAMED};
 use super::symbols::SymbolTable;
+use super::user_symbols::{GuestFiles, UserFrame};
 use crate::trace::format::{Record, Trace};
 
 /// A sample with no task record (the run knew no task layout).
@@ -41,17 +44,22 @@ pub fn process_label(task: Option<&Result<GuestTask, Unresolved>>) -> String {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Frames {
     pub process: String,
+    /// The executable a user-space sample ran in (its guest path with the guest's files, else
+    /// its file name); empty for kernel samples and samples that name none.
+    pub object: String,
     pub symbol: String,
     pub kernel: bool,
     /// The exit the VMM was handling when the sample came (None: the guest was running).
     pub vmm: Option<String>,
 }
 
-/// Every sample of `t` (counted in `mode`; None: all), with the task record after it.
+/// Every sample of `t` (counted in `mode`; None: all), with the task and exe records after it;
+/// user-space RIPs resolved with the guest's files when given.
 pub fn samples(
     t: &Trace,
     syms: Option<&SymbolTable>,
     mode: Option<vpmu::AccountingMode>,
+    mut files: Option<&mut GuestFiles>,
 ) -> HashMap<Frames, u64> {
     let mut out: HashMap<Frames, u64> = HashMap::new();
     for v in &t.vcpus {
@@ -73,13 +81,22 @@ pub fn samples(
                 Some(Record::Task { task, .. }) => Some(task),
                 _ => None,
             };
-            let symbol = if cpl == 3 && task.is_some() {
-                USER_BUCKET_NAMED.to_string()
-            } else {
-                bucket(rip, cpl, syms)
+            let exe = match v.records.get(i + 2) {
+                Some(Record::Exe(e)) if task.is_some() => Some(e),
+                _ => None,
+            };
+            let (object, symbol) = match (cpl, task, exe) {
+                (3, _, Some(Ok(e))) => user_frame(e, rip, files.as_deref_mut()),
+                (3, _, Some(Err(u))) => (
+                    format!("[unresolved: {}]", u.describe()),
+                    USER_BUCKET_NAMED.to_string(),
+                ),
+                (3, Some(_), None) => (String::new(), USER_BUCKET_NAMED.to_string()),
+                _ => (String::new(), bucket(rip, cpl, syms)),
             };
             let f = Frames {
                 process: process_label(task),
+                object,
                 symbol,
                 kernel: cpl != 3,
                 vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
@@ -90,10 +107,27 @@ pub fn samples(
     out
 }
 
-/// Samples per (process, symbol).
+/// A user-space sample's (object, symbol): the function with the guest's files, else the
+/// executable's name and the user-space bucket.
+fn user_frame(exe: &GuestExe, rip: u64, files: Option<&mut GuestFiles>) -> (String, String) {
+    let name = if exe.truncated() {
+        format!("{}...", exe.name())
+    } else {
+        exe.name()
+    };
+    match files.map(|f| f.resolve(exe, rip)) {
+        Some(UserFrame::Resolved { object, function }) => (object, function),
+        Some(UserFrame::NoSymbol { object }) => (object, format!("[{name}, no symbol]")),
+        Some(UserFrame::NoFile { why, .. }) => (name, format!("[{why}]")),
+        None => (name, USER_BUCKET_NAMED.to_string()),
+    }
+}
+
+/// Samples per (process, object, symbol).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessRow {
     pub process: String,
+    pub object: String,
     pub symbol: String,
     pub samples: u64,
     /// Of which taken while the VMM handled an exit.
@@ -102,12 +136,13 @@ pub struct ProcessRow {
 
 /// Samples per (process, symbol), most first (ties by process, then symbol).
 pub fn by_process(samples: &HashMap<Frames, u64>) -> Vec<ProcessRow> {
-    let mut rows: HashMap<(&str, &str), ProcessRow> = HashMap::new();
+    let mut rows: HashMap<(&str, &str, &str), ProcessRow> = HashMap::new();
     for (f, &n) in samples {
         let row = rows
-            .entry((&f.process, &f.symbol))
+            .entry((&f.process, &f.object, &f.symbol))
             .or_insert_with(|| ProcessRow {
                 process: f.process.clone(),
+                object: f.object.clone(),
                 symbol: f.symbol.clone(),
                 ..Default::default()
             });
@@ -119,6 +154,7 @@ pub fn by_process(samples: &HashMap<Frames, u64>) -> Vec<ProcessRow> {
         b.samples
             .cmp(&a.samples)
             .then_with(|| a.process.cmp(&b.process))
+            .then_with(|| a.object.cmp(&b.object))
             .then_with(|| a.symbol.cmp(&b.symbol))
     });
     rows
@@ -136,6 +172,10 @@ pub fn folded(samples: &HashMap<Frames, u64>) -> String {
         .map(|(f, n)| {
             let mut s = frame(&f.process);
             s.push(';');
+            if !f.object.is_empty() && !f.kernel {
+                s.push_str(&frame(&f.object));
+                s.push(';');
+            }
             s.push_str(&frame(&f.symbol));
             if f.kernel {
                 s.push_str("_[k]");
@@ -177,6 +217,7 @@ pub fn json(t: &Trace, rows: &[ProcessRow], symbols: &str) -> serde_json::Value 
         "samples": total,
         "rows": rows.iter().map(|r| serde_json::json!({
             "process": r.process,
+            "object": r.object,
             "symbol": r.symbol,
             "samples": r.samples,
             "in_exit": r.in_exit,
@@ -247,7 +288,7 @@ mod tests {
 
     #[test]
     fn samples_name_their_process_and_the_vmm_exit_on_top() {
-        let s = samples(&trace(), Some(&syms()), None);
+        let s = samples(&trace(), Some(&syms()), None, None);
         let rows = by_process(&s);
         assert_eq!(
             (
@@ -296,6 +337,7 @@ mod tests {
         m.insert(
             Frames {
                 process: "a;b[1]".into(),
+                object: String::new(),
                 symbol: "x\ny".into(),
                 kernel: false,
                 vmm: None,

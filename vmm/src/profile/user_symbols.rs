@@ -1,0 +1,308 @@
+//! User-space symbols for the host-side profile (issue 19, "where in user space"): a sample's
+//! executable (its file name and where its code was loaded, read from guest memory by
+//! `profile::guest_task`) is found among the guest's files on the host, and the RIP resolved
+//! with that ELF's own symbol table.
+//!
+//! The guest's files come as a directory that mirrors the guest's root (`report --guest-files
+//! DIR`; `guest-image/build.sh rootfs` keeps one, `files/` beside the image, holding its ELF
+//! files). A sample names only the executable's file name (the first 16 bytes and its length),
+//! so the candidates are the files of that name; the one whose executable segments span
+//! exactly `end_code - start_code` is taken (binfmt_elf sets start_code/end_code to the lowest
+//! `p_vaddr` and the highest `p_vaddr + p_filesz` of the PF_X PT_LOAD segments, plus the load
+//! bias), and a PIE's RIP is moved back by that bias. No candidate, or several that fit: the
+//! sample stays unresolved and says which.
+//!
+//! Limits: the executable only (shared libraries need the task's memory map: a 6.1 maple tree
+//! the VMM does not walk); static and PIE executables both work.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use object::read::elf::{ElfFile64, ProgramHeader};
+use object::{LittleEndian, Object, ObjectSymbol, SymbolKind};
+
+use super::guest_task::{GuestExe, EXE_NAME_MAX};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UserSymbolsError {
+    #[error("--guest-files {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How deep the guest-files walk goes (a root filesystem's paths are short).
+const MAX_DEPTH: usize = 16;
+/// Most files indexed (a guard against pointing at `/`).
+const MAX_FILES: usize = 200_000;
+
+/// One ELF file of the guest: its code span and function symbols.
+struct Elf {
+    guest_path: String,
+    /// Lowest PF_X p_vaddr, and highest p_vaddr + p_filesz - that.
+    code_start: u64,
+    code_size: u64,
+    /// (address, size, name), sorted by address.
+    functions: Vec<(u64, u64, String)>,
+}
+
+/// Where a user-space RIP is: the executable's guest path and the function, or why not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserFrame {
+    Resolved {
+        object: String,
+        function: String,
+    },
+    /// The executable was found, but no function covers the RIP.
+    NoSymbol {
+        object: String,
+    },
+    /// No file of that name and code size among the guest files (or several).
+    NoFile {
+        name: String,
+        why: &'static str,
+    },
+}
+
+/// The guest's files, indexed by file name; ELF files parsed on first use.
+pub struct GuestFiles {
+    root: PathBuf,
+    by_name: HashMap<String, Vec<PathBuf>>,
+    parsed: HashMap<PathBuf, Option<Elf>>,
+}
+
+impl GuestFiles {
+    /// Indexes the regular files under `root` (symlinks are not followed).
+    pub fn open(root: &Path) -> Result<GuestFiles, UserSymbolsError> {
+        let mut by_name: HashMap<String, Vec<PathBuf>> = HashMap::new();
+        let mut stack = vec![(root.to_path_buf(), 0usize)];
+        let mut n = 0;
+        while let Some((dir, depth)) = stack.pop() {
+            let entries = std::fs::read_dir(&dir).map_err(|source| UserSymbolsError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            for e in entries.flatten() {
+                let Ok(t) = e.file_type() else { continue };
+                if t.is_dir() && depth < MAX_DEPTH {
+                    stack.push((e.path(), depth + 1));
+                } else if t.is_file() && n < MAX_FILES {
+                    n += 1;
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    by_name.entry(name).or_default().push(e.path());
+                }
+            }
+        }
+        Ok(GuestFiles {
+            root: root.to_path_buf(),
+            by_name,
+            parsed: HashMap::new(),
+        })
+    }
+
+    /// The files whose name a sample's (possibly truncated) executable name matches.
+    fn candidates(&self, exe: &GuestExe) -> Vec<PathBuf> {
+        let name = exe.name();
+        if !exe.truncated() {
+            return self.by_name.get(&name).cloned().unwrap_or_default();
+        }
+        self.by_name
+            .iter()
+            .filter(|(n, _)| n.len() == usize::from(exe.name_len) && n.starts_with(&name))
+            .flat_map(|(_, v)| v.iter().cloned())
+            .collect()
+    }
+
+    fn elf(&mut self, path: &Path) -> Option<&Elf> {
+        if !self.parsed.contains_key(path) {
+            let guest_path = format!(
+                "/{}",
+                path.strip_prefix(&self.root)
+                    .unwrap_or(path)
+                    .display()
+                    .to_string()
+                    .trim_start_matches('/')
+            );
+            let elf = std::fs::read(path)
+                .ok()
+                .and_then(|b| parse_elf(&b, guest_path));
+            self.parsed.insert(path.to_path_buf(), elf);
+        }
+        self.parsed.get(path).and_then(|e| e.as_ref())
+    }
+
+    /// The function of the executable `exe` at user RIP `rip`.
+    pub fn resolve(&mut self, exe: &GuestExe, rip: u64) -> UserFrame {
+        let name = exe.name();
+        let mut fits: Vec<PathBuf> = Vec::new();
+        for p in self.candidates(exe) {
+            if self
+                .elf(&p)
+                .is_some_and(|e| e.code_size == u64::from(exe.code_size))
+            {
+                fits.push(p);
+            }
+        }
+        let path = match fits.as_slice() {
+            [one] => one.clone(),
+            [] => {
+                return UserFrame::NoFile {
+                    name,
+                    why: "no ELF file of that name and code size among the guest files",
+                }
+            }
+            _ => {
+                // Copies of one file (same code span) are the same program: take the first.
+                fits.sort();
+                fits[0].clone()
+            }
+        };
+        let e = self.elf(&path).expect("parsed above");
+        let bias = exe.start_code.wrapping_sub(e.code_start);
+        let at = rip.wrapping_sub(bias);
+        let i = e.functions.partition_point(|f| f.0 <= at);
+        match i.checked_sub(1).map(|i| &e.functions[i]) {
+            Some((start, size, f)) if at < start + (*size).max(1) => UserFrame::Resolved {
+                object: e.guest_path.clone(),
+                function: f.clone(),
+            },
+            _ => UserFrame::NoSymbol {
+                object: e.guest_path.clone(),
+            },
+        }
+    }
+}
+
+/// The code span and function symbols of a 64-bit little-endian ELF (None: not one).
+fn parse_elf(bytes: &[u8], guest_path: String) -> Option<Elf> {
+    let f = ElfFile64::<LittleEndian>::parse(bytes).ok()?;
+    let endian = LittleEndian;
+    let (mut lo, mut hi) = (u64::MAX, 0u64);
+    for p in f.elf_program_headers() {
+        if p.p_type(endian) == object::elf::PT_LOAD && p.p_flags(endian) & object::elf::PF_X != 0 {
+            lo = lo.min(p.p_vaddr(endian));
+            hi = hi.max(p.p_vaddr(endian).saturating_add(p.p_filesz(endian)));
+        }
+    }
+    if lo > hi {
+        return None;
+    }
+    let mut functions: Vec<(u64, u64, String)> = f
+        .symbols()
+        .chain(f.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+        .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_string())))
+        .collect();
+    functions.sort();
+    functions.dedup_by_key(|f| f.0);
+    Some(Elf {
+        guest_path,
+        code_start: lo,
+        code_size: hi - lo,
+        functions,
+    })
+}
+
+/// The first [`EXE_NAME_MAX`] bytes of a file name, as a sample records it (for tests).
+pub fn exe_name_bytes(name: &str) -> ([u8; EXE_NAME_MAX], u8) {
+    let mut b = [0u8; EXE_NAME_MAX];
+    let n = name.len().min(EXE_NAME_MAX);
+    b[..n].copy_from_slice(&name.as_bytes()[..n]);
+    (b, name.len().min(255) as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This test binary itself stands in for a guest executable: a real ELF with symbols.
+    fn exe_dir() -> (tempfile::TempDir, PathBuf, Elf) {
+        let me = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&me).unwrap();
+        let elf = parse_elf(&bytes, "/usr/bin/prog".into()).expect("the test binary is an ELF");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("usr/bin")).unwrap();
+        std::fs::write(dir.path().join("usr/bin/prog"), &bytes).unwrap();
+        // A different file of the same name elsewhere: not an ELF, never chosen.
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("etc/prog"), b"#!/bin/sh\n").unwrap();
+        (dir, me, elf)
+    }
+
+    #[test]
+    fn a_pie_rip_resolves_to_its_function_in_the_right_file() {
+        let (dir, _, elf) = exe_dir();
+        let mut files = GuestFiles::open(dir.path()).unwrap();
+        let (start, size, name) = elf
+            .functions
+            .iter()
+            .find(|f| f.1 > 16)
+            .cloned()
+            .expect("a sized function");
+        let (n, len) = exe_name_bytes("prog");
+        // Loaded with a PIE bias, as the guest kernel would.
+        let bias = 0x5555_0000_0000u64;
+        let exe = GuestExe {
+            name: n,
+            name_len: len,
+            start_code: elf.code_start + bias,
+            code_size: elf.code_size as u32,
+        };
+        assert_eq!(
+            files.resolve(&exe, start + bias + size / 2),
+            UserFrame::Resolved {
+                object: "/usr/bin/prog".into(),
+                function: name
+            }
+        );
+        // The code size must match: another build of the program is not used.
+        let other = GuestExe {
+            code_size: exe.code_size + 0x1000,
+            ..exe
+        };
+        assert!(matches!(
+            files.resolve(&other, start + bias),
+            UserFrame::NoFile { .. }
+        ));
+        // A name no file has.
+        let (n, len) = exe_name_bytes("nothere");
+        let none = GuestExe {
+            name: n,
+            name_len: len,
+            ..exe
+        };
+        assert!(matches!(files.resolve(&none, 0), UserFrame::NoFile { .. }));
+        // Below the first function: the object, no symbol.
+        assert_eq!(
+            files.resolve(&exe, bias),
+            UserFrame::NoSymbol {
+                object: "/usr/bin/prog".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_truncated_name_matches_by_prefix_and_length() {
+        let (dir, _, elf) = exe_dir();
+        let long = "prog_with_a_long_file_name";
+        std::fs::copy(dir.path().join("usr/bin/prog"), dir.path().join(long)).unwrap();
+        let mut files = GuestFiles::open(dir.path()).unwrap();
+        let (n, len) = exe_name_bytes(long);
+        let exe = GuestExe {
+            name: n,
+            name_len: len,
+            start_code: elf.code_start,
+            code_size: elf.code_size as u32,
+        };
+        assert!(exe.truncated());
+        let f = &elf.functions[elf.functions.len() / 2];
+        assert_eq!(
+            files.resolve(&exe, f.0),
+            UserFrame::Resolved {
+                object: format!("/{long}"),
+                function: f.2.clone()
+            }
+        );
+    }
+}
