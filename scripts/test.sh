@@ -8,7 +8,9 @@
 #                                     in both modes (vpmu-vmm compare --workload packet-rx); and
 #                                     stock perf and OProfile in the guest (guest_profilers: one
 #                                     boot for both modes, one per compare profiler, one driving
-#                                     its shell; root filesystem on a read-only virtio-blk disk;
+#                                     its shell, one profiled from the host alone (cpu_split as
+#                                     init: processes and user symbols); root filesystem on a
+#                                     read-only virtio-blk disk;
 #                                     VPMU_GUEST_PROFILERS=0 skips it, said loudly); and kvm-unit-tests'
 #                                     x86/pmu, unmodified, booted as a Multiboot kernel (AMD model,
 #                                     cpu-switch; scripts/kvm-unit-tests.sh runs the other
