@@ -830,9 +830,20 @@ fn the_host_side_profile_names_cpu_split_and_its_functions() {
         top.join("\n")
     );
     let folded = String::from_utf8(report("folded")).unwrap();
+    // The call stack: main calls hot_75, a leaf without a frame of its own (its caller comes
+    // from [rsp]); main's frame pointer leads to glibc's start code.
     assert!(
-        folded.contains("cpu_split[1];/usr/bin/cpu_split;hot_75 "),
+        folded.contains(";main;hot_75 ") && folded.contains("cpu_split[1];/usr/bin/cpu_split;"),
         "{folded}"
+    );
+    let main_hot: u64 = folded
+        .lines()
+        .filter(|l| l.contains("cpu_split[1];/usr/bin/cpu_split;") && l.contains(";main;hot_75 "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        main_hot * 100 >= hot * 90,
+        "{main_hot} of hot_75's {hot} samples have main as caller:\n{folded}"
     );
     assert!(report("svg").starts_with(b"<?xml"));
 }

@@ -4,7 +4,8 @@
 //!   sample interrupted (`comm[tgid]`, from the trace's task records: `profile::guest_task`), the
 //!   object a user-space sample's executable, the symbol its function when the guest's files are
 //!   given (`profile::user_symbols`);
-//! * [`folded`]: one line per distinct stack, `process;[object;]symbol[;[vmm] exit] COUNT`, the input of
+//! * [`folded`]: one line per distinct stack, `process;[object;callers...;]symbol[;[vmm] exit]
+//!   COUNT`, the input of
 //!   flame-graph tools (Brendan Gregg's flamegraph.pl, inferno, speedscope). Kernel symbols carry
 //!   the `_[k]` suffix those tools colour as kernel code. A sample that arrived while the VMM
 //!   handled an exit (domain-switch) gets the exit as its leaf frame: the VMM's work shows on top
@@ -12,7 +13,9 @@
 //! * [`flame_graph`]: that folded profile drawn as an SVG flame graph (the inferno crate);
 //! * [`json`]: the per-(process, symbol) rows as one JSON document (schema `vpmu-profile/1`).
 //!
-//! No guest call stacks yet: a stack is the process and the sampled symbol.
+//! Stacks: the process, the executable, the user-space callers by frame pointers (with the
+//! guest's files: `profile::user_stack`), the sampled symbol, and the VMM's exit on top. Guest
+//! kernel samples have no callers (the default kernel has no frame pointers).
 
 use std::collections::HashMap;
 
@@ -48,6 +51,9 @@ pub struct Frames {
     /// its file name); empty for kernel samples and samples that name none.
     pub object: String,
     pub symbol: String,
+    /// The user-space callers (outermost first), resolved with the guest's files; empty
+    /// without them or without a stack.
+    pub callers: Vec<String>,
     pub kernel: bool,
     /// The exit the VMM was handling when the sample came (None: the guest was running).
     pub vmm: Option<String>,
@@ -77,13 +83,22 @@ pub fn samples(
             if mode.is_some() && m != mode {
                 continue;
             }
-            let task = match v.records.get(i + 1) {
-                Some(Record::Task { task, .. }) => Some(task),
-                _ => None,
-            };
-            let exe = match v.records.get(i + 2) {
-                Some(Record::Exe(e)) if task.is_some() => Some(e),
-                _ => None,
+            let notes = Trace::annotations(&v.records, i);
+            let (task, exe) = (notes.task, notes.exe);
+            let callers = match (exe, files.as_deref_mut()) {
+                (Some(Ok(e)), Some(f)) if cpl == 3 => {
+                    // A frameless leaf's caller (at [rsp]) comes before the walk's frames.
+                    let leaf_caller = notes
+                        .stack_top
+                        .and_then(|top| f.frameless_caller(e, rip, top));
+                    leaf_caller
+                        .iter()
+                        .chain(&notes.frames)
+                        .rev()
+                        .map(|&ret| caller(f, e, ret))
+                        .collect()
+                }
+                _ => Vec::new(),
             };
             let (object, symbol) = match (cpl, task, exe) {
                 (3, _, Some(Ok(e))) => user_frame(e, rip, files.as_deref_mut()),
@@ -98,6 +113,7 @@ pub fn samples(
                 process: process_label(task),
                 object,
                 symbol,
+                callers,
                 kernel: cpl != 3,
                 vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
             };
@@ -120,6 +136,15 @@ fn user_frame(exe: &GuestExe, rip: u64, files: Option<&mut GuestFiles>) -> (Stri
         Some(UserFrame::NoSymbol { object }) => (object, format!("[{name}, no symbol]")),
         Some(UserFrame::NoFile { why, .. }) => (name, format!("[{why}]")),
         None => (name, USER_BUCKET_NAMED.to_string()),
+    }
+}
+
+/// A return address's function (looked up at `ret - 1`: the call instruction, which a
+/// tail-position call would otherwise put in the next function).
+fn caller(files: &mut GuestFiles, exe: &GuestExe, ret: u64) -> String {
+    match files.resolve(exe, ret.wrapping_sub(1)) {
+        UserFrame::Resolved { function, .. } => function,
+        _ => format!("[{ret:#x}]"),
     }
 }
 
@@ -174,6 +199,10 @@ pub fn folded(samples: &HashMap<Frames, u64>) -> String {
             s.push(';');
             if !f.object.is_empty() && !f.kernel {
                 s.push_str(&frame(&f.object));
+                s.push(';');
+            }
+            for c in &f.callers {
+                s.push_str(&frame(c));
                 s.push(';');
             }
             s.push_str(&frame(&f.symbol));
@@ -339,6 +368,7 @@ mod tests {
                 process: "a;b[1]".into(),
                 object: String::new(),
                 symbol: "x\ny".into(),
+                callers: Vec::new(),
                 kernel: false,
                 vmm: None,
             },

@@ -45,6 +45,56 @@ struct Elf {
     code_size: u64,
     /// (address, size, name), sorted by address.
     functions: Vec<(u64, u64, String)>,
+    /// The executable PT_LOAD segments' bytes: (p_vaddr, the file bytes it loads).
+    code: Vec<(u64, Vec<u8>)>,
+}
+
+impl Elf {
+    /// `n` bytes of code at link-time address `at`, if a PF_X segment holds them.
+    fn code_at(&self, at: u64, n: usize) -> Option<&[u8]> {
+        self.code.iter().find_map(|(start, bytes)| {
+            let off = usize::try_from(at.checked_sub(*start)?).ok()?;
+            bytes.get(off..off.checked_add(n)?)
+        })
+    }
+
+    /// The function containing link-time address `at`: (start, name).
+    fn function_at(&self, at: u64) -> Option<(u64, &str)> {
+        let i = self.functions.partition_point(|f| f.0 <= at);
+        let (start, size, name) = &self.functions[i.checked_sub(1)?];
+        (at < start + (*size).max(1)).then_some((*start, name.as_str()))
+    }
+
+    /// Where the return address of the function running at `at` is, when that function has no
+    /// frame of its own (yet): `Some(0)` at [rsp] (a leaf without a `push rbp; mov rbp, rsp`
+    /// prologue, or at its first instruction), `Some(8)` at [rsp + 8] (between the push and the
+    /// mov). None: RBP is the function's own frame (the walk from RBP finds its caller).
+    fn return_slot(&self, at: u64) -> Option<u64> {
+        let (start, _) = self.function_at(at)?;
+        let mut p = start;
+        if self.code_at(p, 4) == Some(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+            p += 4; // endbr64
+        }
+        let framed = self.code_at(p, 4) == Some(&[0x55, 0x48, 0x89, 0xe5]);
+        match (framed, at.checked_sub(p)) {
+            (false, _) => Some(0),
+            (true, Some(0)) | (true, None) => Some(0),
+            (true, Some(1..=3)) => Some(8),
+            (true, _) => None,
+        }
+    }
+
+    /// Whether `ret` (link-time) follows a call instruction: `call rel32` (e8) or an indirect
+    /// `call` through a register or memory (ff /2, 2 to 7 bytes long).
+    fn follows_call(&self, ret: u64) -> bool {
+        if self.code_at(ret.wrapping_sub(5), 1) == Some(&[0xe8]) {
+            return true;
+        }
+        (2..=7u64).any(|len| {
+            self.code_at(ret.wrapping_sub(len), 2)
+                .is_some_and(|b| b[0] == 0xff && (b[1] >> 3) & 7 == 2)
+        })
+    }
 }
 
 /// Where a user-space RIP is: the executable's guest path and the function, or why not.
@@ -134,7 +184,47 @@ impl GuestFiles {
 
     /// The function of the executable `exe` at user RIP `rip`.
     pub fn resolve(&mut self, exe: &GuestExe, rip: u64) -> UserFrame {
-        let name = exe.name();
+        // Copies of one file (the same code span) are the same program: the first is taken.
+        let Some(path) = self.matching_file(exe) else {
+            return UserFrame::NoFile {
+                name: exe.name(),
+                why: "no ELF file of that name and code size among the guest files",
+            };
+        };
+        let e = self.elf(&path).expect("parsed above");
+        let at = rip.wrapping_sub(exe.start_code.wrapping_sub(e.code_start));
+        match e.function_at(at) {
+            Some((_, f)) => UserFrame::Resolved {
+                object: e.guest_path.clone(),
+                function: f.to_string(),
+            },
+            None => UserFrame::NoSymbol {
+                object: e.guest_path.clone(),
+            },
+        }
+    }
+
+    /// The caller of a frameless function a sample interrupted (a leaf compiled without its
+    /// own frame, or one still in its prologue), which a walk from RBP misses: the return
+    /// address at [rsp] or [rsp + 8] (`stack_top`, read at sample time), taken only if the
+    /// function at `rip` has no frame there and the address follows a call instruction in the
+    /// executable. None otherwise.
+    pub fn frameless_caller(
+        &mut self,
+        exe: &GuestExe,
+        rip: u64,
+        stack_top: [u64; 2],
+    ) -> Option<u64> {
+        let path = self.matching_file(exe)?;
+        let e = self.elf(&path)?;
+        let bias = exe.start_code.wrapping_sub(e.code_start);
+        let slot = e.return_slot(rip.wrapping_sub(bias))?;
+        let ret = stack_top[(slot / 8) as usize];
+        e.follows_call(ret.wrapping_sub(bias)).then_some(ret)
+    }
+
+    /// The one file a sample's executable is (as `resolve` picks it), if any.
+    fn matching_file(&mut self, exe: &GuestExe) -> Option<PathBuf> {
         let mut fits: Vec<PathBuf> = Vec::new();
         for p in self.candidates(exe) {
             if self
@@ -144,33 +234,8 @@ impl GuestFiles {
                 fits.push(p);
             }
         }
-        let path = match fits.as_slice() {
-            [one] => one.clone(),
-            [] => {
-                return UserFrame::NoFile {
-                    name,
-                    why: "no ELF file of that name and code size among the guest files",
-                }
-            }
-            _ => {
-                // Copies of one file (same code span) are the same program: take the first.
-                fits.sort();
-                fits[0].clone()
-            }
-        };
-        let e = self.elf(&path).expect("parsed above");
-        let bias = exe.start_code.wrapping_sub(e.code_start);
-        let at = rip.wrapping_sub(bias);
-        let i = e.functions.partition_point(|f| f.0 <= at);
-        match i.checked_sub(1).map(|i| &e.functions[i]) {
-            Some((start, size, f)) if at < start + (*size).max(1) => UserFrame::Resolved {
-                object: e.guest_path.clone(),
-                function: f.clone(),
-            },
-            _ => UserFrame::NoSymbol {
-                object: e.guest_path.clone(),
-            },
-        }
+        fits.sort();
+        fits.into_iter().next()
     }
 }
 
@@ -188,6 +253,14 @@ fn parse_elf(bytes: &[u8], guest_path: String) -> Option<Elf> {
     if lo > hi {
         return None;
     }
+    let code: Vec<(u64, Vec<u8>)> = f
+        .elf_program_headers()
+        .iter()
+        .filter(|p| {
+            p.p_type(endian) == object::elf::PT_LOAD && p.p_flags(endian) & object::elf::PF_X != 0
+        })
+        .filter_map(|p| Some((p.p_vaddr(endian), p.data(endian, bytes).ok()?.to_vec())))
+        .collect();
     let mut functions: Vec<(u64, u64, String)> = f
         .symbols()
         .chain(f.dynamic_symbols())
@@ -201,6 +274,7 @@ fn parse_elf(bytes: &[u8], guest_path: String) -> Option<Elf> {
         code_start: lo,
         code_size: hi - lo,
         functions,
+        code,
     })
 }
 
@@ -280,6 +354,48 @@ mod tests {
                 object: "/usr/bin/prog".into()
             }
         );
+    }
+
+    /// Code at 0x1000: a framed function (endbr64; push rbp; mov rbp, rsp; ...), a frameless
+    /// leaf at 0x1010, and at 0x1020 a caller whose `call rel32` returns to 0x1025.
+    fn hand_made() -> Elf {
+        let mut code = vec![0x90u8; 0x40];
+        code[..8].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5]);
+        code[0x10..0x13].copy_from_slice(&[0x48, 0x89, 0xf8]);
+        code[0x20] = 0xe8;
+        code[0x30..0x32].copy_from_slice(&[0xff, 0xd0]); // call *%rax, returns to 0x1032
+        Elf {
+            guest_path: "/x".into(),
+            code_start: 0x1000,
+            code_size: 0x40,
+            functions: vec![
+                (0x1000, 0x10, "framed".into()),
+                (0x1010, 0x10, "leaf".into()),
+                (0x1020, 0x20, "caller".into()),
+            ],
+            code: vec![(0x1000, code)],
+        }
+    }
+
+    #[test]
+    fn a_frameless_leafs_return_address_is_found_where_the_prologue_left_it() {
+        let e = hand_made();
+        assert_eq!(
+            e.return_slot(0x1010 + 5),
+            Some(0),
+            "a leaf without a frame: [rsp]"
+        );
+        assert_eq!(e.return_slot(0x1004), Some(0), "at push rbp: [rsp]");
+        assert_eq!(e.return_slot(0x1005), Some(8), "after push rbp: [rsp + 8]");
+        assert_eq!(
+            e.return_slot(0x1009),
+            None,
+            "framed: the walk from RBP finds the caller"
+        );
+        assert!(e.follows_call(0x1025), "after call rel32");
+        assert!(e.follows_call(0x1032), "after call *%rax");
+        assert!(!e.follows_call(0x1013), "not after a call");
+        assert!(!e.follows_call(0x9000), "outside the code");
     }
 
     #[test]

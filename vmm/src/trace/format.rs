@@ -16,7 +16,8 @@
 //!  12 dropped u32: records this vCPU dropped (no free buffer) just before this block
 //!  16 checksum u32: FNV-1a of the block's records   20 reserved u32
 //! record (32 bytes), `count` of them after a records block; an end block has exactly one
-//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task, 5 exe)  1 reason u8  2 flags u8  3 cpl u8  4 detail u32
+//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task, 5 exe, 6 user frames, 7 stack top)
+//!   1 reason u8  2 flags u8  3 cpl u8  4 detail u32
 //!   8 addr u64   16 tsc_a u64   24 tsc_b u64
 //! ```
 //! * exit: `tsc_a` = TSC when KVM_RUN returned, `tsc_b` = TSC just before the next KVM_RUN
@@ -35,6 +36,11 @@
 //!   status (as task's), `2` the name's whole length, `3` the step that failed, `4` end_code -
 //!   start_code u32, `8` start_code u64, `16` the executable's file name (first 16 bytes,
 //!   NUL-padded).
+//! * user frames (kind 6; after the exe record, as many as the stack needs): `1` how many of the
+//!   three return addresses at `8`, `16`, `24` are set (1-3): the user call stack by frame
+//!   pointers, innermost first (`profile::user_stack`).
+//! * user stack top (kind 7; with the user frames): the words at RSP and RSP + 8, where a
+//!   frameless leaf's return address is (resolved offline, `profile::user_symbols`).
 //! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
 //!   KVM_RUN time into running and halted/off-CPU).
 //! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
@@ -84,6 +90,15 @@ pub enum FormatError {
 pub use crate::exit::kind::{ExitEvent, Reason};
 use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved, COMM_MAX, EXE_NAME_MAX};
 
+/// What the records after a sample say of it ([`Trace::annotations`]).
+#[derive(Debug, Default)]
+pub struct Annotations<'a> {
+    pub task: Option<&'a Result<GuestTask, Unresolved>>,
+    pub exe: Option<&'a Result<GuestExe, Unresolved>>,
+    pub frames: Vec<u64>,
+    pub stack_top: Option<[u64; 2]>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
     Exit {
@@ -113,16 +128,38 @@ pub enum Record {
     },
     /// The executable of the user task the sample before it interrupted (after its task record).
     Exe(Result<GuestExe, Unresolved>),
+    /// Up to three return addresses of the user stack (after the exe record; innermost first).
+    UserFrames {
+        count: u8,
+        addrs: [u64; 3],
+    },
+    /// The words at the user RSP and RSP + 8 (after the exe record).
+    UserStackTop([u64; 2]),
 }
 
 impl Record {
+    /// Whether this record annotates the sample before it (task, exe, user stack): it has no
+    /// time of its own, and per-exit or per-sample counts skip it.
+    pub fn is_sample_note(&self) -> bool {
+        matches!(
+            self,
+            Record::Task { .. }
+                | Record::Exe(_)
+                | Record::UserFrames { .. }
+                | Record::UserStackTop(_)
+        )
+    }
+
     /// The record's time (exit, sample or clock TSC; a task record has none of its own: 0).
     pub fn tsc(&self) -> u64 {
         match *self {
             Record::Exit { exit_tsc, .. } => exit_tsc,
             Record::Sample { tsc, .. } => tsc,
             Record::Clock { tsc, .. } => tsc,
-            Record::Task { .. } | Record::Exe(_) => 0,
+            Record::Task { .. }
+            | Record::Exe(_)
+            | Record::UserFrames { .. }
+            | Record::UserStackTop(_) => 0,
         }
     }
 
@@ -197,6 +234,22 @@ impl Record {
         let (kind, ev, cpl, addr, a, b) = match *self {
             Record::Task { cr3, ref task } => return Self::encode_task(cr3, task, out),
             Record::Exe(ref exe) => return Self::encode_exe(exe, out),
+            Record::UserStackTop(words) => {
+                out.fill(0);
+                out[0] = 7;
+                out[8..16].copy_from_slice(&words[0].to_le_bytes());
+                out[16..24].copy_from_slice(&words[1].to_le_bytes());
+                return;
+            }
+            Record::UserFrames { count, addrs } => {
+                out.fill(0);
+                out[0] = 6;
+                out[1] = count;
+                for (i, a) in addrs.iter().enumerate() {
+                    out[8 + 8 * i..16 + 8 * i].copy_from_slice(&a.to_le_bytes());
+                }
+                return;
+            }
             Record::Exit {
                 event,
                 exit_tsc,
@@ -242,6 +295,16 @@ impl Record {
         match b[0] {
             4 => return Self::decode_task(b),
             5 => return Self::decode_exe(b),
+            7 => return Ok(Record::UserStackTop([u64_at(b, 8), u64_at(b, 16)])),
+            6 => {
+                if !(1..=3).contains(&b[1]) {
+                    return Err(format!("user frames record with {} addresses", b[1]));
+                }
+                return Ok(Record::UserFrames {
+                    count: b[1],
+                    addrs: [u64_at(b, 8), u64_at(b, 16), u64_at(b, 24)],
+                });
+            }
             _ => {}
         }
         let detail = u32_at(b, 4);
@@ -622,6 +685,25 @@ impl Trace {
         self.header.contents & CONTENTS_SAMPLES != 0
     }
 
+    /// The annotations that follow the sample at `records[i]`: its task, its executable, and
+    /// its user stack's return addresses (innermost first).
+    pub fn annotations(records: &[Record], i: usize) -> Annotations<'_> {
+        let mut a = Annotations::default();
+        for r in records.iter().skip(i + 1) {
+            match r {
+                Record::Task { task, .. } => a.task = Some(task),
+                Record::Exe(e) => a.exe = Some(e),
+                Record::UserFrames { count, addrs } => {
+                    a.frames
+                        .extend_from_slice(&addrs[..usize::from(*count).min(3)]);
+                }
+                Record::UserStackTop(words) => a.stack_top = Some(*words),
+                _ => break,
+            }
+        }
+        a
+    }
+
     /// Whether any sample names its guest task (the run knew the kernel's task layout).
     pub fn has_tasks(&self) -> bool {
         self.vcpus
@@ -737,6 +819,11 @@ mod tests {
                 start_code: 0x5555_5555_4000,
                 code_size: 0x1234,
             })),
+            Record::UserFrames {
+                count: 2,
+                addrs: [0x40_1234, 0x40_2000, 0],
+            },
+            Record::UserStackTop([0x40_1111, 0x7ffc_0000_0010]),
             Record::Exe(Err(Unresolved::NotMapped(
                 crate::profile::guest_task::Step::Executable,
             ))),

@@ -221,34 +221,21 @@ impl VcpuRecorder {
             during,
             mode: s.mode(),
         };
-        let task = self.tasks.as_mut().map(|r| {
+        let mut notes: Vec<Record> = Vec::new();
+        if let Some(r) = self.tasks.as_mut() {
             let t0 = crate::tsc::now();
-            let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
-            // The executable only for user-space samples: a kernel sample's RIP is no
-            // executable's.
-            let (task, exe) = if cpl == 3 {
-                match r.current_with_exe(cpu) {
-                    Ok((t, exe)) => (Ok(t), exe),
-                    Err(u) => (Err(u), None),
-                }
-            } else {
-                (r.current(cpu), None)
-            };
+            notes = annotate(r, cpu, cpl);
             let (reads, resolved, ticks) = &mut self.task_reads;
             *reads += 1;
-            *resolved += u64::from(task.is_ok());
+            *resolved += u64::from(matches!(notes[0], Record::Task { task: Ok(_), .. }));
             *ticks += crate::tsc::now().saturating_sub(t0);
-            (Record::Task { cr3, task }, exe.map(Record::Exe))
-        });
+        }
         // Each sample period that passed is a sample of this RIP (Sampler::due).
         if let (Some(sink), _) | (None, Some(sink)) = (&mut self.samples, &mut self.exits) {
             for _ in 0..n {
                 sink.push(rec);
-                if let Some((t, exe)) = task {
-                    sink.push(t);
-                    if let Some(e) = exe {
-                        sink.push(e);
-                    }
+                for note in &notes {
+                    sink.push(*note);
                 }
             }
         }
@@ -313,6 +300,49 @@ impl Drop for VcpuRecorder {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// The records that follow a sample when the run knows the guest's task layout: the task; for a
+/// user-space sample of a task with an mm, its executable and, when that was read, the user
+/// stack's return addresses by frame pointers (three per record).
+fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record> {
+    let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
+    if cpl != 3 {
+        return vec![Record::Task {
+            cr3,
+            task: r.current(cpu),
+        }];
+    }
+    let (task, exe) = match r.current_with_exe(cpu) {
+        Ok((t, exe)) => (Ok(t), exe),
+        Err(u) => (Err(u), None),
+    };
+    let mut out = vec![Record::Task { cr3, task }];
+    if let Some(exe) = exe {
+        let walk = exe.is_ok();
+        out.push(Record::Exe(exe));
+        if walk {
+            let (rbp, rsp) = cpu.regs().map(|r| (r.rbp, r.rsp)).unwrap_or((0, 0));
+            let mut top = [0u8; 16];
+            if rsp < 0x0000_8000_0000_0000 - 16
+                && crate::profile::guest_task::GuestRead::read_virt(cpu, rsp, &mut top).is_ok()
+            {
+                out.push(Record::UserStackTop([
+                    u64::from_le_bytes(top[..8].try_into().unwrap()),
+                    u64::from_le_bytes(top[8..].try_into().unwrap()),
+                ]));
+            }
+            for chunk in crate::profile::user_stack::walk(cpu, rbp).chunks(3) {
+                let mut addrs = [0u64; 3];
+                addrs[..chunk.len()].copy_from_slice(chunk);
+                out.push(Record::UserFrames {
+                    count: chunk.len() as u8,
+                    addrs,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The task layout a profile uses: the one named (an error if unreadable), else `task-layout`

@@ -108,7 +108,11 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
                     }
                 }
                 Record::Sample { tsc, .. } => out[bucket(tsc)].samples += 1,
-                Record::Task { .. } | Record::Exe(_) => {}
+                // Notes on the sample before them.
+                Record::Task { .. }
+                | Record::Exe(_)
+                | Record::UserFrames { .. }
+                | Record::UserStackTop(_) => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     if let Some((x, e, c)) = open.take() {
                         if e == tsc && tsc > x {

@@ -168,7 +168,11 @@ pub fn summarize(t: &Trace) -> Summary {
                     }
                 }
                 Record::Sample { .. } => vs.samples += 1,
-                Record::Task { .. } | Record::Exe(_) => {}
+                // Notes on the sample before them.
+                Record::Task { .. }
+                | Record::Exe(_)
+                | Record::UserFrames { .. }
+                | Record::UserStackTop(_) => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     first_clock.get_or_insert((tsc, thread_cpu_ns));
                     if let Some((_, cpu0, d)) = open.take().filter(|o| o.0 == tsc) {
@@ -374,7 +378,7 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
             // A task record has no time of its own: its sample's (it follows it).
             let mut last = 0;
             v.records.iter().map(move |r| {
-                if !matches!(r, Record::Task { .. } | Record::Exe(_)) {
+                if !r.is_sample_note() {
                     last = r.tsc();
                 }
                 (last, i, r)
@@ -438,6 +442,23 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
                     ),
                     Err(u) => format!("unresolved ({})", u.describe()),
                 }
+            )?,
+            Record::UserStackTop(w) => writeln!(
+                out,
+                "{:.9} vcpu{v} user stack top {:#x} {:#x}",
+                secs(tsc),
+                w[0],
+                w[1]
+            )?,
+            Record::UserFrames { count, addrs } => writeln!(
+                out,
+                "{:.9} vcpu{v} user frames {}",
+                secs(tsc),
+                addrs[..usize::from(*count).min(3)]
+                    .iter()
+                    .map(|a| format!("{a:#x}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             )?,
             Record::Exe(exe) => writeln!(
                 out,
