@@ -91,7 +91,15 @@ struct Boot {
     results: Decoded,
 }
 
-fn boot(kernel: &str, rootfs: &str, vpmu: &str, cmdline: &str, dir: &Path) -> Boot {
+/// Boots the image (read-only) with `cmdline`, and `extra` `run` arguments.
+fn boot(
+    kernel: &str,
+    rootfs: &str,
+    vpmu: &str,
+    cmdline: &str,
+    dir: &Path,
+    extra: &[&std::ffi::OsStr],
+) -> Boot {
     let console = dir.join(format!("console-{vpmu}.log"));
     let serial2 = dir.join(format!("serial2-{vpmu}.bin"));
     let start = std::time::Instant::now();
@@ -108,6 +116,7 @@ fn boot(kernel: &str, rootfs: &str, vpmu: &str, cmdline: &str, dir: &Path) -> Bo
         .args(["--cpus", "1", "--memory", "1024"])
         .args(["--timeout", &timeout_secs().to_string()])
         .args(["--vpmu", vpmu, "--cmdline", cmdline])
+        .args(extra)
         .arg("--console")
         .arg(&console)
         .arg("--serial2")
@@ -225,6 +234,100 @@ fn table_lines(report: &str) -> String {
         .take(20)
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Issue 19, item 5: the guest's own `perf record` of cpu_split (active) and the VMM's host-side
+/// samples of the same run (passive), in one mode. Of the passive samples naming a cpu_split
+/// process, >= 95% must name its executable (the comm and the mm read from guest memory agree),
+/// <= 1% of other processes' samples may resolve into cpu_split's functions, and hot_75's share
+/// of cpu_split's two functions must agree with perf's within 3 sd of the two samples'
+/// binomial noise.
+fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) {
+    let files = Path::new(rootfs).with_file_name("files");
+    let o = Command::new(BIN)
+        .args([
+            "report",
+            "--format",
+            "json",
+            "--mode",
+            mode,
+            "--guest-files",
+        ])
+        .arg(&files)
+        .arg(profile)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "report of the passive profile: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let rows = doc["rows"].as_array().unwrap();
+    let sum = |pred: &dyn Fn(&str, &str, &str) -> bool| -> u64 {
+        rows.iter()
+            .filter(|r| {
+                pred(
+                    r["process"].as_str().unwrap(),
+                    r["object"].as_str().unwrap(),
+                    r["symbol"].as_str().unwrap(),
+                )
+            })
+            .map(|r| r["samples"].as_u64().unwrap())
+            .sum()
+    };
+    let is_split = |p: &str| p.starts_with("cpu_split[");
+    let split_user = sum(&|p, o, _| is_split(p) && !o.is_empty());
+    let split_exe = sum(&|p, o, _| is_split(p) && o == "/usr/bin/cpu_split");
+    let others = sum(&|p, o, _| !is_split(p) && !o.is_empty());
+    let others_in_split = sum(&|p, _, s| !is_split(p) && (s == "hot_75" || s == "cold_25"));
+    let hot = sum(&|p, _, s| is_split(p) && s == "hot_75");
+    let cold = sum(&|p, _, s| is_split(p) && s == "cold_25");
+    let report = text(b, mode, "perf-record/report-cpu_split-symbols.txt");
+    let active = perf_report_samples(&report);
+    let count = |name: &str| {
+        active
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, n)| *n)
+            .sum::<u64>()
+    };
+    let (ahot, acold) = (count("hot_75"), count("cold_25"));
+    let share = |h: u64, c: u64| h as f64 / (h + c).max(1) as f64;
+    let (p_passive, p_active) = (share(hot, cold), share(ahot, acold));
+    let pooled = share(hot + ahot, cold + acold);
+    let sd = (pooled
+        * (1.0 - pooled)
+        * (1.0 / (hot + cold).max(1) as f64 + 1.0 / (ahot + acold).max(1) as f64))
+        .sqrt();
+    eprintln!(
+        "{mode}: active (perf record) hot_75 {:.1}% of {}; passive (host-side) {:.1}% of {}          (3 sd = {:.1} pp); passive user samples of cpu_split: {split_exe} of {split_user} name          its executable; other processes' user samples: {others}, {others_in_split} of them in          cpu_split's functions",
+        100.0 * p_active,
+        ahot + acold,
+        100.0 * p_passive,
+        hot + cold,
+        300.0 * sd
+    );
+    assert!(
+        hot + cold >= 100,
+        "{mode}: only {} passive samples in cpu_split's functions",
+        hot + cold
+    );
+    assert!(
+        split_exe * 100 >= split_user * 95,
+        "{mode}: {split_exe} of {split_user} user-space samples of cpu_split name its executable"
+    );
+    assert!(
+        others_in_split * 100 <= others.max(1),
+        "{mode}: {others_in_split} of {others} other processes' user samples in cpu_split's functions"
+    );
+    assert!(
+        (p_passive - p_active).abs() <= 3.0 * sd,
+        "{mode}: hot_75's share: passive {:.1}% vs active {:.1}%, more than 3 sd ({:.1} pp) apart",
+        100.0 * p_passive,
+        100.0 * p_active,
+        300.0 * sd
+    );
 }
 
 /// The checks on one mode's results.
@@ -454,13 +557,16 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
     };
     let dir = tempfile::tempdir().unwrap();
     // One boot: the guest switches the mode through the vPMU control port; frames are tagged
-    // with the mode the port reports.
+    // with the mode the port reports. The VMM samples the same run from the host (issue 19:
+    // the active and the passive profiler side by side).
+    let passive = dir.path().join("passive.profile");
     let b = boot(
         &kernel,
         &rootfs,
         "cpu-switch",
         "vpmu.experiment=perf-stat,perf-record,ocount,operf,vector-regs vpmu.modes=cpu-switch,domain-switch",
         dir.path(),
+        &["--host-profile".as_ref(), passive.as_os_str()],
     );
     check_boot(&b);
     // The VMM's end-of-run report: PMIs per mode, host-quirk fix-ups (any emulation failure met
@@ -473,6 +579,7 @@ fn stock_perf_and_oprofile_in_the_guest_in_both_modes() {
     eprintln!("the VMM's end-of-run report:\n{}", summary.join("\n"));
     for mode in ["cpu-switch", "domain-switch"] {
         check_mode(&b, mode);
+        check_active_and_passive(&b, mode, &passive, &rootfs);
     }
     // The soft backend cannot count instructions: on the AMD model (no CPUID bit to say so) the
     // VMM names the event instead of leaving the guest's 0 unexplained.

@@ -58,6 +58,25 @@ pub struct ReportArgs {
     /// samples then resolve to the executable's functions.
     #[arg(long, value_name = "DIR")]
     pub guest_files: Option<PathBuf>,
+    /// Only the samples counted in this accounting mode (a run that switched modes at run time
+    /// tags each sample with its mode).
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeFilter>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeFilter {
+    CpuSwitch,
+    DomainSwitch,
+}
+
+impl ModeFilter {
+    fn mode(self) -> vpmu::AccountingMode {
+        match self {
+            ModeFilter::CpuSwitch => vpmu::AccountingMode::CpuSwitch,
+            ModeFilter::DomainSwitch => vpmu::AccountingMode::DomainSwitch,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -423,7 +442,12 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         Some(d) => Some(super::user_symbols::GuestFiles::open(d)?),
         None => None,
     };
-    let per_sample = stacks::samples(&t, syms.as_ref(), None, files.as_mut());
+    let per_sample = stacks::samples(
+        &t,
+        syms.as_ref(),
+        args.mode.map(ModeFilter::mode),
+        files.as_mut(),
+    );
     let write = |bytes: &[u8]| {
         use std::io::Write as _;
         std::io::stdout()
@@ -443,7 +467,8 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
             return write(&stacks::flame_graph(&stacks::folded(&per_sample), &title)?);
         }
     }
-    let rows = profile(&t, syms.as_ref());
+    let only = args.mode.map(ModeFilter::mode);
+    let rows = profile_in(&t, syms.as_ref(), only);
     let mut out = render_profile(&t, &rows, syms.as_ref(), args.top);
     if t.has_tasks() {
         out.push_str(&render_by_process(
@@ -452,7 +477,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         ));
     }
     let modes = sample_modes(&t);
-    if modes.len() > 1 {
+    if modes.len() > 1 && only.is_none() {
         // The run switched accounting modes: each mode's samples on their own.
         for m in modes {
             let rows = profile_in(&t, syms.as_ref(), Some(m));
