@@ -8,7 +8,9 @@
 //! slow drift in what the guest does (timers, the random driver's reseeding) falls on both
 //! modes alike. Then it stops the VM. The VMM samples the guest RIP with a cycles counter that
 //! follows the accounting mode (`--host-profile`, clock auto); each sample is filed under the
-//! slice its TSC falls in (if its mode tag agrees) and resolved with the kernel's own kallsyms.
+//! slice its TSC falls in (if its mode tag agrees) and resolved with the kernel's own kallsyms;
+//! a user-space sample whose guest task the VMM read (a kernel with a `task-layout`) is filed
+//! under its process, `[guest user space, CPL 3] comm[tgid]`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -22,7 +24,7 @@ use super::CompareError;
 use crate::end::VmEnd;
 use crate::net::NetConfig;
 use crate::pmu::ModelChoice;
-use crate::profile::report::bucket;
+use crate::profile::report::{bucket, USER_BUCKET_NAMED};
 use crate::profile::symbols::SymbolTable;
 use crate::trace::format::{Record, Trace};
 use crate::trace::{ProfileClock, ProfileConfig};
@@ -264,7 +266,7 @@ fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Prof
         w + crate::pmu::mode::index(s.mode)
     };
     for v in &t.vcpus {
-        for r in &v.records {
+        for (ri, r) in v.records.iter().enumerate() {
             let Record::Sample {
                 rip,
                 cpl,
@@ -286,10 +288,12 @@ fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Prof
             if mode != Some(s.mode) {
                 continue;
             }
-            *out[phase(s)]
-                .samples
-                .entry(bucket(rip, cpl, Some(syms)))
-                .or_default() += 1;
+            // A user-space sample whose guest task was read is filed under its process.
+            let name = match Trace::annotations(&v.records, ri).task {
+                Some(Ok(task)) if cpl == 3 => format!("{USER_BUCKET_NAMED} {}", task.label()),
+                _ => bucket(rip, cpl, Some(syms)),
+            };
+            *out[phase(s)].samples.entry(name).or_default() += 1;
         }
     }
     out
