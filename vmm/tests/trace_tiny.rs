@@ -164,6 +164,70 @@ fn host_profile_follows_the_accounting_mode() {
     );
 }
 
+/// A guest that is not the kernel a task layout describes, or whose memory says nonsense, gets
+/// task records that say why, and the run is not disturbed: here the layout's "banner" is
+/// zeros that the tiny guest's zeroed memory does hold (so the reader goes on), and its
+/// per-CPU offset array is zeros too, which leads outside the kernel half: every sample must
+/// carry the reason `__per_cpu_offset[cpu] not a kernel pointer`.
+#[test]
+fn a_guest_that_is_no_linux_gets_samples_that_say_why() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.prof");
+    let layout = dir.path().join("task-layout");
+    std::fs::write(
+        &layout,
+        "banner \0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\n\
+         symbol linux_banner 0x3000000\nsymbol __per_cpu_offset 0x3001000\n\
+         symbol current_task 0x1ac00\nvalue nr_cpus 8\nvalue task_struct_pid 912\n\
+         value task_struct_tgid 916\nvalue task_struct_comm 1400\nvalue task_struct_flags 44\n\
+         value task_struct_size 6464\nvalue pf_kthread 2097152\nvalue task_struct_mm 768\n\
+         value mm_struct_exe_file 840\nvalue mm_struct_start_code 240\n\
+         value mm_struct_end_code 248\nvalue file_f_path 16\nvalue path_dentry 8\n\
+         value dentry_d_name 32\nvalue qstr_name 8\n",
+    )
+    .unwrap();
+    let r = common::run_tiny_with(&tiny_guests::PROFILE64, Duration::from_secs(120), |cfg| {
+        cfg.io_delay_us = 300;
+        cfg.record.profile = Some(ProfileConfig {
+            path: path.clone(),
+            hz: 1000,
+            clock: ProfileClock::DomainSwitch,
+            task_layout: Some(layout.clone()),
+        });
+    });
+    assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);
+    let t = Trace::read_file(&path).unwrap();
+    let records = &t.vcpus[0].records;
+    let samples = records
+        .iter()
+        .filter(|r| matches!(r, Record::Sample { .. }))
+        .count();
+    let reasons: Vec<_> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Task { task, .. } => Some(*task),
+            _ => None,
+        })
+        .collect();
+    eprintln!(
+        "{samples} samples; first task record: {:?}",
+        reasons.first()
+    );
+    assert!(samples > 20, "too few samples to judge: {samples}");
+    assert_eq!(reasons.len(), samples, "one task record per sample");
+    use vmm::profile::guest_task::{Step, Unresolved};
+    assert!(
+        reasons
+            .iter()
+            .all(|r| *r == Err(Unresolved::BadPointer(Step::PerCpuOffset))),
+        "{:?}",
+        &reasons[..reasons.len().min(5)]
+    );
+}
+
 #[test]
 fn wall_clock_profile_samples_at_about_the_requested_rate() {
     if !common::kvm_available() {
