@@ -98,8 +98,8 @@ pub struct CompareArgs {
     #[arg(long, value_enum, default_value_t = Workload::Tiny)]
     pub workload: Workload,
     /// Who samples: the VMM from the host, or the guest's own stock profiler. Default: host,
-    /// but perf for --workload command (the host-side sampler does not yet tell guest processes
-    /// apart: your program would be one `[guest user space]` row).
+    /// but perf for --workload command (the host-side comparison runs only its own packet-rx
+    /// guest; `run --host-profile` and `report --guest-files` profile your program from the host).
     #[arg(long, value_enum)]
     pub profiler: Option<Profiler>,
     /// Directory for the CSV and SVG files (created if missing).

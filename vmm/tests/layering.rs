@@ -109,6 +109,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "trace/",
             "profile/sampler.rs",
+            "profile/guest_task.rs",
+            "profile/user_stack.rs",
             "exit/",
             "pmu/",
             "pmu/mode.rs",
@@ -119,15 +121,25 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The `report` command and the symbol tables (read trace files).
     (
         "profile/",
-        &["trace/", "trace/command.rs", "pmu/mode.rs", "boot/"],
+        &[
+            "trace/",
+            "trace/command.rs",
+            "pmu/mode.rs",
+            "boot/",
+            "profile/guest_task.rs",
+        ],
     ),
     (
         "profile/sampler.rs",
         &["trace/", "pmu/", "pmu/mode.rs", "vcpu/kick.rs", "tsc.rs"],
     ),
+    // What a sample reads of the guest (its task, its user stack): run on the vCPU thread by
+    // the recorder, and their types written into the trace.
+    ("profile/user_stack.rs", &["profile/guest_task.rs"]),
     // The trace file format, its writer and the `trace summary` command.
     ("trace/command.rs", &["trace/"]),
-    ("trace/", &["exit/", "seccomp/"]),
+    ("trace/", &["exit/", "seccomp/", "profile/guest_task.rs"]),
+    ("profile/guest_task.rs", &["vcpu/access.rs", "kvm_error.rs"]),
     // Host-specific fix-ups (emulation failures, the SYSCALL relay).
     (
         "host_quirks/",

@@ -63,7 +63,7 @@ pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
     use crate::cli::{Profiler, Workload};
     let profiler = match (args.profiler, args.workload) {
         (Some(p), _) => p,
-        // The host-side sampler sees a guest program as one user-space row (no processes yet).
+        // The host-side comparison drives its own guests only (compare/linux.rs, tiny.rs).
         (None, Workload::Command) => Profiler::Perf,
         (None, _) => Profiler::Host,
     };
@@ -129,7 +129,7 @@ fn check_workload_args(
             "--profiler perf|oprofile needs --workload packet-rx or command: the tiny guest has no Linux (it samples itself with the vPMU)",
         ),
         Workload::Command if !guest_profiler => refuse(
-            "--workload command needs the guest's own profiler (--profiler perf, the default, or oprofile): the host-side sampler does not yet tell guest processes apart, so your program would be one [guest user space] row",
+            "--workload command needs the guest's own profiler (--profiler perf, the default, or oprofile): the host-side comparison runs its own packet-rx guest only. To profile your program from the host, boot your guest with `run --host-profile FILE` and read it with `report FILE --guest-files DIR` (processes, functions, call stacks: docs/tracing.md)",
         ),
         Workload::Command if args.command.is_empty() => refuse(
             "--workload command needs the command after `--`, e.g. compare --workload command --kernel K --disk ROOTFS -- dd if=/dev/zero of=/tmp/f bs=64k count=100 conv=fsync",
