@@ -111,6 +111,30 @@ fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
     );
     assert!(stderr.contains(", 0 bad"), "bad replies: {stderr}");
     samples_name_the_guest_process(&dir.path().join("packet-rx.profile"), &kernel);
+    // The packet phases' stacks: in domain-switch the VMM's work sits on the guest code that
+    // caused it ([vmm] frames on vm_notify/vm_interrupt); the differential flame graph is drawn.
+    let folded = |m: &str| {
+        std::fs::read_to_string(dir.path().join(format!("packet-rx-{m}.folded"))).unwrap()
+    };
+    let vmm_frames = |text: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.contains(";[vmm] "))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let (cpu_vmm, dom_vmm) = (
+        vmm_frames(&folded("cpu-switch")),
+        vmm_frames(&folded("domain-switch")),
+    );
+    eprintln!(
+        "[vmm] frames in the packet phases' stacks: cpu-switch {cpu_vmm}, domain-switch {dom_vmm}"
+    );
+    assert!(
+        dom_vmm > 100 && cpu_vmm * 10 < dom_vmm,
+        "[vmm] frames: cpu-switch {cpu_vmm}, domain-switch {dom_vmm}"
+    );
+    let svg = std::fs::read(dir.path().join("packet-rx-flame-diff.svg")).unwrap();
+    assert!(svg.starts_with(b"<?xml"), "a differential flame graph");
 }
 
 /// Issue 19: the passive profile names the guest task of each sample. The spin initramfs runs

@@ -25,10 +25,12 @@ use crate::end::VmEnd;
 use crate::net::NetConfig;
 use crate::pmu::ModelChoice;
 use crate::profile::report::{bucket, USER_BUCKET_NAMED};
+use crate::profile::stacks::{self, Frames};
 use crate::profile::symbols::SymbolTable;
 use crate::trace::format::{Record, Trace};
 use crate::trace::{ProfileClock, ProfileConfig};
 use crate::vm::{self, Boot, Controller, RunReport, VmConfig, VmHandles, VpmuSetting};
+use std::collections::HashMap;
 
 /// Name prefixes of the guest's virtio-net receive/transmit/interrupt path (driver, virtqueue
 /// and virtio-mmio transport).
@@ -100,6 +102,9 @@ pub struct Settings {
 pub struct LinuxComparison {
     pub packets: Comparison,
     pub control: Comparison,
+    /// The packet phases' folded stacks (cpu-switch, domain-switch): `process;symbol[;[vmm]
+    /// exit] count` lines, as `report --format folded` writes them.
+    pub packets_folded: [String; 2],
     pub run: RunReport,
     /// The guest kernel's console.
     pub console: PathBuf,
@@ -187,10 +192,12 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
     let trace = Trace::read_file(&profile).map_err(|e| CompareError::GuestReport(e.to_string()))?;
     let syms = SymbolTable::from_kernel(&s.kernel)
         .map_err(|e| CompareError::GuestReport(format!("guest kernel symbols: {e}")))?;
-    let [pc, pd, cc, cd] = split(&trace, &syms, &slices, end_tsc.load(Ordering::Relaxed));
+    let ([pc, pd, cc, cd], [fc, fd, _, _]) =
+        split(&trace, &syms, &slices, end_tsc.load(Ordering::Relaxed));
     Ok(LinuxComparison {
         packets: with_total(Comparison::new("packet-rx", &pc, &pd), &pc, &pd),
         control: Comparison::new("packet-rx-control", &cc, &cd),
+        packets_folded: [stacks::folded(&fc), stacks::folded(&fd)],
         run: report,
         console,
     })
@@ -253,10 +260,17 @@ fn drive(
 }
 
 /// Samples per symbol in the four phases [packets cpu, packets domain, control cpu, control
-/// domain]: each sample goes to the slice its TSC falls in, and counts only if its mode tag
-/// agrees with the slice's mode.
-fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Profile; 4] {
+/// domain], and per stack (process, symbol, the VMM's exit if the sample came in one): each
+/// sample goes to the slice its TSC falls in, and counts only if its mode tag agrees with the
+/// slice's mode.
+fn split(
+    t: &Trace,
+    syms: &SymbolTable,
+    slices: &[Slice],
+    end_tsc: u64,
+) -> ([Profile; 4], [HashMap<Frames, u64>; 4]) {
     let mut out: [Profile; 4] = Default::default();
+    let mut frames: [HashMap<Frames, u64>; 4] = Default::default();
     let phase = |s: &Slice| {
         let w = if s.workload == Workload::Packets {
             0
@@ -272,7 +286,7 @@ fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Prof
                 cpl,
                 tsc,
                 mode,
-                ..
+                during,
             } = *r
             else {
                 continue;
@@ -289,14 +303,28 @@ fn split(t: &Trace, syms: &SymbolTable, slices: &[Slice], end_tsc: u64) -> [Prof
                 continue;
             }
             // A user-space sample whose guest task was read is filed under its process.
-            let name = match Trace::annotations(&v.records, ri).task {
-                Some(Ok(task)) if cpl == 3 => format!("{USER_BUCKET_NAMED} {}", task.label()),
+            let task = Trace::annotations(&v.records, ri).task;
+            let name = match task {
+                Some(Ok(t)) if cpl == 3 => format!("{USER_BUCKET_NAMED} {}", t.label()),
                 _ => bucket(rip, cpl, Some(syms)),
             };
+            let f = Frames {
+                process: stacks::process_label(task),
+                object: String::new(),
+                symbol: if cpl == 3 {
+                    USER_BUCKET_NAMED.to_string()
+                } else {
+                    name.clone()
+                },
+                callers: Vec::new(),
+                kernel: cpl != 3,
+                vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
+            };
+            *frames[phase(s)].entry(f).or_default() += 1;
             *out[phase(s)].samples.entry(name).or_default() += 1;
         }
     }
-    out
+    (out, frames)
 }
 
 /// Adds the virtio-net path total as a row of its own.
@@ -463,10 +491,13 @@ mod tests {
             slice(Workload::Control, d, 400),
         ];
         let syms = SymbolTable::parse_system_map("ffffffff81000000 T f\n", "m").unwrap();
-        let p = split(&t, &syms, &slices, 500);
+        let (p, stacks) = split(&t, &syms, &slices, 500);
         let totals: Vec<u64> = p.iter().map(Profile::total).collect();
         assert_eq!(totals, [2, 1, 1, 1]);
         assert_eq!(p[0].samples.get("f"), Some(&2));
+        // The same samples as stacks: each phase's stack counts add up to its total.
+        let stack_totals: Vec<u64> = stacks.iter().map(|m| m.values().sum()).collect();
+        assert_eq!(stack_totals, [2, 1, 1, 1]);
     }
 
     #[test]

@@ -193,6 +193,7 @@ fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         param("access_cost_us", access_cost_us),
         param("pmu_model", format!("{:?}", args.pmu_model).to_lowercase()),
     ];
+    write_flame_graphs(&args.out, &l.packets_folded)?;
     print_linux_comparison(
         args,
         l.packets,
@@ -201,6 +202,30 @@ fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
         params,
         linux::VIRTIO_NET_TOTAL,
     )
+}
+
+/// The packet phases as folded stacks (one file per mode) and a differential flame graph of
+/// domain-switch against cpu-switch: where the VMM's work lands (`[vmm] ...` frames on the
+/// guest code that caused it) shows in red.
+fn write_flame_graphs(out: &std::path::Path, folded: &[String; 2]) -> Result<(), CompareError> {
+    let write = |name: &str, bytes: &[u8]| {
+        let path = out.join(name);
+        std::fs::write(&path, bytes).map_err(|source| CompareError::Io { path, source })
+    };
+    write("packet-rx-cpu-switch.folded", folded[0].as_bytes())?;
+    write("packet-rx-domain-switch.folded", folded[1].as_bytes())?;
+    let svg = crate::profile::stacks::differential_flame_graph(
+        &folded[0],
+        &folded[1],
+        "packet-rx: domain-switch against cpu-switch (red: grew)",
+    )
+    .map_err(|e| CompareError::GuestReport(e.to_string()))?;
+    write("packet-rx-flame-diff.svg", &svg)?;
+    eprintln!(
+        "written: {} (folded stacks: packet-rx-cpu-switch.folded, packet-rx-domain-switch.folded)",
+        out.join("packet-rx-flame-diff.svg").display()
+    );
+    Ok(())
 }
 
 fn in_guest_comparison(

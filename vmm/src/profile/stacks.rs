@@ -233,6 +233,30 @@ pub fn flame_graph(folded: &str, title: &str) -> Result<Vec<u8>, StacksError> {
     Ok(svg)
 }
 
+/// A differential flame graph of two folded profiles (`before`, `after`): frames are drawn at
+/// `after`'s width and coloured by how their share changed (red: grew, blue: shrank), with
+/// `before` scaled to `after`'s total (inferno's differential mode, as Brendan Gregg's
+/// difffolded.pl + flamegraph.pl).
+pub fn differential_flame_graph(
+    before: &str,
+    after: &str,
+    title: &str,
+) -> Result<Vec<u8>, StacksError> {
+    let mut diff = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options {
+            normalize: true,
+            strip_hex: false,
+        },
+        before.as_bytes(),
+        after.as_bytes(),
+        &mut diff,
+    )
+    .map_err(StacksError::FlameGraph)?;
+    let text = String::from_utf8_lossy(&diff);
+    flame_graph(&text, title)
+}
+
 /// The rows as JSON (schema `vpmu-profile/1`): the file's clock and period, and each
 /// (process, symbol) row's samples, in-exit samples and share.
 pub fn json(t: &Trace, rows: &[ProcessRow], symbols: &str) -> serde_json::Value {
@@ -358,6 +382,18 @@ mod tests {
         assert_eq!(j["schema"], "vpmu-profile/1");
         assert_eq!(j["samples"], 5);
         assert_eq!(j["rows"][0]["process"], "cpu_split[42]");
+    }
+
+    #[test]
+    fn a_differential_flame_graph_shows_what_grew() {
+        let before = "p;vm_interrupt_[k] 10\np;default_idle_[k] 990\n";
+        let after = "p;vm_interrupt_[k] 100\np;vm_interrupt_[k];[vmm] mmio 0xd0000050 wr 400\n\
+                     p;default_idle_[k] 500\n";
+        let svg = String::from_utf8(differential_flame_graph(before, after, "t").unwrap()).unwrap();
+        assert!(
+            svg.starts_with("<?xml") && svg.contains("[vmm] mmio"),
+            "the VMM's frame is drawn"
+        );
     }
 
     #[test]
