@@ -110,7 +110,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "trace/",
             "profile/sampler.rs",
             "profile/guest_task.rs",
-            "profile/user_stack.rs",
+            "profile/call_stack.rs",
             "exit/",
             "pmu/",
             "pmu/mode.rs",
@@ -135,7 +135,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // What a sample reads of the guest (its task, its user stack): run on the vCPU thread by
     // the recorder, and their types written into the trace.
-    ("profile/user_stack.rs", &["profile/guest_task.rs"]),
+    ("profile/call_stack.rs", &["profile/guest_task.rs"]),
     // The trace file format, its writer and the `trace summary` command.
     ("trace/command.rs", &["trace/"]),
     ("trace/", &["exit/", "seccomp/", "profile/guest_task.rs"]),

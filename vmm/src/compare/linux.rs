@@ -303,7 +303,8 @@ fn split(
                 continue;
             }
             // A user-space sample whose guest task was read is filed under its process.
-            let task = Trace::annotations(&v.records, ri).task;
+            let notes = Trace::annotations(&v.records, ri);
+            let task = notes.task;
             let name = match task {
                 Some(Ok(t)) if cpl == 3 => format!("{USER_BUCKET_NAMED} {}", t.label()),
                 _ => bucket(rip, cpl, Some(syms)),
@@ -316,7 +317,11 @@ fn split(
                 } else {
                     name.clone()
                 },
-                callers: Vec::new(),
+                callers: if cpl == 3 {
+                    Vec::new()
+                } else {
+                    stacks::kernel_callers(&notes.frames, Some(syms))
+                },
                 kernel: cpl != 3,
                 vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
             };

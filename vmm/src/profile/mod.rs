@@ -9,17 +9,17 @@
 //! * [`kallsyms`] — the kallsyms tables inside a kernel image (ELF symbols or a scan);
 //! * [`symbols`] — an address -> symbol table (from kallsyms or a System.map);
 //! * [`stacks`] — samples by guest process, and the folded / flame-graph SVG / JSON formats;
-//! * [`user_stack`] — a user-space call stack by frame pointers, bounded;
+//! * [`call_stack`] — a user-space call stack by frame pointers, bounded;
 //! * [`user_symbols`] — user-space RIPs to executable + function, with the guest's files on the
 //!   host;
 //! * [`report`] — the opreport-like table and the system-wide view (guest symbols beside the
 //!   VMM's exit handling).
 
+pub mod call_stack;
 pub mod guest_task;
 pub mod kallsyms;
 pub mod report;
 pub mod sampler;
 pub mod stacks;
 pub mod symbols;
-pub mod user_stack;
 pub mod user_symbols;

@@ -13,9 +13,9 @@
 //! * [`flame_graph`]: that folded profile drawn as an SVG flame graph (the inferno crate);
 //! * [`json`]: the per-(process, symbol) rows as one JSON document (schema `vpmu-profile/1`).
 //!
-//! Stacks: the process, the executable, the user-space callers by frame pointers (with the
-//! guest's files: `profile::user_stack`), the sampled symbol, and the VMM's exit on top. Guest
-//! kernel samples have no callers (the default kernel has no frame pointers).
+//! Stacks: the process, the executable, the callers by frame pointers (`profile::call_stack`:
+//! user-space ones resolved with the guest's files, kernel ones with the kernel's symbols), the
+//! sampled symbol, and the VMM's exit on top.
 
 use std::collections::HashMap;
 
@@ -86,7 +86,8 @@ pub fn samples(
             let notes = Trace::annotations(&v.records, i);
             let (task, exe) = (notes.task, notes.exe);
             let callers = match (exe, files.as_deref_mut()) {
-                (Some(Ok(e)), Some(f)) if cpl == 3 => {
+                _ if cpl != 3 => kernel_callers(&notes.frames, syms),
+                (Some(Ok(e)), Some(f)) => {
                     // A frameless leaf's caller (at [rsp]) comes before the walk's frames.
                     let leaf_caller = notes
                         .stack_top
@@ -137,6 +138,21 @@ fn user_frame(exe: &GuestExe, rip: u64, files: Option<&mut GuestFiles>) -> (Stri
         Some(UserFrame::NoFile { why, .. }) => (name, format!("[{why}]")),
         None => (name, USER_BUCKET_NAMED.to_string()),
     }
+}
+
+/// A kernel sample's callers (outermost first), from its return addresses, with the kernel's
+/// symbols (a return address no symbol covers: its hex value).
+pub fn kernel_callers(frames: &[u64], syms: Option<&SymbolTable>) -> Vec<String> {
+    frames
+        .iter()
+        .rev()
+        .map(
+            |&ret| match syms.and_then(|t| t.resolve(ret.wrapping_sub(1))) {
+                Some((name, _)) => name.to_string(),
+                None => format!("[{ret:#x}]"),
+            },
+        )
+        .collect()
 }
 
 /// A return address's function (looked up at `ret - 1`: the call instruction, which a
@@ -203,6 +219,9 @@ pub fn folded(samples: &HashMap<Frames, u64>) -> String {
             }
             for c in &f.callers {
                 s.push_str(&frame(c));
+                if f.kernel {
+                    s.push_str("_[k]");
+                }
                 s.push(';');
             }
             s.push_str(&frame(&f.symbol));

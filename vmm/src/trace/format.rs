@@ -38,7 +38,7 @@
 //!   NUL-padded).
 //! * user frames (kind 6; after the exe record, as many as the stack needs): `1` how many of the
 //!   three return addresses at `8`, `16`, `24` are set (1-3): the user call stack by frame
-//!   pointers, innermost first (`profile::user_stack`).
+//!   pointers, innermost first (`profile::call_stack`).
 //! * user stack top (kind 7; with the user frames): the words at RSP and RSP + 8, where a
 //!   frameless leaf's return address is (resolved offline, `profile::user_symbols`).
 //! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
@@ -129,7 +129,7 @@ pub enum Record {
     /// The executable of the user task the sample before it interrupted (after its task record).
     Exe(Result<GuestExe, Unresolved>),
     /// Up to three return addresses of the user stack (after the exe record; innermost first).
-    UserFrames {
+    CallFrames {
         count: u8,
         addrs: [u64; 3],
     },
@@ -145,7 +145,7 @@ impl Record {
             self,
             Record::Task { .. }
                 | Record::Exe(_)
-                | Record::UserFrames { .. }
+                | Record::CallFrames { .. }
                 | Record::UserStackTop(_)
         )
     }
@@ -158,7 +158,7 @@ impl Record {
             Record::Clock { tsc, .. } => tsc,
             Record::Task { .. }
             | Record::Exe(_)
-            | Record::UserFrames { .. }
+            | Record::CallFrames { .. }
             | Record::UserStackTop(_) => 0,
         }
     }
@@ -241,7 +241,7 @@ impl Record {
                 out[16..24].copy_from_slice(&words[1].to_le_bytes());
                 return;
             }
-            Record::UserFrames { count, addrs } => {
+            Record::CallFrames { count, addrs } => {
                 out.fill(0);
                 out[0] = 6;
                 out[1] = count;
@@ -300,7 +300,7 @@ impl Record {
                 if !(1..=3).contains(&b[1]) {
                     return Err(format!("user frames record with {} addresses", b[1]));
                 }
-                return Ok(Record::UserFrames {
+                return Ok(Record::CallFrames {
                     count: b[1],
                     addrs: [u64_at(b, 8), u64_at(b, 16), u64_at(b, 24)],
                 });
@@ -693,7 +693,7 @@ impl Trace {
             match r {
                 Record::Task { task, .. } => a.task = Some(task),
                 Record::Exe(e) => a.exe = Some(e),
-                Record::UserFrames { count, addrs } => {
+                Record::CallFrames { count, addrs } => {
                     a.frames
                         .extend_from_slice(&addrs[..usize::from(*count).min(3)]);
                 }
@@ -819,7 +819,7 @@ mod tests {
                 start_code: 0x5555_5555_4000,
                 code_size: 0x1234,
             })),
-            Record::UserFrames {
+            Record::CallFrames {
                 count: 2,
                 addrs: [0x40_1234, 0x40_2000, 0],
             },

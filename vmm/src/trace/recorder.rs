@@ -13,6 +13,7 @@ use super::format::{
     ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
 };
 use super::writer::{PoolConfig, TraceWriter, VcpuSink, WriterStats};
+use crate::profile::call_stack;
 use crate::profile::guest_task::{LayoutError, TaskLayout, TaskReader};
 use crate::profile::sampler::Sampler;
 use crate::vcpu::access::VcpuAccess;
@@ -308,10 +309,18 @@ impl Drop for VcpuRecorder {
 fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record> {
     let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
     if cpl != 3 {
-        return vec![Record::Task {
-            cr3,
-            task: r.current(cpu),
-        }];
+        let task = r.current(cpu);
+        let resolved = task.is_ok();
+        let mut out = vec![Record::Task { cr3, task }];
+        if resolved {
+            let rbp = cpu.regs().map(|r| r.rbp).unwrap_or(0);
+            out.extend(frames(call_stack::walk(
+                cpu,
+                rbp,
+                call_stack::Space::Kernel,
+            )));
+        }
+        return out;
     }
     let (task, exe) = match r.current_with_exe(cpu) {
         Ok((t, exe)) => (Ok(t), exe),
@@ -332,17 +341,23 @@ fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record
                     u64::from_le_bytes(top[8..].try_into().unwrap()),
                 ]));
             }
-            for chunk in crate::profile::user_stack::walk(cpu, rbp).chunks(3) {
-                let mut addrs = [0u64; 3];
-                addrs[..chunk.len()].copy_from_slice(chunk);
-                out.push(Record::UserFrames {
-                    count: chunk.len() as u8,
-                    addrs,
-                });
-            }
+            out.extend(frames(call_stack::walk(cpu, rbp, call_stack::Space::User)));
         }
     }
     out
+}
+
+/// Return addresses as call-frame records, three to a record.
+fn frames(addrs: Vec<u64>) -> impl Iterator<Item = Record> {
+    let chunks: Vec<Vec<u64>> = addrs.chunks(3).map(|c| c.to_vec()).collect();
+    chunks.into_iter().map(|chunk| {
+        let mut addrs = [0u64; 3];
+        addrs[..chunk.len()].copy_from_slice(&chunk);
+        Record::CallFrames {
+            count: chunk.len() as u8,
+            addrs,
+        }
+    })
 }
 
 /// The task layout a profile uses: the one named (an error if unreadable), else `task-layout`

@@ -111,7 +111,7 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
                 // Notes on the sample before them.
                 Record::Task { .. }
                 | Record::Exe(_)
-                | Record::UserFrames { .. }
+                | Record::CallFrames { .. }
                 | Record::UserStackTop(_) => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     if let Some((x, e, c)) = open.take() {

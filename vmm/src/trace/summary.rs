@@ -171,7 +171,7 @@ pub fn summarize(t: &Trace) -> Summary {
                 // Notes on the sample before them.
                 Record::Task { .. }
                 | Record::Exe(_)
-                | Record::UserFrames { .. }
+                | Record::CallFrames { .. }
                 | Record::UserStackTop(_) => {}
                 Record::Clock { tsc, thread_cpu_ns } => {
                     first_clock.get_or_insert((tsc, thread_cpu_ns));
@@ -450,7 +450,7 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
                 w[0],
                 w[1]
             )?,
-            Record::UserFrames { count, addrs } => writeln!(
+            Record::CallFrames { count, addrs } => writeln!(
                 out,
                 "{:.9} vcpu{v} user frames {}",
                 secs(tsc),
