@@ -301,7 +301,10 @@ fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) 
         * (1.0 / (hot + cold).max(1) as f64 + 1.0 / (ahot + acold).max(1) as f64))
         .sqrt();
     eprintln!(
-        "{mode}: active (perf record) hot_75 {:.1}% of {}; passive (host-side) {:.1}% of {}          (3 sd = {:.1} pp); passive user samples of cpu_split: {split_exe} of {split_user} name          its executable; other processes' user samples: {others}, {others_in_split} of them in          cpu_split's functions",
+        "{mode}: active (perf record) hot_75 {:.1}% of {}; passive (host-side) {:.1}% of {} \
+         (3 sd = {:.1} pp); passive user samples of cpu_split: {split_exe} of {split_user} name \
+         its executable; other processes' user samples: {others}, {others_in_split} of them in \
+         cpu_split's functions",
         100.0 * p_active,
         ahot + acold,
         100.0 * p_passive,
