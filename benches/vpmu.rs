@@ -23,10 +23,17 @@
 //!     same round's P1 bare run). Goal: <= 3.
 //! PMI latency: TSC at the host's overflow signal on the vCPU thread -> TSC read first thing in
 //!     the guest's NMI handler; p50 and p95.
+//! P3  naming a host-side sample's guest task, executable and call stack (issue 19:
+//!     `vmm::trace::recorder::annotate` over a synthetic guest, `sample_attribution.rs`), in bare
+//!     user-space MSR exits of the same round. Goal (with the sample's own exit): <= 3.
+//!     `-- --p3-only` prints P3's own figure alone (no KVM).
 //! PMI skid: guest instructions between the counter crossing zero and the NMI (a 3-instruction
 //!     loop; guest-image/tiny/asm/pmi_skid64.S), p50/p95, per mode.
 
 use std::time::Duration;
+
+#[path = "sample_attribution.rs"]
+mod sample_attribution;
 
 use vmm::end::VmEnd;
 use vmm::pmu::{BackendChoice, ModelChoice};
@@ -133,6 +140,9 @@ struct Round {
     msr: f64,
     /// PMI latencies of the round (cycles).
     latency: Vec<f64>,
+    /// P3: naming a sample's task, executable and stack (cycles): a user and a kernel sample.
+    attr_user: f64,
+    attr_kernel: f64,
 }
 
 fn p0(mode: VpmuSetting) -> f64 {
@@ -204,6 +214,11 @@ fn round(forward: bool) -> Round {
         Box::new(|r| r.vp = p1(true)),
         Box::new(|r| r.bare = p1(false)),
         Box::new(|r| (r.inject, r.msr, r.latency) = pmi_run()),
+        Box::new(|r| {
+            let (user_ns, kernel_ns, _) = sample_attribution::measure();
+            // In cycles, as the other figures (tsc_khz converts them back for printing).
+            (r.attr_user, r.attr_kernel) = (user_ns * tsc_khz() / 1e6, kernel_ns * tsc_khz() / 1e6);
+        }),
     ];
     if !forward {
         steps.reverse();
@@ -215,6 +230,14 @@ fn round(forward: bool) -> Round {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "--p3-only") {
+        // P3's own figure, without the KVM runs (no ratio): a quick check of the synthetic guest.
+        let (user, kernel, _) = sample_attribution::measure();
+        println!(
+            "P3  user sample {user:.0} ns, kernel sample {kernel:.0} ns (no bare exit measured)"
+        );
+        return;
+    }
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("*** /dev/kvm is missing: the vPMU benchmarks CANNOT RUN here ***");
         std::process::exit(1);
@@ -281,6 +304,17 @@ fn main() {
         "P2  = {} bare MSR exits (goal <= 3); signal -> NMI alone {} exits",
         ratio(&|r| (r.inject + r.msr) / r.bare).show(""),
         ratio(&|r| r.inject / r.bare).show("")
+    );
+
+    println!(
+        "P3  naming a host-side sample's guest task, executable and call stack (issue 19; synthetic guest, real page walk): medians user sample {:.2} us (6 frames), kernel sample {:.2} us (10 frames)",
+        abs_us(&|r| r.attr_user),
+        abs_us(&|r| r.attr_kernel)
+    );
+    println!(
+        "P3  = {} bare MSR exits per user sample, {} per kernel sample (goal with the sample's own exit: <= 3)",
+        ratio(&|r| r.attr_user / r.bare).show(""),
+        ratio(&|r| r.attr_kernel / r.bare).show("")
     );
 
     // PMI skid, both modes.

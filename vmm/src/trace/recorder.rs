@@ -306,7 +306,7 @@ impl Drop for VcpuRecorder {
 /// The records that follow a sample when the run knows the guest's task layout: the task; for a
 /// user-space sample of a task with an mm, its executable and, when that was read, the user
 /// stack's return addresses by frame pointers (three per record).
-fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record> {
+pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record> {
     let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
     if cpl != 3 {
         let task = r.current(cpu);
