@@ -111,6 +111,28 @@ fn good_files_are_summarised_and_reported() {
         "{out}"
     );
     assert!(out.contains("[vmm] pio 0x2f8 out"), "{out}");
+    // The other formats, on a file without task records (no process information).
+    let m = map.to_str().unwrap();
+    let (code, out, err) = vmm(&["report", p, "--system-map", m, "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["schema"], "vpmu-profile/1");
+    assert_eq!(doc["samples"], 100);
+    assert_eq!(doc["rows"][0]["process"], "[no process information]");
+    let (code, out, err) = vmm(&["report", p, "--system-map", m, "--format", "folded"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .all(|l| l.starts_with("[no process information];")),
+        "{out}"
+    );
+    let (code, out, err) = vmm(&["report", p, "--system-map", m, "--format", "svg"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("<?xml") && out.contains("</svg>"));
+    // Guest files that are not there: a clear error, exit 1.
+    let (code, _, err) = vmm(&["report", p, "--guest-files", "/nonexistent/dir"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--guest-files /nonexistent/dir"), "{err}");
 }
 
 #[test]
@@ -188,6 +210,9 @@ fn usage_errors_exit_2() {
             "0",
         ],
         vec!["report", "f", "--kernel", "k", "--system-map", "m"],
+        vec!["report", "f", "--format", "pdf"],
+        // A task layout names the tasks of host-profile samples: without one, it is a mistake.
+        vec!["run", "--kernel", "k", "--task-layout", "l"],
         vec!["trace"],
     ] {
         let (code, _, err) = vmm(&args);
