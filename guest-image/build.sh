@@ -168,6 +168,14 @@ check_config() {
 	return "$bad"
 }
 
+# kernel_xz_bzimage SRC STAMP: switches the built tree's compression to xz and remakes bzImage.
+kernel_xz_bzimage() {
+	"$1/scripts/config" --file "$1/.config" --disable KERNEL_LZ4 --enable KERNEL_XZ
+	kernel_make "$1" "$2" olddefconfig
+	grep -q '^CONFIG_KERNEL_XZ=y' "$1/.config" || return 1
+	kernel_make "$1" "$2" -j"$JOBS" bzImage
+}
+
 kernel_make() {
 	make -C "$1" KBUILD_BUILD_USER=vpmu KBUILD_BUILD_HOST=guest-image \
 		KBUILD_BUILD_TIMESTAMP="$2" "${@:3}"
@@ -205,7 +213,7 @@ build_default_kernel() {
 	kver=${ver%%-*}
 	k=$(key default-kernel "$ver" "$(cat "$FRAGMENT" "$TASK_LAYOUT_C")" \
 		"$(declare -p KERNEL_PKGS CONFIG_MAY_DIFFER)" \
-		"$(declare -f build_default_kernel check_config kernel_make write_task_layout)")
+		"$(declare -f build_default_kernel check_config kernel_make write_task_layout kernel_xz_bzimage)")
 	name=default-kernel-$kver-$k
 	final=$CACHE/$name
 	if [ ! -f "$final/vmlinux" ]; then
@@ -235,6 +243,12 @@ build_default_kernel() {
 				die "task-layout: the kernel build did not give every offset (see $log)"
 			cp "$src/.config" "$TMP/config"
 			kernel_make "$src" "$stamp" -s kernelrelease >"$TMP/kernelrelease"
+			# The same kernel with an xz payload (tinyconfig's own default compression; only the
+			# boot stub and payload are rebuilt): tier 3 boots it, the xz path of
+			# vmm/src/boot/bzimage.rs on a bzImage as the kernel's build lays it out.
+			run_logged "$log" "bzImage with an xz payload (KERNEL_XZ)" \
+				kernel_xz_bzimage "$src" "$stamp"
+			cp "$src/arch/x86/boot/bzImage" "$TMP/bzImage.xz"
 			cp "$log" "$TMP/build.log"
 			say "removing the build tree"
 			rm -rf "$src"
@@ -250,6 +264,7 @@ build_default_kernel() {
 	link default-System.map "$final/System.map"
 	link default-config "$final/config"
 	link default-task-layout "$final/task-layout"
+	link default-bzImage-xz "$final/bzImage.xz"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -786,7 +801,7 @@ print_paths() {
 	local var file
 	for var in DEFAULT_VMLINUX:default-vmlinux DEFAULT_BZIMAGE:default-bzImage \
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
-		DEFAULT_TASK_LAYOUT:default-task-layout \
+		DEFAULT_TASK_LAYOUT:default-task-layout DEFAULT_BZIMAGE_XZ:default-bzImage-xz \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
 		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
 		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv ROOTFS_FILES:rootfs-files \

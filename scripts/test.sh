@@ -55,8 +55,9 @@ eval "$(guest-image/build.sh paths)"
 : "${INITRAMFS_TINY:?guest-image/build.sh paths did not name INITRAMFS_TINY}"
 : "${SPIN_INITRAMFS:?guest-image/build.sh paths did not name SPIN_INITRAMFS}"
 
-say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code)"
-VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS_TINY" \
+say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code), and its xz bzImage to user space"
+: "${DEFAULT_BZIMAGE_XZ:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE_XZ}"
+VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_XZ_KERNEL="$DEFAULT_BZIMAGE_XZ" VPMU_TEST_INITRD="$INITRAMFS_TINY" \
   cargo test --release -p vmm --test linux_boot -- --ignored --nocapture
 
 say "tier 3: packet receive compared in both accounting modes (vpmu-vmm compare --workload packet-rx; one boot)"
