@@ -244,25 +244,12 @@ fn table_lines(report: &str) -> String {
 /// binomial noise.
 fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) {
     let files = Path::new(rootfs).with_file_name("files");
-    let o = Command::new(BIN)
-        .args([
-            "report",
-            "--format",
-            "json",
-            "--mode",
-            mode,
-            "--guest-files",
-        ])
-        .arg(&files)
-        .arg(profile)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "report of the passive profile: {}",
-        String::from_utf8_lossy(&o.stderr)
+    let files = files.to_str().unwrap();
+    let json = common::report(
+        profile,
+        &["--format", "json", "--mode", mode, "--guest-files", files],
     );
-    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&json).unwrap();
     let rows = doc["rows"].as_array().unwrap();
     let sum = |pred: &dyn Fn(&str, &str, &str) -> bool| -> u64 {
         rows.iter()
@@ -879,20 +866,9 @@ fn the_host_side_profile_names_cpu_split_and_its_functions() {
         out.status,
         stderr
     );
-    let report = |format: &str| {
-        let o = Command::new(BIN)
-            .args(["report", "--format", format, "--guest-files"])
-            .arg(&files)
-            .arg(&profile)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "report --format {format}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        o.stdout
-    };
+    let files = files.to_str().unwrap();
+    let report =
+        |format: &str| common::report(&profile, &["--format", format, "--guest-files", files]);
     let doc: serde_json::Value = serde_json::from_slice(&report("json")).unwrap();
     let rows = doc["rows"].as_array().unwrap();
     let samples = |process: &str, object: &str, symbol: &str| -> u64 {

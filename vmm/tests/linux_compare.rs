@@ -149,19 +149,7 @@ fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
         "no task-layout beside {kernel}: guest-image/build.sh default-kernel writes one (a kernel \
          cached by an older build.sh? rebuild it)"
     );
-    let report = |format: &str| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_vpmu-vmm"))
-            .args(["report", "--format", format])
-            .arg(profile)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "report --format {format}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        o.stdout
-    };
+    let report = |format: &str| common::report(profile, &["--format", format]);
     let doc: serde_json::Value = serde_json::from_slice(&report("json")).unwrap();
     assert_eq!(doc["schema"], "vpmu-profile/1");
     let rows = doc["rows"].as_array().unwrap();

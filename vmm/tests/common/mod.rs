@@ -156,3 +156,21 @@ pub fn is_user_fault(line: &str) -> bool {
 pub fn user_crashes(log: &str) -> Vec<&str> {
     log.lines().filter(|l| is_user_fault(l)).collect()
 }
+
+/// `vpmu-vmm report PROFILE ARGS...`'s standard output; a failed report fails the test with its
+/// stderr.
+pub fn report(profile: &Path, args: &[&str]) -> Vec<u8> {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_vpmu-vmm"))
+        .arg("report")
+        .arg(profile)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "vpmu-vmm report {} {args:?}: {}",
+        profile.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o.stdout
+}
