@@ -378,19 +378,16 @@ impl TaskReader {
     ) -> Option<Result<GuestExe, Unresolved>> {
         let l = &*self.layout;
         let step = Step::Executable;
-        let read_ptr = |mem: &mut M, at: u64| -> Result<u64, Unresolved> {
-            let p = read_u64(mem, at, step)?;
-            if kernel_pointer(p, 8) && p.checked_add(1 << 16).is_some() {
-                Ok(p)
-            } else {
-                Err(Unresolved::BadPointer(step))
-            }
+        // A struct pointer: kernel, aligned, and room for the <= 64 KiB of offsets after it.
+        let checked = |p: u64| {
+            (kernel_pointer(p, 8) && p.checked_add(1 << 16).is_some())
+                .then_some(p)
+                .ok_or(Unresolved::BadPointer(step))
         };
+        let read_ptr = |mem: &mut M, at: u64| read_u64(mem, at, step).and_then(checked);
         let mm = match read_u64(mem, task + l.task_mm, step) {
             Ok(0) => return None,
-            Ok(p) if kernel_pointer(p, 8) && p.checked_add(1 << 16).is_some() => Ok(p),
-            Ok(_) => Err(Unresolved::BadPointer(step)),
-            Err(e) => Err(e),
+            other => other.and_then(checked),
         };
         let exe = (|| {
             let mm = mm?;

@@ -348,16 +348,18 @@ pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Re
 }
 
 /// Return addresses as call-frame records, three to a record.
-fn frames(addrs: Vec<u64>) -> impl Iterator<Item = Record> {
-    let chunks: Vec<Vec<u64>> = addrs.chunks(3).map(|c| c.to_vec()).collect();
-    chunks.into_iter().map(|chunk| {
-        let mut addrs = [0u64; 3];
-        addrs[..chunk.len()].copy_from_slice(&chunk);
-        Record::CallFrames {
-            count: chunk.len() as u8,
-            addrs,
-        }
-    })
+fn frames(addrs: Vec<u64>) -> Vec<Record> {
+    addrs
+        .chunks(3)
+        .map(|chunk| {
+            let mut addrs = [0u64; 3];
+            addrs[..chunk.len()].copy_from_slice(chunk);
+            Record::CallFrames {
+                count: chunk.len() as u8,
+                addrs,
+            }
+        })
+        .collect()
 }
 
 /// The task layout a profile uses: the one named (an error if unreadable), else `task-layout`
