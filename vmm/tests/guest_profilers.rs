@@ -104,7 +104,7 @@ fn boot(
     let serial2 = dir.join(format!("serial2-{vpmu}.bin"));
     let start = std::time::Instant::now();
     // One vCPU: with two, freshly exec'd processes die at startup now and then on hosts that
-    // emulate guest kernel code (docs/guest.md); the library retries those that still do.
+    // emulate guest kernel code (docs/guest.md). Nothing retries a step: a process that dies fails it.
     let out = Command::new(BIN)
         .args([
             "run",
