@@ -5,12 +5,21 @@
 //!     to the VMM) with `--trace` against without, alternating runs, median of each. Goal < 1.1x.
 //! `-- --long SECS` instead runs exit_forever64 for SECS seconds with tracing on and prints the
 //!     record count (run it under /usr/bin/time -v: max RSS must not grow with SECS).
+//! T2  the readers' peak memory (`trace summary`, `report`) on a synthetic trace and on one 4x
+//!     longer (benches/trace_readers.rs). Goal: within 10%. `-- --readers-only [N] [--keep DIR]`
+//!     runs T2 alone (no /dev/kvm needed), with N records (default 2,000,000) for the 1x file.
 
 use std::time::Duration;
 
 use vmm::end::VmEnd;
 use vmm::trace::format::Trace;
 use vmm::vm::{Boot, RunReport, VmConfig};
+
+#[path = "trace_readers.rs"]
+mod trace_readers;
+
+/// Records in T2's 1x file (64 MB; the 4x file is 256 MB).
+const READER_RECORDS: u64 = 2_000_000;
 
 fn config(guest: &tiny_guests::TinyGuest, dir: &std::path::Path, secs: u64) -> VmConfig {
     VmConfig {
@@ -59,11 +68,26 @@ fn long_run(secs: u64) {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--reader-child") {
+        trace_readers::child(&args[i + 1..]);
+    }
+    let keep = args
+        .iter()
+        .position(|a| a == "--keep")
+        .and_then(|i| args.get(i + 1))
+        .map(std::path::PathBuf::from);
+    if let Some(i) = args.iter().position(|a| a == "--readers-only") {
+        let n = args
+            .get(i + 1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(READER_RECORDS);
+        return trace_readers::run(n, keep);
+    }
     if !std::path::Path::new("/dev/kvm").exists() {
         eprintln!("*** /dev/kvm is missing: the tracing benchmark CANNOT RUN here ***");
         std::process::exit(1);
     }
-    let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--long") {
         let secs = args
             .get(i + 1)
@@ -74,6 +98,11 @@ fn main() {
             });
         return long_run(secs);
     }
+    t1();
+    trace_readers::run(READER_RECORDS, keep);
+}
+
+fn t1() {
     let rounds = 7;
     let (mut plain, mut traced) = (Vec::new(), Vec::new());
     // Warm-up, then alternate so drifting machine load hits both alike.

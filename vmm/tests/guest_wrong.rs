@@ -253,7 +253,7 @@ fn timeout_mid_trace_leaves_complete_files() {
     files_are_readable(&trace, &dir.path().join("p.profile"), dir.path());
     // Every port write the VMM counted is in the trace.
     let t = vmm::trace::format::Trace::read_file(&trace).unwrap();
-    let s = vmm::trace::summary::summarize(&t);
+    let s = vmm::trace::summary::summarize(&t).unwrap();
     let outs = s.vcpus[0]
         .reasons
         .get(&vmm::trace::format::Reason::IoOut)

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use vmm::end::{code, VmEnd};
 use vmm::trace::format::Trace;
+use vmm::trace::read::Records;
 use vmm::trace::{ProfileClock, ProfileConfig};
 
 #[test]

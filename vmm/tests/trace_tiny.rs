@@ -10,6 +10,7 @@ use vmm::end::VmEnd;
 use vmm::profile::report;
 use vmm::profile::symbols::SymbolTable;
 use vmm::trace::format::{Reason, Record, Trace};
+use vmm::trace::read::Records;
 use vmm::trace::summary;
 use vmm::trace::{ProfileClock, ProfileConfig};
 
@@ -28,7 +29,7 @@ fn exit_mix_counts_are_exact() {
     let t = Trace::read_file(&path).unwrap();
     assert!(t.has_exits() && !t.has_samples());
     assert_eq!(t.header.vcpus, 1);
-    let s = summary::summarize(&t);
+    let s = summary::summarize(&t).unwrap();
     assert_eq!(s.vcpus[0].dropped, 0);
     let count = |m: &std::collections::BTreeMap<(u32, bool), summary::Stats>, k| {
         m.get(&k).map(|s| s.count()).unwrap_or(0)
@@ -124,17 +125,20 @@ fn profile_run(clock: ProfileClock) -> (u64, u64, u64, Trace) {
         w[3] + 1
     );
     let syms = SymbolTable::parse_system_map(&map, "tiny").unwrap();
-    let rows = report::profile(&t, Some(&syms));
+    let rows = report::profile(&t, Some(&syms)).unwrap();
     let n = |name: &str| {
         rows.iter()
             .find(|r| r.name == name)
             .map_or(0, |r| r.samples)
     };
     assert_eq!((n("compute"), n("io_heavy")), (compute, io));
-    eprintln!("{}", report::render_profile(&t, &rows, Some(&syms), 5));
     eprintln!(
         "{}",
-        report::render_system_wide(&t, &report::system_wide(&t, Some(&syms)), 6)
+        report::render_profile(&t.header, &rows, Some(&syms), 5)
+    );
+    eprintln!(
+        "{}",
+        report::render_system_wide(&t, &report::system_wide(&t, Some(&syms)).unwrap(), 6)
     );
     (compute, io, other, t)
 }

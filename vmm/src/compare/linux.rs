@@ -27,7 +27,8 @@ use crate::pmu::ModelChoice;
 use crate::profile::report::{bucket, USER_BUCKET_NAMED};
 use crate::profile::stacks::{self, Frames};
 use crate::profile::symbols::SymbolTable;
-use crate::trace::format::{Record, Trace};
+use crate::trace::format::{FormatError, Record};
+use crate::trace::read::{for_each_sample, Records, TraceFile};
 use crate::trace::{ProfileClock, ProfileConfig};
 use crate::vm::{self, Boot, Controller, RunReport, VmConfig, VmHandles, VpmuSetting};
 use std::collections::HashMap;
@@ -189,11 +190,12 @@ pub fn run(s: &Settings) -> Result<LinuxComparison, CompareError> {
             plan(rounds).len()
         )));
     }
-    let trace = Trace::read_file(&profile).map_err(|e| CompareError::GuestReport(e.to_string()))?;
+    let trace = TraceFile::open(&profile).map_err(|e| CompareError::GuestReport(e.to_string()))?;
     let syms = SymbolTable::from_kernel(&s.kernel)
         .map_err(|e| CompareError::GuestReport(format!("guest kernel symbols: {e}")))?;
     let ([pc, pd, cc, cd], [fc, fd, _, _]) =
-        split(&trace, &syms, &slices, end_tsc.load(Ordering::Relaxed));
+        split(&trace, &syms, &slices, end_tsc.load(Ordering::Relaxed))
+            .map_err(|e| CompareError::GuestReport(format!("{}: {e}", profile.display())))?;
     Ok(LinuxComparison {
         packets: with_total(Comparison::new("packet-rx", &pc, &pd), &pc, &pd),
         control: Comparison::new("packet-rx-control", &cc, &cd),
@@ -263,12 +265,15 @@ fn drive(
 /// domain], and per stack (process, symbol, the VMM's exit if the sample came in one): each
 /// sample goes to the slice its TSC falls in, and counts only if its mode tag agrees with the
 /// slice's mode.
+/// Per phase: samples per symbol, and per stack.
+type Phases = ([Profile; 4], [HashMap<Frames, u64>; 4]);
+
 fn split(
-    t: &Trace,
+    t: &dyn Records,
     syms: &SymbolTable,
     slices: &[Slice],
     end_tsc: u64,
-) -> ([Profile; 4], [HashMap<Frames, u64>; 4]) {
+) -> Result<Phases, FormatError> {
     let mut out: [Profile; 4] = Default::default();
     let mut frames: [HashMap<Frames, u64>; 4] = Default::default();
     let phase = |s: &Slice| {
@@ -279,57 +284,54 @@ fn split(
         };
         w + crate::pmu::mode::index(s.mode)
     };
-    for v in &t.vcpus {
-        for (ri, r) in v.records.iter().enumerate() {
-            let Record::Sample {
-                rip,
-                cpl,
-                tsc,
-                mode,
-                during,
-            } = *r
-            else {
-                continue;
-            };
-            if tsc >= end_tsc {
-                continue;
-            }
-            // The last slice that began at or before the sample.
-            let i = slices.partition_point(|s| s.start_tsc <= tsc);
-            let Some(s) = i.checked_sub(1).map(|i| &slices[i]) else {
-                continue;
-            };
-            if mode != Some(s.mode) {
-                continue;
-            }
-            // A user-space sample whose guest task was read is filed under its process.
-            let notes = Trace::annotations(&v.records, ri);
-            let task = notes.task;
-            let name = match task {
-                Some(Ok(t)) if cpl == 3 => format!("{USER_BUCKET_NAMED} {}", t.label()),
-                _ => bucket(rip, cpl, Some(syms)),
-            };
-            let f = Frames {
-                process: stacks::process_label(task),
-                object: String::new(),
-                symbol: if cpl == 3 {
-                    USER_BUCKET_NAMED.to_string()
-                } else {
-                    name.clone()
-                },
-                callers: if cpl == 3 {
-                    Vec::new()
-                } else {
-                    stacks::kernel_callers(&notes.frames, Some(syms))
-                },
-                kernel: cpl != 3,
-                vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
-            };
-            *frames[phase(s)].entry(f).or_default() += 1;
-            *out[phase(s)].samples.entry(name).or_default() += 1;
+    for_each_sample(t, &mut |_, r, notes| {
+        let Record::Sample {
+            rip,
+            cpl,
+            tsc,
+            mode,
+            during,
+        } = *r
+        else {
+            return;
+        };
+        if tsc >= end_tsc {
+            return;
         }
-    }
-    (out, frames)
+        // The last slice that began at or before the sample.
+        let i = slices.partition_point(|s| s.start_tsc <= tsc);
+        let Some(s) = i.checked_sub(1).map(|i| &slices[i]) else {
+            return;
+        };
+        if mode != Some(s.mode) {
+            return;
+        }
+        // A user-space sample whose guest task was read is filed under its process.
+        let task = notes.task.as_ref();
+        let name = match task {
+            Some(Ok(t)) if cpl == 3 => format!("{USER_BUCKET_NAMED} {}", t.label()),
+            _ => bucket(rip, cpl, Some(syms)),
+        };
+        let f = Frames {
+            process: stacks::process_label(task),
+            object: String::new(),
+            symbol: if cpl == 3 {
+                USER_BUCKET_NAMED.to_string()
+            } else {
+                name.clone()
+            },
+            callers: if cpl == 3 {
+                Vec::new()
+            } else {
+                stacks::kernel_callers(&notes.frames, Some(syms))
+            },
+            kernel: cpl != 3,
+            vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
+        };
+        *frames[phase(s)].entry(f).or_default() += 1;
+        *out[phase(s)].samples.entry(name).or_default() += 1;
+    })?;
+    Ok((out, frames))
 }
 
 /// Adds the virtio-net path total as a row of its own.
@@ -456,7 +458,7 @@ mod tests {
 
     #[test]
     fn samples_are_filed_by_slice_and_kept_only_in_their_own_mode() {
-        use crate::trace::format::{Header, VcpuTrace, CONTENTS_SAMPLES};
+        use crate::trace::format::{Header, Trace, VcpuTrace, CONTENTS_SAMPLES};
         let (c, d) = (AccountingMode::CpuSwitch, AccountingMode::DomainSwitch);
         let at = |tsc, mode| Record::Sample {
             rip: 0xffff_ffff_8100_0010,
@@ -496,7 +498,7 @@ mod tests {
             slice(Workload::Control, d, 400),
         ];
         let syms = SymbolTable::parse_system_map("ffffffff81000000 T f\n", "m").unwrap();
-        let (p, stacks) = split(&t, &syms, &slices, 500);
+        let (p, stacks) = split(&t, &syms, &slices, 500).unwrap();
         let totals: Vec<u64> = p.iter().map(Profile::total).collect();
         assert_eq!(totals, [2, 1, 1, 1]);
         assert_eq!(p[0].samples.get("f"), Some(&2));

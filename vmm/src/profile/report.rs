@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 
 use super::stacks;
 use super::symbols::{Origin, SymbolTable, SymbolsError};
-use crate::trace::command::{load, CommandError};
-use crate::trace::format::{Reason, Record, Trace};
+use crate::trace::command::{open, read_error, CommandError};
+use crate::trace::format::{FormatError, Header, Reason, Record};
+use crate::trace::read::Records;
 use crate::trace::summary;
 
 pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
@@ -127,59 +128,55 @@ pub fn bucket(rip: u64, cpl: u8, syms: Option<&SymbolTable>) -> String {
 }
 
 /// Samples per bucket, most first (ties by name).
-pub fn profile(t: &Trace, syms: Option<&SymbolTable>) -> Vec<Row> {
+pub fn profile(t: &dyn Records, syms: Option<&SymbolTable>) -> Result<Vec<Row>, FormatError> {
     profile_in(t, syms, None)
 }
 
 /// The accounting modes the file's samples were counted in (run-time switches give several).
-pub fn sample_modes(t: &Trace) -> Vec<vpmu::AccountingMode> {
+pub fn sample_modes(t: &dyn Records) -> Result<Vec<vpmu::AccountingMode>, FormatError> {
     let mut modes = Vec::new();
-    for v in &t.vcpus {
-        for r in &v.records {
-            if let Record::Sample { mode: Some(m), .. } = *r {
-                if !modes.contains(&m) {
-                    modes.push(m);
-                }
+    t.for_each(&mut |_, r| {
+        if let Record::Sample { mode: Some(m), .. } = *r {
+            if !modes.contains(&m) {
+                modes.push(m);
             }
         }
-    }
+    })?;
     modes.sort_by_key(|m| crate::pmu::mode::index(*m));
-    modes
+    Ok(modes)
 }
 
 /// Like [`profile`], only the samples counted in `mode` (None: all).
 pub fn profile_in(
-    t: &Trace,
+    t: &dyn Records,
     syms: Option<&SymbolTable>,
     mode: Option<vpmu::AccountingMode>,
-) -> Vec<Row> {
+) -> Result<Vec<Row>, FormatError> {
     let mut rows: HashMap<String, Row> = HashMap::new();
-    for v in &t.vcpus {
-        for r in &v.records {
-            if let Record::Sample {
-                rip,
-                cpl,
-                during,
-                mode: m,
-                ..
-            } = *r
-            {
-                if mode.is_some() && m != mode {
-                    continue;
-                }
-                let name = bucket(rip, cpl, syms);
-                let row = rows.entry(name.clone()).or_insert_with(|| Row {
-                    name,
-                    ..Default::default()
-                });
-                row.samples += 1;
-                row.in_exit += u64::from(during.is_some());
+    t.for_each(&mut |_, r| {
+        if let Record::Sample {
+            rip,
+            cpl,
+            during,
+            mode: m,
+            ..
+        } = *r
+        {
+            if mode.is_some() && m != mode {
+                return;
             }
+            let name = bucket(rip, cpl, syms);
+            let row = rows.entry(name.clone()).or_insert_with(|| Row {
+                name,
+                ..Default::default()
+            });
+            row.samples += 1;
+            row.in_exit += u64::from(during.is_some());
         }
-    }
+    })?;
     let mut rows: Vec<Row> = rows.into_values().collect();
     rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.name.cmp(&b.name)));
-    rows
+    Ok(rows)
 }
 
 fn origin(syms: Option<&SymbolTable>) -> String {
@@ -201,8 +198,7 @@ fn limit<T>(rows: &[T], top: usize) -> &[T] {
 }
 
 /// The opreport-like table.
-pub fn render_profile(t: &Trace, rows: &[Row], syms: Option<&SymbolTable>, top: usize) -> String {
-    let h = &t.header;
+pub fn render_profile(h: &Header, rows: &[Row], syms: Option<&SymbolTable>, top: usize) -> String {
     let total: u64 = rows.iter().map(|r| r.samples).sum();
     let in_exit: u64 = rows.iter().map(|r| r.in_exit).sum();
     let mut out = String::new();
@@ -303,22 +299,24 @@ pub struct TimeRow {
 
 /// Guest symbols (samples outside exit handling x period) and `[vmm] ...` pseudo-symbols
 /// (measured exit-handling time), most time first.
-pub fn system_wide(t: &Trace, syms: Option<&SymbolTable>) -> Vec<TimeRow> {
-    let period_ms = t.header.sample_period_ns as f64 / 1e6;
+pub fn system_wide(
+    t: &dyn Records,
+    syms: Option<&SymbolTable>,
+) -> Result<Vec<TimeRow>, FormatError> {
+    let h = t.header();
+    let period_ms = h.sample_period_ns as f64 / 1e6;
     let mut guest: HashMap<String, u64> = HashMap::new();
-    for v in &t.vcpus {
-        for r in &v.records {
-            if let Record::Sample {
-                rip,
-                cpl,
-                during: None,
-                ..
-            } = *r
-            {
-                *guest.entry(bucket(rip, cpl, syms)).or_default() += 1;
-            }
+    t.for_each(&mut |_, r| {
+        if let Record::Sample {
+            rip,
+            cpl,
+            during: None,
+            ..
+        } = *r
+        {
+            *guest.entry(bucket(rip, cpl, syms)).or_default() += 1;
         }
-    }
+    })?;
     let mut rows: Vec<TimeRow> = guest
         .into_iter()
         .map(|(name, n)| TimeRow {
@@ -326,7 +324,7 @@ pub fn system_wide(t: &Trace, syms: Option<&SymbolTable>) -> Vec<TimeRow> {
             ms: n as f64 * period_ms,
         })
         .collect();
-    let s = summary::summarize(t);
+    let s = summary::summarize(t)?;
     let preempted: u64 = s.vcpus.iter().map(|v| v.interrupted_off_cpu).sum();
     for (key, st) in &s.events {
         let off = if key == Reason::Interrupted.name() {
@@ -336,19 +334,15 @@ pub fn system_wide(t: &Trace, syms: Option<&SymbolTable>) -> Vec<TimeRow> {
         };
         rows.push(TimeRow {
             name: format!("[vmm] {key}"),
-            ms: t.header.secs(st.total().saturating_sub(off)) * 1e3,
+            ms: h.secs(st.total().saturating_sub(off)) * 1e3,
         });
     }
     rows.push(TimeRow {
         name: "[host] vCPU thread preempted during interrupted exits".into(),
-        ms: t.header.secs(preempted) * 1e3,
+        ms: h.secs(preempted) * 1e3,
     });
     // What neither accounts for: halted, off-CPU (host preemption), or not sampled.
-    let wall_ms: f64 = s
-        .vcpus
-        .iter()
-        .map(|v| t.header.secs(v.split.wall) * 1e3)
-        .sum();
+    let wall_ms: f64 = s.vcpus.iter().map(|v| h.secs(v.split.wall) * 1e3).sum();
     let accounted: f64 = rows.iter().map(|r| r.ms).sum();
     rows.push(TimeRow {
         name: REST.into(),
@@ -356,23 +350,21 @@ pub fn system_wide(t: &Trace, syms: Option<&SymbolTable>) -> Vec<TimeRow> {
     });
     rows.retain(|r| r.ms > 0.0);
     rows.sort_by(|a, b| b.ms.total_cmp(&a.ms).then(a.name.cmp(&b.name)));
-    rows
+    Ok(rows)
 }
 
-pub fn render_system_wide(t: &Trace, rows: &[TimeRow], top: usize) -> String {
+pub fn render_system_wide(t: &dyn Records, rows: &[TimeRow], top: usize) -> String {
+    let h = t.header();
     let total: f64 = rows.iter().map(|r| r.ms).sum();
-    let run_ms = t
-        .header
-        .secs(t.end_tsc().saturating_sub(t.header.start_tsc))
-        * 1e3;
+    let run_ms = h.secs(t.end_tsc().saturating_sub(h.start_tsc)) * 1e3;
     let mut out = String::new();
     let _ = writeln!(
         out,
         "\nsystem-wide view: guest symbols = samples taken in the guest x {:.3} ms; [vmm] rows = \
          exit handling measured with the TSC; total {:.1} ms for {} vCPU(s) x the {:.1} ms run",
-        t.header.sample_period_ns as f64 / 1e6,
+        h.sample_period_ns as f64 / 1e6,
         total,
-        t.header.vcpus,
+        h.vcpus,
         run_ms
     );
     let _ = writeln!(out, "\n{:>11} {:>7}  symbol", "ms", "%");
@@ -394,7 +386,7 @@ pub fn render_system_wide(t: &Trace, rows: &[TimeRow], top: usize) -> String {
             rows.len() - top
         );
     }
-    let over = total - run_ms * f64::from(t.header.vcpus);
+    let over = total - run_ms * f64::from(h.vcpus);
     if over > 0.005 * total {
         let _ = writeln!(
             out,
@@ -408,7 +400,7 @@ pub fn render_system_wide(t: &Trace, rows: &[TimeRow], top: usize) -> String {
 
 /// The symbols to use: --system-map, --kernel, or the kernel the file says was booted.
 pub fn symbols_for(
-    t: &Trace,
+    h: &Header,
     kernel: Option<&Path>,
     system_map: Option<&Path>,
 ) -> Result<Option<SymbolTable>, SymbolsError> {
@@ -418,10 +410,10 @@ pub fn symbols_for(
     if let Some(k) = kernel {
         return SymbolTable::from_kernel(k).map(Some);
     }
-    if t.header.kernel.is_empty() {
+    if h.kernel.is_empty() {
         return Ok(None);
     }
-    let k = PathBuf::from(&t.header.kernel);
+    let k = PathBuf::from(&h.kernel);
     if !k.exists() {
         log::warn!(
             "the kernel the run booted ({}) is gone: addresses are shown raw (give --kernel or --system-map)",
@@ -433,11 +425,15 @@ pub fn symbols_for(
 }
 
 pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
-    let t = load(&args.file)?;
+    // The file is read once per view below, record by record: memory follows the rows shown,
+    // not the file's length.
+    let t = open(&args.file)?;
+    let read = |e: FormatError| ReportError::Trace(read_error(&args.file, e));
     if !t.has_samples() {
         return Err(ReportError::NoSamples(args.file.display().to_string()));
     }
-    let syms = symbols_for(&t, args.kernel.as_deref(), args.system_map.as_deref())?;
+    let h = t.header();
+    let syms = symbols_for(h, args.kernel.as_deref(), args.system_map.as_deref())?;
     let mut files = match &args.guest_files {
         Some(d) => Some(super::user_symbols::GuestFiles::open(d)?),
         None => None,
@@ -447,7 +443,8 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         syms.as_ref(),
         args.mode.map(ModeFilter::mode),
         files.as_mut(),
-    );
+    )
+    .map_err(read)?;
     let write = |bytes: &[u8]| {
         use std::io::Write as _;
         std::io::stdout()
@@ -458,7 +455,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         ReportFormat::Table => {}
         ReportFormat::Json => {
             let rows = stacks::by_process(&per_sample);
-            let doc = stacks::json(&t, &rows, &origin(syms.as_ref()));
+            let doc = stacks::json(h, &rows, &origin(syms.as_ref()));
             return write(format!("{doc:#}\n").as_bytes());
         }
         ReportFormat::Folded => return write(stacks::folded(&per_sample).as_bytes()),
@@ -468,33 +465,30 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         }
     }
     let only = args.mode.map(ModeFilter::mode);
-    let rows = profile_in(&t, syms.as_ref(), only);
-    let mut out = render_profile(&t, &rows, syms.as_ref(), args.top);
-    if t.has_tasks() {
+    let rows = profile_in(&t, syms.as_ref(), only).map_err(read)?;
+    let mut out = render_profile(h, &rows, syms.as_ref(), args.top);
+    if stacks::names_tasks(&per_sample) {
         out.push_str(&render_by_process(
             &stacks::by_process(&per_sample),
             args.top,
         ));
     }
-    let modes = sample_modes(&t);
+    let modes = sample_modes(&t).map_err(read)?;
     if modes.len() > 1 && only.is_none() {
         // The run switched accounting modes: each mode's samples on their own.
         for m in modes {
-            let rows = profile_in(&t, syms.as_ref(), Some(m));
+            let rows = profile_in(&t, syms.as_ref(), Some(m)).map_err(read)?;
             let _ = writeln!(
                 out,
                 "\nsamples counted in {} only:",
                 crate::pmu::mode::name(m)
             );
-            out.push_str(&render_profile(&t, &rows, syms.as_ref(), args.top));
+            out.push_str(&render_profile(h, &rows, syms.as_ref(), args.top));
         }
     }
     if t.has_exits() {
-        out.push_str(&render_system_wide(
-            &t,
-            &system_wide(&t, syms.as_ref()),
-            args.top,
-        ));
+        let rows = system_wide(&t, syms.as_ref()).map_err(read)?;
+        out.push_str(&render_system_wide(&t, &rows, args.top));
     }
     print!("{out}");
     Ok(())
@@ -503,7 +497,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::format::{ExitEvent, Header, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES};
+    use crate::trace::format::{ExitEvent, Trace, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES};
 
     fn sample(rip: u64, cpl: u8, during: bool) -> Record {
         Record::Sample {
@@ -556,7 +550,10 @@ mod tests {
     #[test]
     fn samples_split_by_the_mode_they_were_counted_in() {
         let mut t = trace();
-        assert_eq!(sample_modes(&t), vec![vpmu::AccountingMode::DomainSwitch]);
+        assert_eq!(
+            sample_modes(&t).unwrap(),
+            vec![vpmu::AccountingMode::DomainSwitch]
+        );
         t.vcpus[0].records.push(Record::Sample {
             rip: 0xffff_ffff_8100_0110,
             cpl: 0,
@@ -565,19 +562,20 @@ mod tests {
             mode: Some(vpmu::AccountingMode::CpuSwitch),
         });
         assert_eq!(
-            sample_modes(&t),
+            sample_modes(&t).unwrap(),
             vec![
                 vpmu::AccountingMode::CpuSwitch,
                 vpmu::AccountingMode::DomainSwitch
             ]
         );
-        let cpu = profile_in(&t, Some(&syms()), Some(vpmu::AccountingMode::CpuSwitch));
+        let cpu = profile_in(&t, Some(&syms()), Some(vpmu::AccountingMode::CpuSwitch)).unwrap();
         assert_eq!(cpu.len(), 1);
         assert_eq!((cpu[0].name.as_str(), cpu[0].samples), ("io_function", 1));
-        let dom = profile_in(&t, Some(&syms()), Some(vpmu::AccountingMode::DomainSwitch));
+        let dom = profile_in(&t, Some(&syms()), Some(vpmu::AccountingMode::DomainSwitch)).unwrap();
         assert_eq!(dom.iter().map(|r| r.samples).sum::<u64>(), 5);
         assert_eq!(
             profile(&t, Some(&syms()))
+                .unwrap()
                 .iter()
                 .map(|r| r.samples)
                 .sum::<u64>(),
@@ -588,7 +586,7 @@ mod tests {
     #[test]
     fn samples_go_to_symbols_user_and_unknown_buckets() {
         let t = trace();
-        let rows = profile(&t, Some(&syms()));
+        let rows = profile(&t, Some(&syms())).unwrap();
         let get = |n: &str| rows.iter().find(|r| r.name == n).cloned().unwrap();
         assert_eq!(rows[0].name, "hot_function");
         assert_eq!(get("hot_function").samples, 2);
@@ -602,12 +600,12 @@ mod tests {
         );
         assert_eq!(get(USER_BUCKET).samples, 1);
         assert_eq!(get(UNKNOWN_KERNEL).samples, 1);
-        let text = render_profile(&t, &rows, Some(&syms()), 0);
+        let text = render_profile(&t.header, &rows, Some(&syms()), 0);
         assert!(
             text.contains("hot_function") && text.contains("40.00"),
             "{text}"
         );
-        let raw = profile(&t, None);
+        let raw = profile(&t, None).unwrap();
         assert!(raw
             .iter()
             .any(|r| r.name == "[no symbols] 0xffffffff81000010"));
@@ -616,7 +614,8 @@ mod tests {
     #[test]
     fn the_process_table_names_each_samples_task() {
         let mut t = trace();
-        assert!(!t.has_tasks());
+        let samples = |t: &Trace| stacks::samples(t, Some(&syms()), None, None).unwrap();
+        assert!(!stacks::names_tasks(&samples(&t)));
         let mut comm = [0u8; crate::profile::guest_task::COMM_MAX];
         comm[..4].copy_from_slice(b"spin");
         // The user-space sample (index 4) names its task.
@@ -632,8 +631,8 @@ mod tests {
                 }),
             },
         );
-        assert!(t.has_tasks());
-        let rows = stacks::by_process(&stacks::samples(&t, Some(&syms()), None, None));
+        assert!(stacks::names_tasks(&samples(&t)));
+        let rows = stacks::by_process(&samples(&t));
         let text = render_by_process(&rows, 0);
         assert!(
             text.contains("spin[9]") && text.contains(USER_BUCKET_NAMED),
@@ -646,6 +645,7 @@ mod tests {
         // The symbol table is unchanged by task records.
         assert_eq!(
             profile(&t, Some(&syms()))
+                .unwrap()
                 .iter()
                 .map(|r| r.samples)
                 .sum::<u64>(),
@@ -656,7 +656,7 @@ mod tests {
     #[test]
     fn system_wide_view_puts_vmm_time_beside_guest_symbols() {
         let t = trace();
-        let rows = system_wide(&t, Some(&syms()));
+        let rows = system_wide(&t, Some(&syms())).unwrap();
         let ms = |n: &str| rows.iter().find(|r| r.name == n).map(|r| r.ms);
         // 2 samples x 1 ms; the sample taken during the exit is left to the [vmm] row.
         assert_eq!(ms("hot_function"), Some(2.0));

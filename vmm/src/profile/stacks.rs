@@ -23,7 +23,8 @@ use super::guest_task::{GuestExe, GuestTask, Unresolved};
 use super::report::{bucket, USER_BUCKET_NAMED};
 use super::symbols::SymbolTable;
 use super::user_symbols::{GuestFiles, UserFrame};
-use crate::trace::format::{Record, Trace};
+use crate::trace::format::{FormatError, Header, Record};
+use crate::trace::read::{for_each_sample, Records};
 
 /// A sample with no task record (the run knew no task layout).
 pub const NO_PROCESS: &str = "[no process information]";
@@ -62,66 +63,68 @@ pub struct Frames {
 /// Every sample of `t` (counted in `mode`; None: all), with the task and exe records after it;
 /// user-space RIPs resolved with the guest's files when given.
 pub fn samples(
-    t: &Trace,
+    t: &dyn Records,
     syms: Option<&SymbolTable>,
     mode: Option<vpmu::AccountingMode>,
     mut files: Option<&mut GuestFiles>,
-) -> HashMap<Frames, u64> {
+) -> Result<HashMap<Frames, u64>, FormatError> {
     let mut out: HashMap<Frames, u64> = HashMap::new();
-    for v in &t.vcpus {
-        for (i, r) in v.records.iter().enumerate() {
-            let Record::Sample {
-                rip,
-                cpl,
-                during,
-                mode: m,
-                ..
-            } = *r
-            else {
-                continue;
-            };
-            if mode.is_some() && m != mode {
-                continue;
-            }
-            let notes = Trace::annotations(&v.records, i);
-            let (task, exe) = (notes.task, notes.exe);
-            let callers = match (exe, files.as_deref_mut()) {
-                _ if cpl != 3 => kernel_callers(&notes.frames, syms),
-                (Some(Ok(e)), Some(f)) => {
-                    // A frameless leaf's caller (at [rsp]) comes before the walk's frames.
-                    let leaf_caller = notes
-                        .stack_top
-                        .and_then(|top| f.frameless_caller(e, rip, top));
-                    leaf_caller
-                        .iter()
-                        .chain(&notes.frames)
-                        .rev()
-                        .map(|&ret| caller(f, e, ret))
-                        .collect()
-                }
-                _ => Vec::new(),
-            };
-            let (object, symbol) = match (cpl, task, exe) {
-                (3, _, Some(Ok(e))) => user_frame(e, rip, files.as_deref_mut()),
-                (3, _, Some(Err(u))) => (
-                    format!("[unresolved: {}]", u.describe()),
-                    USER_BUCKET_NAMED.to_string(),
-                ),
-                (3, Some(_), None) => (String::new(), USER_BUCKET_NAMED.to_string()),
-                _ => (String::new(), bucket(rip, cpl, syms)),
-            };
-            let f = Frames {
-                process: process_label(task),
-                object,
-                symbol,
-                callers,
-                kernel: cpl != 3,
-                vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
-            };
-            *out.entry(f).or_default() += 1;
+    for_each_sample(t, &mut |_, r, notes| {
+        let Record::Sample {
+            rip,
+            cpl,
+            during,
+            mode: m,
+            ..
+        } = *r
+        else {
+            return;
+        };
+        if mode.is_some() && m != mode {
+            return;
         }
-    }
-    out
+        let (task, exe) = (notes.task.as_ref(), notes.exe.as_ref());
+        let callers = match (exe, files.as_deref_mut()) {
+            _ if cpl != 3 => kernel_callers(&notes.frames, syms),
+            (Some(Ok(e)), Some(f)) => {
+                // A frameless leaf's caller (at [rsp]) comes before the walk's frames.
+                let leaf_caller = notes
+                    .stack_top
+                    .and_then(|top| f.frameless_caller(e, rip, top));
+                leaf_caller
+                    .iter()
+                    .chain(&notes.frames)
+                    .rev()
+                    .map(|&ret| caller(f, e, ret))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let (object, symbol) = match (cpl, task, exe) {
+            (3, _, Some(Ok(e))) => user_frame(e, rip, files.as_deref_mut()),
+            (3, _, Some(Err(u))) => (
+                format!("[unresolved: {}]", u.describe()),
+                USER_BUCKET_NAMED.to_string(),
+            ),
+            (3, Some(_), None) => (String::new(), USER_BUCKET_NAMED.to_string()),
+            _ => (String::new(), bucket(rip, cpl, syms)),
+        };
+        let f = Frames {
+            process: process_label(task),
+            object,
+            symbol,
+            callers,
+            kernel: cpl != 3,
+            vmm: during.map(|(e, _)| format!("[vmm] {}", e.describe())),
+        };
+        *out.entry(f).or_default() += 1;
+    })?;
+    Ok(out)
+}
+
+/// Whether any of the samples names its guest task (the run knew the kernel's task layout).
+pub fn names_tasks(samples: &HashMap<Frames, u64>) -> bool {
+    samples.keys().any(|f| f.process != NO_PROCESS)
 }
 
 /// A user-space sample's (object, symbol): the function with the guest's files, else the
@@ -278,13 +281,13 @@ pub fn differential_flame_graph(
 
 /// The rows as JSON (schema `vpmu-profile/1`): the file's clock and period, and each
 /// (process, symbol) row's samples, in-exit samples and share.
-pub fn json(t: &Trace, rows: &[ProcessRow], symbols: &str) -> serde_json::Value {
+pub fn json(h: &Header, rows: &[ProcessRow], symbols: &str) -> serde_json::Value {
     let total: u64 = rows.iter().map(|r| r.samples).sum();
     serde_json::json!({
         "schema": "vpmu-profile/1",
-        "vcpus": t.header.vcpus,
-        "clock": t.header.sample_clock.describe(),
-        "sample_period_ns": t.header.sample_period_ns,
+        "vcpus": h.vcpus,
+        "clock": h.sample_clock.describe(),
+        "sample_period_ns": h.sample_period_ns,
         "symbols": symbols,
         "samples": total,
         "rows": rows.iter().map(|r| serde_json::json!({
@@ -302,7 +305,7 @@ pub fn json(t: &Trace, rows: &[ProcessRow], symbols: &str) -> serde_json::Value 
 mod tests {
     use super::*;
     use crate::profile::guest_task::{Step, COMM_MAX};
-    use crate::trace::format::{ExitEvent, Header, Reason, VcpuTrace, CONTENTS_SAMPLES};
+    use crate::trace::format::{ExitEvent, Reason, Trace, VcpuTrace, CONTENTS_SAMPLES};
 
     fn task(comm: &str, tgid: u32) -> Record {
         let mut c = [0u8; COMM_MAX];
@@ -360,7 +363,7 @@ mod tests {
 
     #[test]
     fn samples_name_their_process_and_the_vmm_exit_on_top() {
-        let s = samples(&trace(), Some(&syms()), None, None);
+        let s = samples(&trace(), Some(&syms()), None, None).unwrap();
         let rows = by_process(&s);
         assert_eq!(
             (
@@ -397,7 +400,7 @@ mod tests {
             svg.starts_with("<?xml") && svg.contains("cpu_split[42]"),
             "an SVG naming the process"
         );
-        let j = json(&trace(), &rows, "m");
+        let j = json(&trace().header, &rows, "m");
         assert_eq!(j["schema"], "vpmu-profile/1");
         assert_eq!(j["samples"], 5);
         assert_eq!(j["rows"][0]["process"], "cpu_split[42]");

@@ -3,7 +3,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::format::{FormatError, Trace};
+use super::format::FormatError;
+use super::read::{Records, TraceFile};
 use super::{series, summary};
 
 /// `trace summary`'s arguments (part of the command line in `cli.rs`).
@@ -30,6 +31,8 @@ pub enum CommandError {
     Read { file: String, source: FormatError },
     #[error("--interval {0}: must be a positive number of seconds")]
     Interval(f64),
+    #[error("--interval {secs}: the run needs {count} intervals of that length (at most {MAX_INTERVALS}); choose a longer one")]
+    TooManyIntervals { secs: f64, count: u64 },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -37,11 +40,19 @@ pub enum CommandError {
     },
 }
 
-pub fn load(file: &std::path::Path) -> Result<Trace, CommandError> {
-    Trace::read_file(file).map_err(|source| CommandError::Read {
+/// Most rows `--interval` prints (and buckets it holds).
+pub const MAX_INTERVALS: u64 = 1_000_000;
+
+/// Opens a trace file for the views (its structure checked; records read as they go).
+pub fn open(file: &std::path::Path) -> Result<TraceFile, CommandError> {
+    TraceFile::open(file).map_err(|e| read_error(file, e))
+}
+
+pub fn read_error(file: &std::path::Path, source: FormatError) -> CommandError {
+    CommandError::Read {
         file: file.display().to_string(),
         source,
-    })
+    }
 }
 
 /// `trace summary`; a closed stdout (`| head`) ends it quietly.
@@ -60,7 +71,8 @@ fn run_summary(args: &SummaryArgs) -> Result<(), CommandError> {
     if let Some(i) = args.interval.filter(|i| !(i.is_finite() && *i > 0.0)) {
         return Err(CommandError::Interval(i));
     }
-    let t = load(&args.file)?;
+    let t = open(&args.file)?;
+    let read = |e| read_error(&args.file, e);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let io = |source| CommandError::Write {
@@ -68,18 +80,23 @@ fn run_summary(args: &SummaryArgs) -> Result<(), CommandError> {
         source,
     };
     if args.dump {
-        summary::dump(&t, &mut out).map_err(io)?;
+        // Sorted across vCPUs in memory: the one view that holds the file.
+        summary::dump(&t.load().map_err(read)?, &mut out).map_err(io)?;
     } else {
-        let s = summary::summarize(&t);
+        let s = summary::summarize(&t).map_err(read)?;
         out.write_all(summary::render(&t, &s, &args.file.display().to_string()).as_bytes())
             .map_err(io)?;
     }
     let run_s = t
-        .header
-        .secs(t.end_tsc().saturating_sub(t.header.start_tsc));
+        .header()
+        .secs(t.end_tsc().saturating_sub(t.header().start_tsc));
     if args.interval.is_some() || args.svg.is_some() {
         let secs = args.interval.unwrap_or((run_s / 50.0).max(1e-3));
-        let iv = series::intervals(&t, secs);
+        let count = series::interval_count(&t, secs);
+        if count > MAX_INTERVALS {
+            return Err(CommandError::TooManyIntervals { secs, count });
+        }
+        let iv = series::intervals(&t, secs).map_err(read)?;
         if args.interval.is_some() {
             writeln!(out, "\ntime series, {secs} s intervals (all vCPUs):").map_err(io)?;
             out.write_all(series::csv(&iv, secs).as_bytes())

@@ -56,8 +56,8 @@ pub const MAX_BLOCK_RECORDS: u32 = 1 << 20;
 pub const CONTENTS_EXITS: u16 = 1;
 pub const CONTENTS_SAMPLES: u16 = 2;
 
-const BLOCK_RECORDS: u16 = 1;
-const BLOCK_END: u16 = 2;
+pub const BLOCK_RECORDS: u16 = 1;
+pub const BLOCK_END: u16 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -89,15 +89,6 @@ pub enum FormatError {
 // `Reason` carries (`#[repr(u8)]`) are this format's encoding.
 pub use crate::exit::kind::{ExitEvent, Reason};
 use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved, COMM_MAX, EXE_NAME_MAX};
-
-/// What the records after a sample say of it ([`Trace::annotations`]).
-#[derive(Debug, Default)]
-pub struct Annotations<'a> {
-    pub task: Option<&'a Result<GuestTask, Unresolved>>,
-    pub exe: Option<&'a Result<GuestExe, Unresolved>>,
-    pub frames: Vec<u64>,
-    pub stack_top: Option<[u64; 2]>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -377,13 +368,13 @@ fn decode_mode(bits: u8) -> Result<Option<vpmu::AccountingMode>, String> {
     }
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
+pub(super) fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes(b[o..o + 2].try_into().unwrap())
 }
-fn u32_at(b: &[u8], o: usize) -> u32 {
+pub(super) fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
 }
-fn u64_at(b: &[u8], o: usize) -> u64 {
+pub(super) fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
 
@@ -581,143 +572,13 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// Reads a whole file into memory ([`TraceFile`](super::read::TraceFile) reads it without).
     pub fn read_file(path: &std::path::Path) -> Result<Trace, FormatError> {
-        let bytes = std::fs::read(path).map_err(|source| FormatError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Trace::parse(&bytes)
+        super::read::TraceFile::open(path)?.load()
     }
 
     pub fn parse(b: &[u8]) -> Result<Trace, FormatError> {
-        let (header, mut off) = Header::decode(b)?;
-        let n = usize::from(header.vcpus);
-        // Every vCPU ends with an end block: a file too short for them is cut short (and the
-        // per-vCPU state below is then never larger than the file).
-        need(
-            b,
-            off,
-            n * (BLOCK_HEADER + RECORD_SIZE),
-            "end blocks of every vCPU",
-        )?;
-        let mut vcpus = vec![VcpuTrace::default(); n];
-        let mut ended = vec![false; n];
-        while off < b.len() {
-            need(b, off, BLOCK_HEADER, "block header")?;
-            if &b[off..off + 4] != BLOCK_TAG {
-                return Err(corrupt(off, "block tag is not \"VBLK\"".into()));
-            }
-            let vcpu = u16_at(b, off + 4);
-            let kind = u16_at(b, off + 6);
-            let count = u32_at(b, off + 8);
-            let dropped = u32_at(b, off + 12);
-            let v = usize::from(vcpu);
-            if v >= n {
-                return Err(corrupt(
-                    off + 4,
-                    format!("block for vCPU {vcpu}, but the header says {n} vCPU(s)"),
-                ));
-            }
-            if ended[v] {
-                return Err(corrupt(
-                    off,
-                    format!("block for vCPU {vcpu} after its end block"),
-                ));
-            }
-            let body = off + BLOCK_HEADER;
-            let sum = u32_at(b, off + 16);
-            let check = |len: usize| -> Result<(), FormatError> {
-                if checksum(&b[body..body + len]) != sum {
-                    return Err(corrupt(
-                        body,
-                        format!("checksum mismatch in a block of vCPU {vcpu} (damaged records)"),
-                    ));
-                }
-                Ok(())
-            };
-            match kind {
-                BLOCK_RECORDS => {
-                    if count == 0 || count > MAX_BLOCK_RECORDS {
-                        return Err(corrupt(off + 8, format!("block of {count} records")));
-                    }
-                    let len = count as usize * RECORD_SIZE;
-                    need(b, body, len, "block of records")?;
-                    check(len)?;
-                    let t = &mut vcpus[v];
-                    t.dropped += u64::from(dropped);
-                    for (i, chunk) in b[body..body + len].chunks_exact(RECORD_SIZE).enumerate() {
-                        let r = Record::decode(chunk.try_into().unwrap())
-                            .map_err(|what| corrupt(body + i * RECORD_SIZE, what))?;
-                        t.records.push(r);
-                    }
-                    off = body + len;
-                }
-                BLOCK_END => {
-                    if count != 1 {
-                        return Err(corrupt(off + 8, format!("end block of {count} records")));
-                    }
-                    need(b, body, RECORD_SIZE, "end block")?;
-                    check(RECORD_SIZE)?;
-                    if b[body] != 4 {
-                        return Err(corrupt(body, "end block without an end record".into()));
-                    }
-                    let t = &mut vcpus[v];
-                    t.dropped = u64_at(b, body + 8);
-                    t.end_tsc = u64_at(b, body + 16);
-                    t.end_thread_cpu_ns = u64_at(b, body + 24);
-                    ended[v] = true;
-                    off = body + RECORD_SIZE;
-                }
-                k => return Err(corrupt(off + 6, format!("unknown block kind {k}"))),
-            }
-        }
-        if let Some(v) = ended.iter().position(|e| !e) {
-            return Err(FormatError::NoEnd(v as u16));
-        }
-        Ok(Trace { header, vcpus })
-    }
-
-    pub fn has_exits(&self) -> bool {
-        self.header.contents & CONTENTS_EXITS != 0
-    }
-
-    pub fn has_samples(&self) -> bool {
-        self.header.contents & CONTENTS_SAMPLES != 0
-    }
-
-    /// The annotations that follow the sample at `records[i]`: its task, its executable, and
-    /// its user stack's return addresses (innermost first).
-    pub fn annotations(records: &[Record], i: usize) -> Annotations<'_> {
-        let mut a = Annotations::default();
-        for r in records.iter().skip(i + 1) {
-            match r {
-                Record::Task { task, .. } => a.task = Some(task),
-                Record::Exe(e) => a.exe = Some(e),
-                Record::CallFrames { count, addrs } => {
-                    a.frames
-                        .extend_from_slice(&addrs[..usize::from(*count).min(3)]);
-                }
-                Record::UserStackTop(words) => a.stack_top = Some(*words),
-                _ => break,
-            }
-        }
-        a
-    }
-
-    /// Whether any sample names its guest task (the run knew the kernel's task layout).
-    pub fn has_tasks(&self) -> bool {
-        self.vcpus
-            .iter()
-            .any(|v| v.records.iter().any(|r| matches!(r, Record::Task { .. })))
-    }
-
-    /// The run's end: the latest end TSC of any vCPU.
-    pub fn end_tsc(&self) -> u64 {
-        self.vcpus
-            .iter()
-            .map(|v| v.end_tsc)
-            .max()
-            .unwrap_or(self.header.start_tsc)
+        super::read::TraceFile::from_bytes(b.to_vec())?.load()
     }
 }
 
@@ -729,7 +590,12 @@ fn need(b: &[u8], off: usize, len: usize, what: &'static str) -> Result<(), Form
     Ok(())
 }
 
-fn truncated(what: &'static str, offset: usize, need: usize, have: usize) -> FormatError {
+pub(super) fn truncated(
+    what: &'static str,
+    offset: usize,
+    need: usize,
+    have: usize,
+) -> FormatError {
     FormatError::Truncated {
         what,
         offset,
@@ -739,7 +605,7 @@ fn truncated(what: &'static str, offset: usize, need: usize, have: usize) -> For
     }
 }
 
-fn corrupt(offset: usize, what: String) -> FormatError {
+pub(super) fn corrupt(offset: usize, what: String) -> FormatError {
     FormatError::Corrupt { offset, what }
 }
 
@@ -867,7 +733,7 @@ mod tests {
         assert_eq!(t.vcpus[0].records, records());
         assert_eq!(t.vcpus[0].dropped, 3);
         assert_eq!(t.vcpus[1].records, vec![]);
-        assert_eq!(t.end_tsc(), 5000);
+        assert_eq!(super::super::read::Records::end_tsc(&t), 5000);
         assert_eq!(t.vcpus[1].end_thread_cpu_ns, 42);
     }
 

@@ -12,6 +12,7 @@
 
 pub mod command;
 pub mod format;
+pub mod read;
 pub mod recorder;
 pub mod series;
 pub mod summary;

@@ -4,7 +4,8 @@
 
 use std::fmt::Write as _;
 
-use super::format::{Reason, Record, Trace};
+use super::format::{FormatError, Reason, Record};
+use super::read::Records;
 use super::summary::vmm_ticks;
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -59,13 +60,21 @@ fn spread(v: &mut [f64], start: u64, width: u64, a: u64, b: u64, rate: f64) {
     }
 }
 
-/// Buckets of `secs` seconds from the trace's start.
-pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
-    let h = &t.header;
+/// How many `secs`-second buckets the trace's run needs.
+pub fn interval_count(t: &dyn Records, secs: f64) -> u64 {
+    let h = t.header();
     let width = ((secs * f64::from(h.tsc_khz) * 1e3) as u64).max(1);
     let start = h.start_tsc;
-    let end = t.end_tsc().max(start + 1);
-    let n = (end - start).div_ceil(width) as usize;
+    (t.end_tsc().max(start + 1) - start).div_ceil(width)
+}
+
+/// Buckets of `secs` seconds from the trace's start (the caller bounds
+/// [`interval_count`]), in one pass over the records.
+pub fn intervals(t: &dyn Records, secs: f64) -> Result<Vec<Interval>, FormatError> {
+    let h = t.header();
+    let width = ((secs * f64::from(h.tsc_khz) * 1e3) as u64).max(1);
+    let start = h.start_tsc;
+    let n = interval_count(t, secs) as usize;
     let mut out: Vec<Interval> = (0..n)
         .map(|i| Interval {
             start_s: i as f64 * secs,
@@ -77,66 +86,72 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
     let mut span = vec![0.0; n];
     let khz = f64::from(h.tsc_khz);
     let bucket = |tsc: u64| ((tsc.saturating_sub(start) / width) as usize).min(n - 1);
-    for v in &t.vcpus {
-        let vend = v.end_tsc.max(start);
-        spread(&mut span, start, width, start, vend, 1.0);
-        let mut clock: Option<(u64, u64)> = None;
-        // An interrupted exit bracketed by clock records: (exit, entry, CPU ns at the exit).
-        let mut open: Option<(u64, u64, u64)> = None;
-        for r in &v.records {
-            match *r {
-                Record::Exit {
-                    event,
-                    exit_tsc,
-                    entry_tsc,
-                } => {
-                    let b = &mut out[bucket(exit_tsc)];
-                    match event.reason {
-                        Reason::IoIn | Reason::IoOut => b.pio += 1,
-                        Reason::MmioRead | Reason::MmioWrite => b.mmio += 1,
-                        Reason::MsrRead | Reason::MsrWrite => b.msr += 1,
-                        Reason::Interrupted => b.interrupted += 1,
-                        _ => b.other += 1,
-                    }
-                    let d = vmm_ticks(exit_tsc, entry_tsc, vend);
-                    match clock {
-                        // As in the summary: its off-CPU part is not VMM work (see below).
-                        Some((t, c)) if event.reason == Reason::Interrupted && t == exit_tsc => {
-                            open = Some((exit_tsc, entry_tsc, c));
-                        }
-                        _ => spread(&mut vmm, start, width, exit_tsc, exit_tsc + d, 1.0),
-                    }
+    let ends = t.vcpu_ends();
+    for e in &ends {
+        spread(&mut span, start, width, start, e.end_tsc.max(start), 1.0);
+    }
+    // Per vCPU: the last clock record (TSC, CPU ns), and an interrupted exit bracketed by
+    // clock records (exit, entry, CPU ns at the exit).
+    type State = (Option<(u64, u64)>, Option<(u64, u64, u64)>);
+    let mut state: Vec<State> = vec![(None, None); ends.len()];
+    t.for_each(&mut |v, r| {
+        let vend = ends[v].end_tsc.max(start);
+        let (clock, open) = &mut state[v];
+        match *r {
+            Record::Exit {
+                event,
+                exit_tsc,
+                entry_tsc,
+            } => {
+                let b = &mut out[bucket(exit_tsc)];
+                match event.reason {
+                    Reason::IoIn | Reason::IoOut => b.pio += 1,
+                    Reason::MmioRead | Reason::MmioWrite => b.mmio += 1,
+                    Reason::MsrRead | Reason::MsrWrite => b.msr += 1,
+                    Reason::Interrupted => b.interrupted += 1,
+                    _ => b.other += 1,
                 }
-                Record::Sample { tsc, .. } => out[bucket(tsc)].samples += 1,
-                // Notes on the sample before them.
-                Record::Task { .. }
-                | Record::Exe(_)
-                | Record::CallFrames { .. }
-                | Record::UserStackTop(_) => {}
-                Record::Clock { tsc, thread_cpu_ns } => {
-                    if let Some((x, e, c)) = open.take() {
-                        if e == tsc && tsc > x {
-                            let on = (thread_cpu_ns.saturating_sub(c) as f64 * khz / 1e6)
-                                .min((tsc - x) as f64);
-                            spread(&mut vmm, start, width, x, tsc, on / (tsc - x) as f64);
-                        }
+                let d = vmm_ticks(exit_tsc, entry_tsc, vend);
+                match *clock {
+                    // As in the summary: its off-CPU part is not VMM work (see below).
+                    Some((t, c)) if event.reason == Reason::Interrupted && t == exit_tsc => {
+                        *open = Some((exit_tsc, entry_tsc, c));
                     }
-                    match clock {
-                        // CPU time between two clock records, spread evenly over that time.
-                        Some((t0, c0)) if tsc > t0 => {
-                            let ticks = thread_cpu_ns.saturating_sub(c0) as f64 * khz / 1e6;
-                            spread(&mut busy, start, width, t0, tsc, ticks / (tsc - t0) as f64);
-                        }
-                        // Before the first clock record the thread was setting up (busy).
-                        None => spread(&mut busy, start, width, start, tsc, 1.0),
-                        _ => {}
-                    }
-                    clock = Some((tsc, thread_cpu_ns));
+                    _ => spread(&mut vmm, start, width, exit_tsc, exit_tsc + d, 1.0),
                 }
             }
+            Record::Sample { tsc, .. } => out[bucket(tsc)].samples += 1,
+            // Notes on the sample before them.
+            Record::Task { .. }
+            | Record::Exe(_)
+            | Record::CallFrames { .. }
+            | Record::UserStackTop(_) => {}
+            Record::Clock { tsc, thread_cpu_ns } => {
+                if let Some((x, e, c)) = open.take() {
+                    if e == tsc && tsc > x {
+                        let on = (thread_cpu_ns.saturating_sub(c) as f64 * khz / 1e6)
+                            .min((tsc - x) as f64);
+                        spread(&mut vmm, start, width, x, tsc, on / (tsc - x) as f64);
+                    }
+                }
+                match *clock {
+                    // CPU time between two clock records, spread evenly over that time.
+                    Some((t0, c0)) if tsc > t0 => {
+                        let ticks = thread_cpu_ns.saturating_sub(c0) as f64 * khz / 1e6;
+                        spread(&mut busy, start, width, t0, tsc, ticks / (tsc - t0) as f64);
+                    }
+                    // Before the first clock record the thread was setting up (busy).
+                    None => spread(&mut busy, start, width, start, tsc, 1.0),
+                    _ => {}
+                }
+                *clock = Some((tsc, thread_cpu_ns));
+            }
         }
+    })?;
+    for (e, (clock, _)) in ends.iter().zip(state) {
+        let vend = e.end_tsc.max(start);
         if let Some((t0, c0)) = clock.filter(|(t0, _)| vend > *t0) {
-            let ticks = v.end_thread_cpu_ns.saturating_sub(c0) as f64 * khz / 1e6;
+            let ticks = e.end_thread_cpu_ns.saturating_sub(c0) as f64 * khz / 1e6;
             spread(
                 &mut busy,
                 start,
@@ -156,7 +171,7 @@ pub fn intervals(t: &Trace, secs: f64) -> Vec<Interval> {
         iv.span = span[i];
         iv.halted = (span[i] - busy[i]).max(0.0).min(span[i] - vmm[i]).max(0.0);
     }
-    out
+    Ok(out)
 }
 
 pub fn csv(iv: &[Interval], secs: f64) -> String {
@@ -326,7 +341,7 @@ fn xml(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::format::{ExitEvent, Header, SampleClock, VcpuTrace, CONTENTS_EXITS};
+    use crate::trace::format::{ExitEvent, Header, SampleClock, Trace, VcpuTrace, CONTENTS_EXITS};
 
     #[test]
     fn spread_splits_across_buckets() {
@@ -368,7 +383,7 @@ mod tests {
                 end_thread_cpu_ns: 1_000_000,
             }],
         };
-        let iv = intervals(&t, 0.001);
+        let iv = intervals(&t, 0.001).unwrap();
         assert_eq!(iv.len(), 2);
         assert_eq!((iv[0].pio, iv[1].pio), (1, 1));
         assert_eq!((iv[0].vmm, iv[1].vmm), (10.0, 400.0));

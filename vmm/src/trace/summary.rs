@@ -16,22 +16,64 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::format::{ExitEvent, Reason, Record, Trace};
+use hdrhistogram::Histogram;
 
-/// Count, total and percentiles of one kind of exit's VMM time.
+use super::format::FormatError;
+use super::format::{ExitEvent, Reason, Record, Trace};
+use super::read::{Records, VcpuEnd};
+
+/// Count, total and percentiles of one kind of exit's VMM time, in bounded memory: the values
+/// themselves while there are few (exact percentiles), then a histogram with 3 significant
+/// digits (HdrHistogram: percentiles within 0.1%, memory set by the values' range, not by how
+/// many there are).
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
-    ticks: Vec<u64>,
+    values: Vec<u64>,
+    hist: Option<Histogram<u64>>,
+    count: u64,
     total: u64,
 }
 
+/// Values kept exactly before a [`Stats`] turns to its histogram.
+const EXACT_VALUES: usize = 4096;
+/// Values above this are counted as this (HdrHistogram's range; 2^62 ticks is decades).
+const LARGEST_VALUE: u64 = 1 << 62;
+
 impl Stats {
     pub fn add(&mut self, ticks: u64) {
-        self.ticks.push(ticks);
-        self.total += ticks;
+        self.count += 1;
+        self.total = self.total.saturating_add(ticks);
+        match &mut self.hist {
+            Some(h) => record(h, ticks),
+            None if self.values.len() < EXACT_VALUES => self.values.push(ticks),
+            None => {
+                let mut h = Histogram::new(3).expect("3 significant digits are valid");
+                for v in std::mem::take(&mut self.values).into_iter().chain([ticks]) {
+                    record(&mut h, v);
+                }
+                self.hist = Some(h);
+            }
+        }
+    }
+    /// Adds everything `other` holds.
+    pub fn merge(&mut self, other: &Stats) {
+        match &other.hist {
+            None => other.values.iter().for_each(|&v| self.add(v)),
+            Some(oh) => {
+                let mut h = self.hist.take().unwrap_or_else(|| {
+                    let mut h = Histogram::new(3).expect("3 significant digits are valid");
+                    self.values.drain(..).for_each(|v| record(&mut h, v));
+                    h
+                });
+                h.add(oh).expect("auto-resizing histograms take any other");
+                self.hist = Some(h);
+                self.count += other.count;
+                self.total = self.total.saturating_add(other.total);
+            }
+        }
     }
     pub fn count(&self) -> u64 {
-        self.ticks.len() as u64
+        self.count
     }
     pub fn total(&self) -> u64 {
         self.total
@@ -39,17 +81,24 @@ impl Stats {
     pub fn mean(&self) -> u64 {
         self.total.checked_div(self.count()).unwrap_or(0)
     }
-    fn sort(&mut self) {
-        self.ticks.sort_unstable();
-    }
-    /// Nearest-rank percentile (call after `sort`).
+    /// Nearest-rank percentile (exact while the values are kept, else within 0.1%).
     pub fn pct(&self, p: u32) -> u64 {
-        if self.ticks.is_empty() {
+        if let Some(h) = &self.hist {
+            return h.value_at_quantile(f64::from(p) / 100.0);
+        }
+        if self.values.is_empty() {
             return 0;
         }
+        let mut v = self.values.clone();
         let rank = (u64::from(p) * self.count()).div_ceil(100).max(1);
-        self.ticks[(rank - 1) as usize]
+        let (_, nth, _) = v.select_nth_unstable((rank - 1) as usize);
+        *nth
     }
+}
+
+fn record(h: &mut Histogram<u64>, ticks: u64) {
+    h.record(ticks.min(LARGEST_VALUE))
+        .expect("an auto-resizing histogram takes values up to 2^62");
 }
 
 /// Wall time of one vCPU split three ways (TSC ticks).
@@ -119,78 +168,100 @@ pub fn event_key(e: &ExitEvent) -> String {
     }
 }
 
-pub fn summarize(t: &Trace) -> Summary {
-    let khz = u64::from(t.header.tsc_khz);
-    let start = t.header.start_tsc;
+/// One vCPU's running state while its records stream by.
+#[derive(Default)]
+struct VcpuPass {
+    summary: VcpuSummary,
+    in_vmm: u64,
+    first_clock: Option<(u64, u64)>,
+    last_clock: Option<(u64, u64)>,
+    /// An interrupted exit with a clock record at its exit: (entry TSC, CPU ns, VMM ticks).
+    open: Option<(u64, u64, u64)>,
+}
+
+/// The tables of `trace summary`, in one pass over the records.
+pub fn summarize(t: &dyn Records) -> Result<Summary, FormatError> {
+    let h = t.header();
+    let khz = u64::from(h.tsc_khz);
+    let start = h.start_tsc;
+    let ends = t.vcpu_ends();
     let mut s = Summary::default();
-    for v in &t.vcpus {
-        let end = v.end_tsc.max(start);
-        let mut vs = VcpuSummary {
-            dropped: v.dropped,
-            ..Default::default()
-        };
-        let mut in_vmm = 0u64;
-        let mut first_clock: Option<(u64, u64)> = None;
-        let mut last_clock: Option<(u64, u64)> = None;
-        // An interrupted exit with a clock record at its exit: (entry TSC, CPU ns, VMM ticks).
-        let mut open: Option<(u64, u64, u64)> = None;
-        for r in &v.records {
-            match *r {
-                Record::Exit {
-                    event,
-                    exit_tsc,
-                    entry_tsc,
-                } => {
-                    let d = vmm_ticks(exit_tsc, entry_tsc, end);
-                    open = match last_clock {
-                        Some((tsc, cpu))
-                            if event.reason == Reason::Interrupted && tsc == exit_tsc =>
-                        {
-                            Some((entry_tsc, cpu, d))
-                        }
-                        _ => None,
-                    };
-                    in_vmm += d;
-                    vs.reasons.entry(event.reason).or_default().add(d);
-                    s.events.entry(event_key(&event)).or_default().add(d);
-                    let write = event.flags & 1 == 1;
-                    match event.reason {
-                        Reason::IoIn | Reason::IoOut => {
-                            s.ports.entry((event.detail, write)).or_default().add(d)
-                        }
-                        Reason::MsrRead | Reason::MsrWrite => {
-                            s.msrs.entry((event.detail, write)).or_default().add(d)
-                        }
-                        Reason::MmioRead | Reason::MmioWrite => {
-                            s.mmio.entry((event.addr, write)).or_default().add(d)
-                        }
-                        _ => {}
+    let mut pass: Vec<VcpuPass> = ends.iter().map(|_| VcpuPass::default()).collect();
+    t.for_each(&mut |v, r| {
+        let end = ends[v].end_tsc.max(start);
+        let p = &mut pass[v];
+        match *r {
+            Record::Exit {
+                event,
+                exit_tsc,
+                entry_tsc,
+            } => {
+                let d = vmm_ticks(exit_tsc, entry_tsc, end);
+                p.open = match p.last_clock {
+                    Some((tsc, cpu)) if event.reason == Reason::Interrupted && tsc == exit_tsc => {
+                        Some((entry_tsc, cpu, d))
                     }
+                    _ => None,
+                };
+                p.in_vmm += d;
+                p.summary.reasons.entry(event.reason).or_default().add(d);
+                s.add_exit(&event, d);
+            }
+            Record::Sample { .. } => p.summary.samples += 1,
+            // Notes on the sample before them.
+            Record::Task { .. }
+            | Record::Exe(_)
+            | Record::CallFrames { .. }
+            | Record::UserStackTop(_) => {}
+            Record::Clock { tsc, thread_cpu_ns } => {
+                p.first_clock.get_or_insert((tsc, thread_cpu_ns));
+                if let Some((_, cpu0, d)) = p.open.take().filter(|o| o.0 == tsc) {
+                    let on_cpu = thread_cpu_ns.saturating_sub(cpu0) * khz / 1_000_000;
+                    p.summary.interrupted_off_cpu += d.saturating_sub(on_cpu);
                 }
-                Record::Sample { .. } => vs.samples += 1,
-                // Notes on the sample before them.
-                Record::Task { .. }
-                | Record::Exe(_)
-                | Record::CallFrames { .. }
-                | Record::UserStackTop(_) => {}
-                Record::Clock { tsc, thread_cpu_ns } => {
-                    first_clock.get_or_insert((tsc, thread_cpu_ns));
-                    if let Some((_, cpu0, d)) = open.take().filter(|o| o.0 == tsc) {
-                        let on_cpu = thread_cpu_ns.saturating_sub(cpu0) * khz / 1_000_000;
-                        vs.interrupted_off_cpu += d.saturating_sub(on_cpu);
-                    }
-                    last_clock = Some((tsc, thread_cpu_ns));
-                }
+                p.last_clock = Some((tsc, thread_cpu_ns));
             }
         }
+    })?;
+    for (p, e) in pass.into_iter().zip(&ends) {
+        s.vcpus.push(p.finish(e, start, khz));
+    }
+    Ok(s)
+}
+
+impl Summary {
+    fn add_exit(&mut self, event: &ExitEvent, d: u64) {
+        self.events.entry(event_key(event)).or_default().add(d);
+        let write = event.flags & 1 == 1;
+        match event.reason {
+            Reason::IoIn | Reason::IoOut => {
+                self.ports.entry((event.detail, write)).or_default().add(d)
+            }
+            Reason::MsrRead | Reason::MsrWrite => {
+                self.msrs.entry((event.detail, write)).or_default().add(d)
+            }
+            Reason::MmioRead | Reason::MmioWrite => {
+                self.mmio.entry((event.addr, write)).or_default().add(d)
+            }
+            _ => {}
+        }
+    }
+}
+
+impl VcpuPass {
+    /// The vCPU's time split, once its records are all seen.
+    fn finish(self, e: &VcpuEnd, start: u64, khz: u64) -> VcpuSummary {
+        let mut vs = self.summary;
+        vs.dropped = e.dropped;
+        let end = e.end_tsc.max(start);
         let wall = end - start;
         // Before the first KVM_RUN (the first clock record) the thread was setting up: VMM.
-        let (run_start, cpu_start) = first_clock.unwrap_or((start, v.end_thread_cpu_ns));
-        in_vmm = (in_vmm + run_start.saturating_sub(start)).min(wall);
+        let (run_start, cpu_start) = self.first_clock.unwrap_or((start, e.end_thread_cpu_ns));
+        let mut in_vmm = (self.in_vmm + run_start.saturating_sub(start)).min(wall);
         // Preempted time inside exit handling is off-CPU time, not VMM work.
         in_vmm = in_vmm.saturating_sub(vs.interrupted_off_cpu);
         let span = end.saturating_sub(run_start);
-        let cpu_ticks = v.end_thread_cpu_ns.saturating_sub(cpu_start) * khz / 1_000_000;
+        let cpu_ticks = e.end_thread_cpu_ns.saturating_sub(cpu_start) * khz / 1_000_000;
         let in_run = wall - in_vmm;
         let halted = span.saturating_sub(cpu_ticks).min(in_run);
         vs.split = TimeSplit {
@@ -199,24 +270,12 @@ pub fn summarize(t: &Trace) -> Summary {
             in_vmm,
             halted,
         };
-        s.vcpus.push(vs);
+        vs
     }
-    for st in s
-        .vcpus
-        .iter_mut()
-        .flat_map(|v| v.reasons.values_mut())
-        .chain(s.ports.values_mut())
-        .chain(s.msrs.values_mut())
-        .chain(s.mmio.values_mut())
-        .chain(s.events.values_mut())
-    {
-        st.sort();
-    }
-    s
 }
 
-fn ms(t: &Trace, ticks: u64) -> f64 {
-    t.header.secs(ticks) * 1e3
+fn ms(t: &dyn Records, ticks: u64) -> f64 {
+    t.header().secs(ticks) * 1e3
 }
 
 fn pct(a: u64, b: u64) -> f64 {
@@ -227,7 +286,7 @@ fn pct(a: u64, b: u64) -> f64 {
     }
 }
 
-fn stats_row(out: &mut String, t: &Trace, name: &str, st: &Stats, wall: u64) {
+fn stats_row(out: &mut String, t: &dyn Records, name: &str, st: &Stats, wall: u64) {
     let _ = writeln!(
         out,
         "  {name:<22} {:>9} {:>11.3} {:>6.2} {:>9} {:>9} {:>9} {:>9}",
@@ -249,23 +308,24 @@ fn stats_head(out: &mut String, title: &str) {
     );
 }
 
-fn split_line(t: &Trace, sp: &TimeSplit) -> String {
+fn split_line(t: &dyn Records, sp: &TimeSplit) -> String {
+    let h = t.header();
     format!(
         "wall {:.3} s = in guest {:.3} s ({:.1}%) + in VMM {:.3} s ({:.1}%) + halted/off-CPU {:.3} s ({:.1}%)",
-        t.header.secs(sp.wall),
-        t.header.secs(sp.in_guest),
+        h.secs(sp.wall),
+        h.secs(sp.in_guest),
         pct(sp.in_guest, sp.wall),
-        t.header.secs(sp.in_vmm),
+        h.secs(sp.in_vmm),
         pct(sp.in_vmm, sp.wall),
-        t.header.secs(sp.halted),
+        h.secs(sp.halted),
         pct(sp.halted, sp.wall)
     )
 }
 
 /// The text of `trace summary` (without `--interval`/`--dump`).
-pub fn render(t: &Trace, s: &Summary, file: &str) -> String {
+pub fn render(t: &dyn Records, s: &Summary, file: &str) -> String {
     let mut out = String::new();
-    let h = &t.header;
+    let h = t.header();
     let exits: u64 = s
         .vcpus
         .iter()
@@ -314,9 +374,7 @@ pub fn render(t: &Trace, s: &Summary, file: &str) -> String {
         stats_head(&mut out, "exit reason");
         for (r, st) in &v.reasons {
             stats_row(&mut out, t, r.name(), st, v.split.wall);
-            let a = all_reasons.entry(*r).or_default();
-            a.ticks.extend_from_slice(&st.ticks);
-            a.total += st.total;
+            all_reasons.entry(*r).or_default().merge(st);
         }
         all.wall += v.split.wall;
         all.in_guest += v.split.in_guest;
@@ -326,8 +384,7 @@ pub fn render(t: &Trace, s: &Summary, file: &str) -> String {
     if s.vcpus.len() > 1 {
         let _ = writeln!(out, "\nall vCPUs (vCPU-seconds): {}", split_line(t, &all));
         stats_head(&mut out, "exit reason");
-        for (r, st) in all_reasons.iter_mut() {
-            st.sort();
+        for (r, st) in &all_reasons {
             stats_row(&mut out, t, r.name(), st, all.wall);
         }
     }
@@ -524,13 +581,43 @@ mod tests {
         for v in (1..=100).rev() {
             st.add(v);
         }
-        st.sort();
         assert_eq!((st.pct(5), st.pct(50), st.pct(95)), (5, 50, 95));
         assert_eq!((st.count(), st.total(), st.mean()), (100, 5050, 50));
         let mut one = Stats::default();
         one.add(7);
-        one.sort();
         assert_eq!((one.pct(5), one.pct(95)), (7, 7));
+    }
+
+    #[test]
+    fn many_values_keep_their_percentiles_in_bounded_memory() {
+        // Past EXACT_VALUES the stats hold a histogram: percentiles within 0.1%.
+        let mut st = Stats::default();
+        let n = 100_000u64;
+        for v in 0..n {
+            st.add(1000 + (v * 7919) % n);
+        }
+        assert!(st.hist.is_some() && st.values.is_empty());
+        assert_eq!(st.count(), n);
+        assert_eq!(st.total(), (0..n).map(|v| 1000 + v).sum::<u64>());
+        for (p, want) in [
+            (5u32, 1000 + 5000 - 1),
+            (50, 1000 + 50_000 - 1),
+            (95, 1000 + 95_000 - 1),
+        ] {
+            let got = st.pct(p);
+            assert!(got.abs_diff(want) * 1000 <= want, "p{p}: {got} vs {want}");
+        }
+        // Merging exact stats into a histogram, and a histogram into exact stats.
+        let mut small = Stats::default();
+        small.add(3);
+        let mut big = st.clone();
+        big.merge(&small);
+        assert_eq!(big.count(), n + 1);
+        small.merge(&st);
+        assert_eq!((small.count(), small.pct(0).min(3)), (n + 1, 3));
+        // A hostile duration is counted, clamped, never a panic.
+        st.add(u64::MAX);
+        assert!(st.pct(100) >= LARGEST_VALUE);
     }
 
     #[test]
@@ -545,7 +632,7 @@ mod tests {
             out(0x2f8, 200, 230),
         ];
         let t = trace(recs, 1000, 600_000);
-        let s = summarize(&t);
+        let s = summarize(&t).unwrap();
         let v = &s.vcpus[0];
         let st = &v.reasons[&Reason::IoOut];
         assert_eq!((st.count(), st.total(), st.pct(50)), (2, 40, 10));
@@ -591,7 +678,7 @@ mod tests {
             },
         ];
         let t = trace(recs, 1000, 850_000);
-        let v = &summarize(&t).vcpus[0];
+        let v = &summarize(&t).unwrap().vcpus[0];
         assert_eq!(v.interrupted_off_cpu, 150);
         assert_eq!(v.reasons[&Reason::Interrupted].total(), 200);
         // VMM work 50; off-CPU 1000 - 850 = 150; guest the rest.
@@ -609,7 +696,7 @@ mod tests {
     #[test]
     fn an_exit_never_re_entered_lasts_to_the_end() {
         let t = trace(vec![out(0x64, 900, 0)], 1000, 1_000_000);
-        let s = summarize(&t);
+        let s = summarize(&t).unwrap();
         assert_eq!(s.vcpus[0].reasons[&Reason::IoOut].total(), 100);
     }
 
