@@ -31,6 +31,11 @@ fn vmm(args: &[&str]) -> (i32, String, String) {
 
 /// A small valid trace: port writes and, with `samples`, profile samples.
 fn trace_file(path: &Path, samples: bool) {
+    trace_file_to(path, samples, 20_000);
+}
+
+/// The same, with the run ending at TSC `end` (1 GHz).
+fn trace_file_to(path: &Path, samples: bool, end: u64) {
     let mut f = Header {
         vcpus: 1,
         contents: CONTENTS_EXITS | if samples { CONTENTS_SAMPLES } else { 0 },
@@ -77,7 +82,7 @@ fn trace_file(path: &Path, samples: bool) {
     let n = (body.len() / RECORD_SIZE) as u32;
     f.extend_from_slice(&block_header(0, false, n, 0, &body));
     f.extend_from_slice(&body);
-    let end = end_record(20_000, 0, 0);
+    let end = end_record(end, 0, 0);
     f.extend_from_slice(&block_header(0, true, 1, 0, &end));
     f.extend_from_slice(&end);
     std::fs::write(path, f).unwrap();
@@ -151,6 +156,8 @@ fn corrupt_truncated_and_wrong_files_exit_1() {
     std::fs::write(&junk, "hello").unwrap();
     let exits_only = dir.path().join("exits");
     trace_file(&exits_only, false);
+    let long = dir.path().join("long");
+    trace_file_to(&long, false, 10_000_000_000);
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["trace".into(), "summary".into(), s(&cut)], "truncated"),
@@ -185,6 +192,21 @@ fn corrupt_truncated_and_wrong_files_exit_1() {
                 "--interval=-1".into(),
             ],
             "--interval",
+        ),
+        (
+            // 10 s of run in 1 us intervals: 10 million rows, more than the reader holds.
+            vec![
+                "trace".into(),
+                "summary".into(),
+                s(&long),
+                "--interval=0.000001".into(),
+            ],
+            "choose a longer one",
+        ),
+        (
+            // A damaged record is found while the records stream: an error, nothing printed.
+            vec!["report".into(), s(&bad)],
+            "checksum",
         ),
     ];
     for (args, want) in cases {
