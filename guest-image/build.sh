@@ -203,7 +203,7 @@ write_task_layout() {
 	done
 	grep -E '^#define VPMU_' "$1/include/generated/asm-offsets.h" |
 		awk '{ sub(/^VPMU_/, "", $2); print "value", $2, $3 }'
-	[ "$(grep -c '^#define VPMU_' "$1/include/generated/asm-offsets.h")" -ge 21 ]
+	[ "$(grep -c '^#define VPMU_' "$1/include/generated/asm-offsets.h")" -ge 35 ]
 }
 
 build_default_kernel() {

@@ -7,6 +7,7 @@
  * task-layout beside the kernel. Nothing here changes the kernel's code.
  */
 #include <linux/mm_types.h>
+#include <linux/maple_tree.h>
 #include <linux/fs.h>
 #include <linux/dcache.h>
 
@@ -31,6 +32,21 @@ static void __used vpmu_task_layout(void)
 	OFFSET(VPMU_dentry_d_name, dentry, d_name);
 	OFFSET(VPMU_dentry_d_parent, dentry, d_parent);
 	OFFSET(VPMU_qstr_name, qstr, name);
+	/* The task's memory map (shared libraries): mm->mm_mt, a maple tree of vm_area_structs. */
+	OFFSET(VPMU_mm_struct_mm_mt, mm_struct, mm_mt);
+	OFFSET(VPMU_maple_tree_ma_root, maple_tree, ma_root);
+	OFFSET(VPMU_maple_range_64_pivot, maple_range_64, pivot);
+	OFFSET(VPMU_maple_range_64_slot, maple_range_64, slot);
+	OFFSET(VPMU_maple_range_64_meta, maple_range_64, meta);
+	OFFSET(VPMU_maple_arange_64_pivot, maple_arange_64, pivot);
+	OFFSET(VPMU_maple_arange_64_slot, maple_arange_64, slot);
+	OFFSET(VPMU_maple_arange_64_meta, maple_arange_64, meta);
+	DEFINE(VPMU_maple_range64_slots, MAPLE_RANGE64_SLOTS);
+	DEFINE(VPMU_maple_arange64_slots, MAPLE_ARANGE64_SLOTS);
+	OFFSET(VPMU_vm_area_struct_vm_start, vm_area_struct, vm_start);
+	OFFSET(VPMU_vm_area_struct_vm_end, vm_area_struct, vm_end);
+	OFFSET(VPMU_vm_area_struct_vm_file, vm_area_struct, vm_file);
+	OFFSET(VPMU_vm_area_struct_vm_pgoff, vm_area_struct, vm_pgoff);
 	DEFINE(VPMU_nr_cpus, NR_CPUS);
 	DEFINE(VPMU_thread_size, THREAD_SIZE);
 }

@@ -268,6 +268,35 @@ fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) 
     let split_exe = sum(&|p, o, _| is_split(p) && o == "/usr/bin/cpu_split");
     let others = sum(&|p, o, _| !is_split(p) && !o.is_empty());
     let others_in_split = sum(&|p, _, s| !is_split(p) && (s == "hot_75" || s == "cold_25"));
+    // Shared libraries (perf, operf and busybox's helpers are dynamic): samples whose RIP lies
+    // in a library's mapping name the library and, with its symbols, the function.
+    let is_lib = |o: &str| o.starts_with("/lib/") || o.starts_with("/usr/lib/");
+    let lib = sum(&|_, o, _| is_lib(o));
+    let lib_named = sum(&|_, o, s| is_lib(o) && !s.starts_with('['));
+    let mut top_lib: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .filter(|r| is_lib(r["object"].as_str().unwrap()))
+        .map(|r| {
+            (
+                r["object"].as_str().unwrap(),
+                r["symbol"].as_str().unwrap(),
+                r["samples"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    top_lib.sort_by_key(|t| std::cmp::Reverse(t.2));
+    top_lib.truncate(5);
+    eprintln!(
+        "{mode}: user samples in shared libraries: {lib}, {lib_named} of them name a function; top: {top_lib:?}"
+    );
+    assert!(
+        lib >= 20,
+        "{mode}: only {lib} passive user samples in shared libraries (perf and operf run in them)"
+    );
+    assert!(
+        lib_named * 100 >= lib * 90,
+        "{mode}: {lib_named} of {lib} library samples name a function"
+    );
     let hot = sum(&|p, _, s| is_split(p) && s == "hot_75");
     let cold = sum(&|p, _, s| is_split(p) && s == "cold_25");
     let report = text(b, mode, "perf-record/report-cpu_split-symbols.txt");

@@ -109,7 +109,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "trace/",
             "profile/sampler.rs",
-            "profile/guest_task.rs",
+            "profile/guest_task/",
             "profile/call_stack.rs",
             "exit/",
             "pmu/",
@@ -126,7 +126,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "trace/command.rs",
             "pmu/mode.rs",
             "boot/",
-            "profile/guest_task.rs",
+            "profile/guest_task/",
         ],
     ),
     (
@@ -135,11 +135,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // What a sample reads of the guest (its task, its user stack): run on the vCPU thread by
     // the recorder, and their types written into the trace.
-    ("profile/call_stack.rs", &["profile/guest_task.rs"]),
+    ("profile/call_stack.rs", &["profile/guest_task/"]),
     // The trace file format, its writer and the `trace summary` command.
     ("trace/command.rs", &["trace/"]),
-    ("trace/", &["exit/", "seccomp/", "profile/guest_task.rs"]),
-    ("profile/guest_task.rs", &["vcpu/access.rs", "kvm_error.rs"]),
+    ("trace/", &["exit/", "seccomp/", "profile/guest_task/"]),
+    ("profile/guest_task/", &["vcpu/access.rs", "kvm_error.rs"]),
     // Host-specific fix-ups (emulation failures, the SYSCALL relay).
     (
         "host_quirks/",

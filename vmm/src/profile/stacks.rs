@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 
+use super::guest_task::maps::GuestMapping;
 use super::guest_task::{GuestExe, GuestTask, Unresolved};
 use super::report::{bucket, USER_BUCKET_NAMED};
 use super::symbols::SymbolTable;
@@ -28,6 +29,8 @@ use crate::trace::read::{for_each_sample, Records};
 
 /// A sample with no task record (the run knew no task layout).
 pub const NO_PROCESS: &str = "[no process information]";
+/// The object of a user-space sample in memory no file backs (JIT code, the vDSO's data).
+pub const ANONYMOUS: &str = "[no file: anonymous memory or vDSO]";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StacksError {
@@ -101,7 +104,10 @@ pub fn samples(
             _ => Vec::new(),
         };
         let (object, symbol) = match (cpl, task, exe) {
-            (3, _, Some(Ok(e))) => user_frame(e, rip, files.as_deref_mut()),
+            (3, _, Some(Ok(e))) => match &notes.mapping {
+                Some(m) => mapped_frame(m, rip, files.as_deref_mut()),
+                None => user_frame(e, rip, files.as_deref_mut()),
+            },
             (3, _, Some(Err(u))) => (
                 format!("[unresolved: {}]", u.describe()),
                 USER_BUCKET_NAMED.to_string(),
@@ -125,6 +131,38 @@ pub fn samples(
 /// Whether any of the samples names its guest task (the run knew the kernel's task layout).
 pub fn names_tasks(samples: &HashMap<Frames, u64>) -> bool {
     samples.keys().any(|f| f.process != NO_PROCESS)
+}
+
+/// A user-space sample outside its executable's code: (object, symbol) of the mapping it lies
+/// in — a library's function with the guest's files, else the file's name.
+fn mapped_frame(
+    m: &Result<GuestMapping, Unresolved>,
+    rip: u64,
+    files: Option<&mut GuestFiles>,
+) -> (String, String) {
+    let m = match m {
+        Ok(m) if m.anonymous() => {
+            return (ANONYMOUS.to_string(), USER_BUCKET_NAMED.to_string());
+        }
+        Ok(m) => m,
+        Err(u) => {
+            return (
+                format!("[unresolved: {}]", u.describe()),
+                USER_BUCKET_NAMED.to_string(),
+            )
+        }
+    };
+    let name = if m.truncated() {
+        format!("{}...", m.name())
+    } else {
+        m.name()
+    };
+    match files.map(|f| f.resolve_mapping(m, rip)) {
+        Some(UserFrame::Resolved { object, function }) => (object, function),
+        Some(UserFrame::NoSymbol { object }) => (object, format!("[{name}, no symbol]")),
+        Some(UserFrame::NoFile { why, .. }) => (name, format!("[{why}]")),
+        None => (name, USER_BUCKET_NAMED.to_string()),
+    }
 }
 
 /// A user-space sample's (object, symbol): the function with the guest's files, else the

@@ -12,8 +12,11 @@
 //! bias), and a PIE's RIP is moved back by that bias. No candidate, or several that fit: the
 //! sample stays unresolved and says which.
 //!
-//! Limits: the executable only (shared libraries need the task's memory map: a 6.1 maple tree
-//! the VMM does not walk); static and PIE executables both work.
+//! Shared libraries: a sample whose RIP lies outside the executable's code also records the
+//! mapping it lies in (`profile::guest_task::maps`: the VMA's start, page offset and file name); the
+//! file of that name whose executable segments hold the RIP's file offset gives the function
+//! ([`GuestFiles::resolve_mapping`]). Static and PIE executables both work; callers inside
+//! libraries are not resolved (the stack's return addresses carry no mapping).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::{LittleEndian, Object, ObjectSymbol, SymbolKind};
 
+use super::guest_task::maps::GuestMapping;
 use super::guest_task::{GuestExe, EXE_NAME_MAX};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +51,20 @@ struct Elf {
     functions: Vec<(u64, u64, String)>,
     /// The executable PT_LOAD segments' bytes: (p_vaddr, the file bytes it loads).
     code: Vec<(u64, Vec<u8>)>,
+    /// The executable PT_LOAD segments as (p_offset, p_vaddr, p_filesz): where a file offset
+    /// is loaded (for libraries, found by the mapping's offset).
+    segments: Vec<(u64, u64, u64)>,
 }
 
 impl Elf {
+    /// The link-time address a file offset inside an executable segment is loaded at.
+    fn address_of_offset(&self, off: u64) -> Option<u64> {
+        self.segments.iter().find_map(|&(o, v, n)| {
+            let d = off.checked_sub(o)?;
+            (d < n).then(|| v.wrapping_add(d))
+        })
+    }
+
     /// `n` bytes of code at link-time address `at`, if a PF_X segment holds them.
     fn code_at(&self, at: u64, n: usize) -> Option<&[u8]> {
         self.code.iter().find_map(|(start, bytes)| {
@@ -151,17 +166,49 @@ impl GuestFiles {
         })
     }
 
-    /// The files whose name a sample's (possibly truncated) executable name matches.
-    fn candidates(&self, exe: &GuestExe) -> Vec<PathBuf> {
-        let name = exe.name();
-        if !exe.truncated() {
-            return self.by_name.get(&name).cloned().unwrap_or_default();
+    /// The files whose name a sample's (possibly truncated) file name matches: its first
+    /// bytes `name` and its whole length `len`.
+    fn candidates(&self, name: &str, len: u8) -> Vec<PathBuf> {
+        if usize::from(len) <= EXE_NAME_MAX {
+            return self.by_name.get(name).cloned().unwrap_or_default();
         }
-        self.by_name
+        let mut v: Vec<PathBuf> = self
+            .by_name
             .iter()
-            .filter(|(n, _)| n.len() == usize::from(exe.name_len) && n.starts_with(&name))
+            .filter(|(n, _)| n.len() == usize::from(len) && n.starts_with(name))
             .flat_map(|(_, v)| v.iter().cloned())
-            .collect()
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The function of a shared library (or any mapped ELF file) at user RIP `rip`, from the
+    /// mapping the sample recorded: the file offset of `rip` is found in the file's executable
+    /// segments. Files of the same name: the first (by path) whose executable segments hold
+    /// that offset.
+    pub fn resolve_mapping(&mut self, m: &GuestMapping, rip: u64) -> UserFrame {
+        let off = m.file_offset(rip);
+        let mut candidates = self.candidates(&m.name(), m.name_len);
+        candidates.sort();
+        for p in candidates {
+            let Some(e) = self.elf(&p) else { continue };
+            let Some(at) = e.address_of_offset(off) else {
+                continue;
+            };
+            return match e.function_at(at) {
+                Some((_, f)) => UserFrame::Resolved {
+                    object: e.guest_path.clone(),
+                    function: f.to_string(),
+                },
+                None => UserFrame::NoSymbol {
+                    object: e.guest_path.clone(),
+                },
+            };
+        }
+        UserFrame::NoFile {
+            name: m.name(),
+            why: "no ELF file of that name among the guest files with code at that offset",
+        }
     }
 
     fn elf(&mut self, path: &Path) -> Option<&Elf> {
@@ -226,7 +273,7 @@ impl GuestFiles {
     /// The one file a sample's executable is (as `resolve` picks it), if any.
     fn matching_file(&mut self, exe: &GuestExe) -> Option<PathBuf> {
         let mut fits: Vec<PathBuf> = Vec::new();
-        for p in self.candidates(exe) {
+        for p in self.candidates(&exe.name(), exe.name_len) {
             if self
                 .elf(&p)
                 .is_some_and(|e| e.code_size == u64::from(exe.code_size))
@@ -261,6 +308,14 @@ fn parse_elf(bytes: &[u8], guest_path: String) -> Option<Elf> {
         })
         .filter_map(|p| Some((p.p_vaddr(endian), p.data(endian, bytes).ok()?.to_vec())))
         .collect();
+    let segments = f
+        .elf_program_headers()
+        .iter()
+        .filter(|p| {
+            p.p_type(endian) == object::elf::PT_LOAD && p.p_flags(endian) & object::elf::PF_X != 0
+        })
+        .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
+        .collect();
     let mut functions: Vec<(u64, u64, String)> = f
         .symbols()
         .chain(f.dynamic_symbols())
@@ -275,6 +330,7 @@ fn parse_elf(bytes: &[u8], guest_path: String) -> Option<Elf> {
         code_size: hi - lo,
         functions,
         code,
+        segments,
     })
 }
 
@@ -374,7 +430,63 @@ mod tests {
                 (0x1020, 0x20, "caller".into()),
             ],
             code: vec![(0x1000, code)],
+            segments: vec![(0, 0x1000, 0x40)],
         }
+    }
+
+    #[test]
+    fn a_library_rip_resolves_through_its_mapping() {
+        // The test binary stands in for a shared library mapped at a page-aligned start.
+        let (dir, _, elf) = exe_dir();
+        let lib = dir.path().join("lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(dir.path().join("usr/bin/prog"), lib.join("libprog.so.1")).unwrap();
+        let mut files = GuestFiles::open(dir.path()).unwrap();
+        let (start, size, name) = elf
+            .functions
+            .iter()
+            .find(|f| f.1 > 16)
+            .cloned()
+            .expect("a sized function");
+        let &(p_offset, p_vaddr, _) = elf
+            .segments
+            .iter()
+            .find(|&&(_, v, n)| v <= start && start < v + n)
+            .expect("the function is in an executable segment");
+        let off = start + size / 2 - p_vaddr + p_offset;
+        // The VMA maps the segment's pages from their page-aligned file offset.
+        let pgoff = p_offset >> 12;
+        let vm_start = 0x7f12_3456_0000u64;
+        let rip = vm_start + off - (pgoff << 12);
+        let (n, len) = exe_name_bytes("libprog.so.1");
+        let m = GuestMapping {
+            name: n,
+            name_len: len,
+            vm_start,
+            pgoff: pgoff as u32,
+        };
+        assert_eq!(
+            files.resolve_mapping(&m, rip),
+            UserFrame::Resolved {
+                object: "/lib/x86_64-linux-gnu/libprog.so.1".into(),
+                function: name
+            }
+        );
+        // An offset no executable segment holds, and a name no file has.
+        assert!(matches!(
+            files.resolve_mapping(&m, vm_start - (1 << 40)),
+            UserFrame::NoFile { .. }
+        ));
+        let (n, len) = exe_name_bytes("libnone.so");
+        let none = GuestMapping {
+            name: n,
+            name_len: len,
+            ..m
+        };
+        assert!(matches!(
+            files.resolve_mapping(&none, rip),
+            UserFrame::NoFile { .. }
+        ));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //!  12 dropped u32: records this vCPU dropped (no free buffer) just before this block
 //!  16 checksum u32: FNV-1a of the block's records   20 reserved u32
 //! record (32 bytes), `count` of them after a records block; an end block has exactly one
-//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task, 5 exe, 6 user frames, 7 stack top)
+//!   0 kind u8 (1 exit, 2 sample, 3 clock, 4 task, 5 exe, 6 user frames, 7 stack top, 8 mapping)
 //!   1 reason u8  2 flags u8  3 cpl u8  4 detail u32
 //!   8 addr u64   16 tsc_a u64   24 tsc_b u64
 //! ```
@@ -41,6 +41,10 @@
 //!   pointers, innermost first (`profile::call_stack`).
 //! * user stack top (kind 7; with the user frames): the words at RSP and RSP + 8, where a
 //!   frameless leaf's return address is (resolved offline, `profile::user_symbols`).
+//! * mapping (kind 8; after the exe record, when the RIP lies outside the executable's code and
+//!   the layout describes the memory map: `profile::guest_task::maps`): `1` status (as task's), `2`
+//!   the file name's length (0: anonymous memory), `3` the step that failed, `4` vm_pgoff u32,
+//!   `8` vm_start u64, `16` the file's name (first 16 bytes, NUL-padded).
 //! * clock: `addr` = the vCPU thread's CPU time (ns) at `tsc_a` (rate-limited; for the split of
 //!   KVM_RUN time into running and halted/off-CPU).
 //! * end: `tsc_a` = end TSC, `addr` = records dropped in total, `tsc_b` = thread CPU ns at the end.
@@ -88,6 +92,7 @@ pub enum FormatError {
 // exit, shared by this file format, the last-exits ring and the exit counts); the numbers
 // `Reason` carries (`#[repr(u8)]`) are this format's encoding.
 pub use crate::exit::kind::{ExitEvent, Reason};
+use crate::profile::guest_task::maps::GuestMapping;
 use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved, COMM_MAX, EXE_NAME_MAX};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +131,8 @@ pub enum Record {
     },
     /// The words at the user RSP and RSP + 8 (after the exe record).
     UserStackTop([u64; 2]),
+    /// The mapping a user RIP outside the executable's code lies in (after the exe record).
+    Mapping(Result<GuestMapping, Unresolved>),
 }
 
 impl Record {
@@ -138,6 +145,7 @@ impl Record {
                 | Record::Exe(_)
                 | Record::CallFrames { .. }
                 | Record::UserStackTop(_)
+                | Record::Mapping(_)
         )
     }
 
@@ -150,7 +158,8 @@ impl Record {
             Record::Task { .. }
             | Record::Exe(_)
             | Record::CallFrames { .. }
-            | Record::UserStackTop(_) => 0,
+            | Record::UserStackTop(_)
+            | Record::Mapping(_) => 0,
         }
     }
 
@@ -182,6 +191,37 @@ impl Record {
             }
             s => Err(Unresolved::from_code(s, b[3])
                 .ok_or_else(|| format!("exe record with status {s}, step {}", b[3]))?),
+        }))
+    }
+
+    fn encode_mapping(m: &Result<GuestMapping, Unresolved>, out: &mut [u8; RECORD_SIZE]) {
+        out.fill(0);
+        out[0] = 8;
+        match m {
+            Ok(m) => {
+                out[2] = m.name_len;
+                out[4..8].copy_from_slice(&m.pgoff.to_le_bytes());
+                out[8..16].copy_from_slice(&m.vm_start.to_le_bytes());
+                out[16..32].copy_from_slice(&m.name);
+            }
+            Err(u) => (out[1], out[3]) = u.code(),
+        }
+    }
+
+    fn decode_mapping(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+        Ok(Record::Mapping(match b[1] {
+            0 => {
+                let mut name = [0u8; EXE_NAME_MAX];
+                name.copy_from_slice(&b[16..32]);
+                Ok(GuestMapping {
+                    name,
+                    name_len: b[2],
+                    vm_start: u64_at(b, 8),
+                    pgoff: u32_at(b, 4),
+                })
+            }
+            s => Err(Unresolved::from_code(s, b[3])
+                .ok_or_else(|| format!("mapping record with status {s}, step {}", b[3]))?),
         }))
     }
 
@@ -225,6 +265,7 @@ impl Record {
         let (kind, ev, cpl, addr, a, b) = match *self {
             Record::Task { cr3, ref task } => return Self::encode_task(cr3, task, out),
             Record::Exe(ref exe) => return Self::encode_exe(exe, out),
+            Record::Mapping(ref m) => return Self::encode_mapping(m, out),
             Record::UserStackTop(words) => {
                 out.fill(0);
                 out[0] = 7;
@@ -286,6 +327,7 @@ impl Record {
         match b[0] {
             4 => return Self::decode_task(b),
             5 => return Self::decode_exe(b),
+            8 => return Self::decode_mapping(b),
             7 => return Ok(Record::UserStackTop([u64_at(b, 8), u64_at(b, 16)])),
             6 => {
                 if !(1..=3).contains(&b[1]) {
@@ -690,6 +732,15 @@ mod tests {
                 addrs: [0x40_1234, 0x40_2000, 0],
             },
             Record::UserStackTop([0x40_1111, 0x7ffc_0000_0010]),
+            Record::Mapping(Ok(GuestMapping {
+                name: *b"libc.so.6\0\0\0\0\0\0\0",
+                name_len: 9,
+                vm_start: 0x7f00_0000_1000,
+                pgoff: 0x26,
+            })),
+            Record::Mapping(Err(Unresolved::BadValue(
+                crate::profile::guest_task::Step::Mapping,
+            ))),
             Record::Exe(Err(Unresolved::NotMapped(
                 crate::profile::guest_task::Step::Executable,
             ))),

@@ -18,6 +18,7 @@ use super::format::{
     BLOCK_HEADER, BLOCK_RECORDS, BLOCK_TAG, CONTENTS_EXITS, CONTENTS_SAMPLES, MAX_BLOCK_RECORDS,
     RECORD_SIZE,
 };
+use crate::profile::guest_task::maps::GuestMapping;
 use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved};
 
 /// Read buffer of the record pass (the file is read in order, once per view).
@@ -224,6 +225,8 @@ impl Records for TraceFile {
 pub struct Notes {
     pub task: Option<Result<GuestTask, Unresolved>>,
     pub exe: Option<Result<GuestExe, Unresolved>>,
+    /// The mapping of a user RIP outside the executable's code.
+    pub mapping: Option<Result<GuestMapping, Unresolved>>,
     /// Return addresses, innermost first.
     pub frames: Vec<u64>,
     pub stack_top: Option<[u64; 2]>,
@@ -235,6 +238,7 @@ impl Notes {
         match r {
             Record::Task { task, .. } => self.task = Some(*task),
             Record::Exe(e) => self.exe = Some(*e),
+            Record::Mapping(m) => self.mapping = Some(*m),
             Record::CallFrames { count, addrs } => self
                 .frames
                 .extend_from_slice(&addrs[..usize::from(*count).min(3)]),

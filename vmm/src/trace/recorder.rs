@@ -304,8 +304,9 @@ impl Drop for VcpuRecorder {
 }
 
 /// The records that follow a sample when the run knows the guest's task layout: the task; for a
-/// user-space sample of a task with an mm, its executable and, when that was read, the user
-/// stack's return addresses by frame pointers (three per record).
+/// user-space sample of a task with an mm, its executable, the mapping of a RIP outside the
+/// executable's code, and, when the executable was read, the user stack's return addresses by
+/// frame pointers (three per record).
 pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record> {
     let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
     if cpl != 3 {
@@ -322,14 +323,16 @@ pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Re
         }
         return out;
     }
-    let (task, exe) = match r.current_with_exe(cpu) {
-        Ok((t, exe)) => (Ok(t), exe),
-        Err(u) => (Err(u), None),
+    let rip = cpu.rip().unwrap_or(0);
+    let (task, exe, mapping) = match r.current_user(cpu, rip) {
+        Ok((t, exe, mapping)) => (Ok(t), exe, mapping),
+        Err(u) => (Err(u), None, None),
     };
     let mut out = vec![Record::Task { cr3, task }];
     if let Some(exe) = exe {
         let walk = exe.is_ok();
         out.push(Record::Exe(exe));
+        out.extend(mapping.map(Record::Mapping));
         if walk {
             let (rbp, rsp) = cpu.regs().map(|r| (r.rbp, r.rsp)).unwrap_or((0, 0));
             let mut top = [0u8; 16];

@@ -125,7 +125,8 @@ pub fn intervals(t: &dyn Records, secs: f64) -> Result<Vec<Interval>, FormatErro
             Record::Task { .. }
             | Record::Exe(_)
             | Record::CallFrames { .. }
-            | Record::UserStackTop(_) => {}
+            | Record::UserStackTop(_)
+            | Record::Mapping(_) => {}
             Record::Clock { tsc, thread_cpu_ns } => {
                 if let Some((x, e, c)) = open.take() {
                     if e == tsc && tsc > x {

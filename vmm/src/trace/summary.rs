@@ -212,7 +212,8 @@ pub fn summarize(t: &dyn Records) -> Result<Summary, FormatError> {
             Record::Task { .. }
             | Record::Exe(_)
             | Record::CallFrames { .. }
-            | Record::UserStackTop(_) => {}
+            | Record::UserStackTop(_)
+            | Record::Mapping(_) => {}
             Record::Clock { tsc, thread_cpu_ns } => {
                 p.first_clock.get_or_insert((tsc, thread_cpu_ns));
                 if let Some((_, cpu0, d)) = p.open.take().filter(|o| o.0 == tsc) {
@@ -516,6 +517,22 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
                     .map(|a| format!("{a:#x}"))
                     .collect::<Vec<_>>()
                     .join(" ")
+            )?,
+            Record::Mapping(m) => writeln!(
+                out,
+                "{:.9} vcpu{v} mapping {}",
+                secs(tsc),
+                match m {
+                    Ok(m) if m.anonymous() => format!("anonymous vm_start={:#x}", m.vm_start),
+                    Ok(m) => format!(
+                        "name={:?}{} vm_start={:#x} pgoff={:#x}",
+                        m.name(),
+                        if m.truncated() { " (truncated)" } else { "" },
+                        m.vm_start,
+                        m.pgoff
+                    ),
+                    Err(u) => format!("unresolved ({})", u.describe()),
+                }
             )?,
             Record::Exe(exe) => writeln!(
                 out,

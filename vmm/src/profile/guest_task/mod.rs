@@ -25,8 +25,13 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
+mod fake;
+pub mod maps;
+
 use crate::kvm_error::AccessError;
 use crate::vcpu::access::VcpuAccess;
+use maps::{mapping_at, GuestMapping, MapLayout};
 
 /// The file name `build.sh` gives the layout, beside the kernel image.
 pub const LAYOUT_FILE: &str = "task-layout";
@@ -74,6 +79,8 @@ pub struct TaskLayout {
     pub file_dentry: u64,
     /// d_name.name: the `struct dentry` offset of d_name plus the `struct qstr` offset of name.
     pub dentry_name: u64,
+    /// The task's memory map (shared libraries); None in layouts from older builds.
+    pub maps: Option<MapLayout>,
 }
 
 impl TaskLayout {
@@ -133,6 +140,12 @@ impl TaskLayout {
             mm_end_code: need("mm_struct_end_code")?,
             file_dentry: need("file_f_path")? + need("path_dentry")?,
             dentry_name: need("dentry_d_name")? + need("qstr_name")?,
+            maps: MapLayout::from_values(&|n| get.get(n).copied()).map_err(|what| {
+                LayoutError::Bad {
+                    line: 0,
+                    what: what.into(),
+                }
+            })?,
         };
         let fields = [
             layout.task_pid + 4,
@@ -212,6 +225,10 @@ impl GuestTask {
 /// The most executable-name bytes an exe record keeps.
 pub const EXE_NAME_MAX: usize = 16;
 
+/// A file's name as a record keeps it: its first [`EXE_NAME_MAX`] bytes (NUL-padded) and its
+/// whole length.
+pub type FileName = ([u8; EXE_NAME_MAX], u8);
+
 /// The executable a user-space sample ran in: its file name (the dentry's, not the path) and
 /// where its code was loaded (`mm->start_code`, `end_code`: the executable's PF_X segments,
 /// with the load bias of a PIE).
@@ -247,6 +264,8 @@ pub enum Step {
     TaskFields = 4,
     /// task->mm and the executable behind it.
     Executable = 5,
+    /// The mapping (VMA, its file) a user RIP outside the executable lies in.
+    Mapping = 6,
 }
 
 /// Why a sample names no task (the trace's task record carries it).
@@ -284,6 +303,7 @@ impl Unresolved {
             3 => Step::CurrentTask,
             4 => Step::TaskFields,
             5 => Step::Executable,
+            6 => Step::Mapping,
             _ => return None,
         };
         Some(match status {
@@ -304,6 +324,7 @@ impl Unresolved {
             Step::CurrentTask => "current_task",
             Step::TaskFields => "the task's pid/tgid/comm",
             Step::Executable => "the task's executable (mm, exe_file)",
+            Step::Mapping => "the mapping at the RIP (mm_mt, VMA, vm_file)",
         };
         match self {
             Unresolved::NotThisKernel => "kernel not verified (banner differs)".into(),
@@ -337,7 +358,7 @@ pub struct TaskReader {
 /// The x86-64 kernel half: canonical addresses from here up.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
-fn kernel_pointer(p: u64, align: u64) -> bool {
+pub(super) fn kernel_pointer(p: u64, align: u64) -> bool {
     p >= KERNEL_HALF && p.is_multiple_of(align)
 }
 
@@ -397,44 +418,101 @@ impl TaskReader {
                 return Err(Unresolved::BadValue(step));
             }
             let file = read_ptr(mem, mm + l.mm_exe_file)?;
-            let dentry = read_ptr(mem, file + l.file_dentry)?;
-            let name_at = read_u64(mem, dentry + l.dentry_name, step)?;
-            if !kernel_pointer(name_at, 1) {
-                return Err(Unresolved::BadPointer(step));
-            }
-            // The name: up to EXE_NAME_MAX bytes, then how long it really is (bounded: 255).
-            let mut name = [0u8; EXE_NAME_MAX];
-            let mut len = 0usize;
-            let mut chunk = [0u8; 64];
-            let mut at = name_at;
-            'outer: for _ in 0..8 {
-                // Never past the page the name is on until its NUL is not there.
-                let n = (0x1000 - (at & 0xfff)).min(64) as usize;
-                mem.read_virt(at, &mut chunk[..n])
-                    .map_err(|_| Unresolved::NotMapped(step))?;
-                at = at.wrapping_add(n as u64);
-                for &b in &chunk[..n] {
-                    if b == 0 {
-                        break 'outer;
-                    }
-                    if len < EXE_NAME_MAX {
-                        name[len] = b;
-                    }
-                    len += 1;
-                }
-            }
-            if len == 0 || len > 255 || !name.iter().take(len.min(EXE_NAME_MAX)).all(|&b| b != b'/')
-            {
-                return Err(Unresolved::BadValue(step));
-            }
+            let (name, len) = self.file_name(mem, file, step)?;
             Ok(GuestExe {
                 name,
-                name_len: len as u8,
+                name_len: len,
                 start_code: start,
                 code_size: u32::try_from(end - start).unwrap_or(u32::MAX),
             })
         })();
         Some(exe)
+    }
+
+    /// A `struct file`'s name: file->f_path.dentry->d_name.name, its first [`EXE_NAME_MAX`]
+    /// bytes and its length (1..=255; no '/').
+    fn file_name<M: GuestRead + ?Sized>(
+        &self,
+        mem: &mut M,
+        file: u64,
+        step: Step,
+    ) -> Result<FileName, Unresolved> {
+        let l = &*self.layout;
+        let dentry = read_u64(mem, file + l.file_dentry, step)?;
+        if !(kernel_pointer(dentry, 8) && dentry.checked_add(1 << 16).is_some()) {
+            return Err(Unresolved::BadPointer(step));
+        }
+        let name_at = read_u64(mem, dentry + l.dentry_name, step)?;
+        if !kernel_pointer(name_at, 1) {
+            return Err(Unresolved::BadPointer(step));
+        }
+        // The name: up to EXE_NAME_MAX bytes, then how long it really is (bounded: 255).
+        let mut name = [0u8; EXE_NAME_MAX];
+        let mut len = 0usize;
+        let mut chunk = [0u8; 64];
+        let mut at = name_at;
+        'outer: for _ in 0..8 {
+            // Never past the page the name is on until its NUL is not there.
+            let n = (0x1000 - (at & 0xfff)).min(64) as usize;
+            mem.read_virt(at, &mut chunk[..n])
+                .map_err(|_| Unresolved::NotMapped(step))?;
+            at = at.wrapping_add(n as u64);
+            for &b in &chunk[..n] {
+                if b == 0 {
+                    break 'outer;
+                }
+                if len < EXE_NAME_MAX {
+                    name[len] = b;
+                }
+                len += 1;
+            }
+        }
+        if len == 0 || len > 255 || !name.iter().take(len.min(EXE_NAME_MAX)).all(|&b| b != b'/') {
+            return Err(Unresolved::BadValue(step));
+        }
+        Ok((name, len as u8))
+    }
+
+    /// The running task; for a user task also its executable, and, when `rip` lies outside the
+    /// executable's code and the layout describes the memory map, the mapping holding `rip`.
+    #[allow(clippy::type_complexity)]
+    pub fn current_user<M: GuestRead + ?Sized>(
+        &mut self,
+        mem: &mut M,
+        rip: u64,
+    ) -> Result<
+        (
+            GuestTask,
+            Option<Result<GuestExe, Unresolved>>,
+            Option<Result<GuestMapping, Unresolved>>,
+        ),
+        Unresolved,
+    > {
+        let (task, at) = self.current_at(mem)?;
+        if task.kernel_thread {
+            return Ok((task, None, None));
+        }
+        let exe = self.exe(mem, at);
+        let outside = match &exe {
+            Some(Ok(e)) => rip.wrapping_sub(e.start_code) >= u64::from(e.code_size),
+            _ => false,
+        };
+        let mapping = match (&self.layout.maps, outside) {
+            (Some(maps), true) => {
+                let mm = read_u64(mem, at + self.layout.task_mm, Step::Mapping).and_then(|mm| {
+                    (kernel_pointer(mm, 8) && mm.checked_add(1 << 16).is_some())
+                        .then_some(mm)
+                        .ok_or(Unresolved::BadPointer(Step::Mapping))
+                });
+                Some(mm.and_then(|mm| {
+                    mapping_at(mem, maps, mm, rip, &|m: &mut M, f| {
+                        self.file_name(m, f, Step::Mapping)
+                    })
+                }))
+            }
+            _ => None,
+        };
+        Ok((task, exe, mapping))
     }
 
     fn current_at<M: GuestRead + ?Sized>(
@@ -486,7 +564,11 @@ impl TaskReader {
     }
 }
 
-fn read_u64<M: GuestRead + ?Sized>(mem: &mut M, gva: u64, step: Step) -> Result<u64, Unresolved> {
+pub(super) fn read_u64<M: GuestRead + ?Sized>(
+    mem: &mut M,
+    gva: u64,
+    step: Step,
+) -> Result<u64, Unresolved> {
     let mut b = [0u8; 8];
     mem.read_virt(gva, &mut b)
         .map_err(|_| Unresolved::NotMapped(step))?;
@@ -510,7 +592,7 @@ fn comm_is_text(comm: &[u8; COMM_MAX]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use crate::profile::guest_task::fake::Mem;
     use std::sync::Arc;
 
     const LAYOUT: &str = "# test\n\
@@ -535,32 +617,6 @@ mod tests {
         value path_dentry 8\n\
         value dentry_d_name 32\n\
         value qstr_name 8\n";
-
-    /// Guest memory by virtual page: a page is mapped once anything was put on it (the rest of
-    /// it reads as zeros), as a guest's page tables map whole pages.
-    #[derive(Default)]
-    struct Mem(HashMap<u64, Box<[u8; 4096]>>);
-
-    impl Mem {
-        fn put(&mut self, at: u64, bytes: &[u8]) {
-            for (i, b) in bytes.iter().enumerate() {
-                let a = at + i as u64;
-                let page = self.0.entry(a >> 12).or_insert_with(|| Box::new([0; 4096]));
-                page[(a & 0xfff) as usize] = *b;
-            }
-        }
-    }
-
-    impl GuestRead for Mem {
-        fn read_virt(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), AccessError> {
-            for (i, b) in buf.iter_mut().enumerate() {
-                let a = gva.wrapping_add(i as u64);
-                let page = self.0.get(&(a >> 12)).ok_or(AccessError::NotMapped(a))?;
-                *b = page[(a & 0xfff) as usize];
-            }
-            Ok(())
-        }
-    }
 
     const TASK: u64 = 0xffff_8880_0123_4000;
     const PCPU1: u64 = 0xffff_8880_3fc0_0000;
@@ -729,6 +785,41 @@ mod tests {
         m.put(TASK + l.task_flags, &0x0020_0000u32.to_le_bytes());
         let mut r = TaskReader::new(l.clone(), 1);
         assert_eq!(r.current_with_exe(&mut m).unwrap().1, None);
+    }
+
+    #[test]
+    fn a_rip_outside_the_executable_names_its_mapping() {
+        use crate::profile::guest_task::fake::{maple_tree, LIBC_START, MAP_LAYOUT_LINES};
+        let l = Arc::new(TaskLayout::parse(&format!("{LAYOUT}{MAP_LAYOUT_LINES}")).unwrap());
+        let mut m = user_guest(&l, b"perf");
+        // libc's struct file, dentry and name.
+        let (file, dentry, name) = (FILE + 0x100, DENTRY + 0x100, NAME + 0x1000);
+        maple_tree(&mut m, MM, file);
+        m.put(file + l.file_dentry, &dentry.to_le_bytes());
+        m.put(dentry + l.dentry_name, &name.to_le_bytes());
+        m.put(name, b"libc.so.6\0");
+        let mut r = TaskReader::new(l.clone(), 1);
+        let (_, exe, mapping) = r.current_user(&mut m, LIBC_START + 0x40).unwrap();
+        assert_eq!(exe.unwrap().unwrap().name(), "perf");
+        let lib = mapping.expect("outside the executable").unwrap();
+        assert_eq!((lib.name(), lib.vm_start), ("libc.so.6".into(), LIBC_START));
+        // Inside the executable's code: no mapping is read.
+        assert_eq!(r.current_user(&mut m, 0x40_2000).unwrap().2, None);
+        // A layout from an older build (no map lines): none either.
+        let old = Arc::new(TaskLayout::parse(LAYOUT).unwrap());
+        let mut r = TaskReader::new(old, 1);
+        assert_eq!(r.current_user(&mut m, LIBC_START + 0x40).unwrap().2, None);
+        // A hostile mm pointer swapped in between: a reason.
+        let mut r = TaskReader::new(l.clone(), 1);
+        let mut m2 = user_guest(&l, b"perf");
+        m2.put(
+            MM + l.maps.as_ref().unwrap().mm_root,
+            &0x7000u64.to_le_bytes(),
+        );
+        assert_eq!(
+            r.current_user(&mut m2, LIBC_START).unwrap().2,
+            Some(Err(Unresolved::BadValue(Step::Mapping)))
+        );
     }
 
     #[test]
