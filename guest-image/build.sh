@@ -291,6 +291,40 @@ apt_download() {
 	}
 }
 
+# dwarf_offsets VMLINUX: `NAME VALUE` lines of what a task layout holds (vmm/src/profile/
+# btf_layout.rs), read by gdb from the vmlinux's DWARF: an independent reference for the BTF.
+DWARF_FIELDS=(
+	task_struct_pid:task_struct:pid task_struct_tgid:task_struct:tgid
+	task_struct_comm:task_struct:comm task_struct_flags:task_struct:flags
+	task_struct_mm:task_struct:mm task_struct_stack:task_struct:stack
+	task_struct_group_leader:task_struct:group_leader mm_struct_pgd:mm_struct:pgd
+	mm_struct_exe_file:mm_struct:exe_file mm_struct_start_code:mm_struct:start_code
+	mm_struct_end_code:mm_struct:end_code file_f_path:file:f_path path_dentry:path:dentry
+	dentry_d_name:dentry:d_name qstr_name:qstr:name mm_struct_mm_mt:mm_struct:mm_mt
+	maple_tree_ma_root:maple_tree:ma_root maple_range_64_pivot:maple_range_64:pivot
+	maple_range_64_slot:maple_range_64:slot maple_range_64_meta:maple_range_64:meta
+	maple_arange_64_pivot:maple_arange_64:pivot maple_arange_64_slot:maple_arange_64:slot
+	maple_arange_64_meta:maple_arange_64:meta vm_area_struct_vm_start:vm_area_struct:vm_start
+	vm_area_struct_vm_end:vm_area_struct:vm_end vm_area_struct_vm_file:vm_area_struct:vm_file
+	vm_area_struct_vm_pgoff:vm_area_struct:vm_pgoff
+)
+dwarf_offsets() {
+	local f name ty member out args=() names=()
+	for f in "${DWARF_FIELDS[@]}"; do
+		IFS=: read -r name ty member <<<"$f"
+		names+=("$name")
+		args+=(-ex "print (unsigned long)&((struct $ty *)0)->$member")
+	done
+	names+=(task_struct_size task_comm_len maple_range64_slots maple_arange64_slots)
+	args+=(-ex 'print sizeof(struct task_struct)'
+		-ex 'print sizeof(((struct task_struct *)0)->comm)'
+		-ex 'print sizeof(((struct maple_range_64 *)0)->slot) / 8'
+		-ex 'print sizeof(((struct maple_arange_64 *)0)->slot) / 8')
+	out=$(gdb -batch -nx "${args[@]}" "$1" 2>/dev/null | sed -n 's/^\$[0-9]* = //p')
+	[ "$(printf '%s\n' "$out" | grep -c .)" -eq "${#names[@]}" ] || return 1
+	paste -d' ' <(printf '%s\n' "${names[@]}") <(printf '%s\n' "$out")
+}
+
 build_debian_kernel() {
 	local pkg ver k name final
 	pkg=$(debian_kernel_pkg)
@@ -301,7 +335,8 @@ build_debian_kernel() {
 	[ -n "$pkg" ] || die "apt knows no linux-image-6.1.*-cloud-amd64 package"
 	ver=$(apt-cache show --no-all-versions "$pkg" | sed -n 's/^Version: //p' | head -n 1)
 	[ -n "$ver" ] || die "no version for $pkg"
-	k=$(key debian-kernel "$pkg" "$ver" "$(declare -f build_debian_kernel debian_kernel_pkg apt_download)")
+	need_pkgs gdb
+	k=$(key debian-kernel "$pkg" "$ver" "$(declare -f build_debian_kernel debian_kernel_pkg apt_download dwarf_offsets)" "${DWARF_FIELDS[*]}")
 	name=debian-kernel-${pkg#linux-image-}-$ver-$k
 	final=$CACHE/$name
 	if [ ! -f "$final/vmlinuz" ]; then
@@ -320,18 +355,22 @@ build_debian_kernel() {
 			echo "${1##*/config-}" >"$TMP/kernelrelease"
 			rm -rf "$TMP/deb" "$TMP"/*.deb
 			# Debian ships a one-line placeholder System.map ("The real System.map is in the
-			# linux-image-<version>-dbg package"). Take the real one from $pkg-dbg: a big
-			# download, but System.map is near the start of its data.tar, so tar stops early.
-			if [ "$(wc -c <"$TMP/System.map")" -lt 4096 ]; then
-				say "its System.map is a placeholder; downloading $pkg-dbg $ver for the real one..."
-				apt_download "$pkg-dbg=$ver"
-				{ dpkg-deb --fsys-tarfile "$TMP"/*.deb 2>/dev/null || true; } |
-					tar -x -C "$TMP" --occurrence=1 --wildcards './usr/lib/debug/boot/System.map-*'
-				set -- "$TMP"/usr/lib/debug/boot/System.map-*
-				[ -s "$1" ] || die "$pkg-dbg has no /usr/lib/debug/boot/System.map-*"
-				mv "$1" "$TMP/System.map"
-				rm -rf "${TMP:?}/usr" "$TMP"/*.deb
-			fi
+			# linux-image-<version>-dbg package"). Take the real one from $pkg-dbg, and its
+			# vmlinux with DWARF: the struct offsets gdb reads from it (dwarf-offsets) are the
+			# reference vmm/tests/btf_layout_kernel.rs checks the BTF-derived task layout
+			# against (vpmu-vmm task-layout). A big download (~280 MB; seconds here).
+			say "downloading $pkg-dbg $ver (System.map, and DWARF struct offsets)..."
+			apt_download "$pkg-dbg=$ver"
+			dpkg-deb --fsys-tarfile "$TMP"/*.deb |
+				tar -x -C "$TMP" --wildcards './usr/lib/debug/boot/System.map-*' './usr/lib/debug/boot/vmlinux-*'
+			set -- "$TMP"/usr/lib/debug/boot/System.map-*
+			[ -s "$1" ] || die "$pkg-dbg has no /usr/lib/debug/boot/System.map-*"
+			mv "$1" "$TMP/System.map"
+			set -- "$TMP"/usr/lib/debug/boot/vmlinux-*
+			[ -s "$1" ] || die "$pkg-dbg has no /usr/lib/debug/boot/vmlinux-*"
+			dwarf_offsets "$1" >"$TMP/dwarf-offsets" ||
+				die "gdb could not read the struct offsets from $pkg-dbg's vmlinux"
+			rm -rf "${TMP:?}/usr" "$TMP"/*.deb
 			rm -f "$TMP/download.log"
 			publish "$final"
 			say "got: Debian kernel $pkg $ver in $((SECONDS - t0)) s: $final"
@@ -343,6 +382,7 @@ build_debian_kernel() {
 	link debian-vmlinuz "$final/vmlinuz"
 	link debian-System.map "$final/System.map"
 	link debian-config "$final/config"
+	link debian-dwarf-offsets "$final/dwarf-offsets"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -803,6 +843,7 @@ print_paths() {
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
 		DEFAULT_TASK_LAYOUT:default-task-layout DEFAULT_BZIMAGE_XZ:default-bzImage-xz \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
+		DEBIAN_DWARF_OFFSETS:debian-dwarf-offsets \
 		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
 		ROOTFS:rootfs.ext4 ROOTFS_MANIFEST:rootfs-manifest.tsv ROOTFS_FILES:rootfs-files \
 		KUT_PMU_FLAT:kvm-unit-tests-pmu.flat; do

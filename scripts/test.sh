@@ -38,8 +38,8 @@ if [ "${VPMU_SKIP_LINUX:-0}" != 1 ]; then
   # fresh machine too. initramfs-tiny: busybox + /init only. The default initramfs (perf,
   # OProfile: 48 MB) makes the kernel spend minutes more copying it in emulated code here
   # (docs/guest.md, "Boot time").
-  say "building (or reusing) the guest images: the default kernel (read by tiers 1 and 3), initramfs-tiny, spin-initramfs, kvm-unit-tests x86/pmu.flat"
-  guest-image/build.sh default-kernel initramfs-tiny spin-initramfs kvm-unit-tests
+  say "building (or reusing) the guest images: the default kernel (read by tiers 1 and 3), initramfs-tiny, spin-initramfs, kvm-unit-tests x86/pmu.flat, Debian's cloud kernel with its DWARF offsets (tier 1 checks the BTF task layout against them)"
+  guest-image/build.sh default-kernel initramfs-tiny spin-initramfs kvm-unit-tests debian-kernel
 fi
 
 say "tiers 1 and 2: cargo test --workspace (unit tests, tiny guests on /dev/kvm, CLI)"

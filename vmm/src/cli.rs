@@ -56,6 +56,11 @@ pub enum Command {
     /// verify each frame's length and CRC-32, write its payload to DIR/<mode>/<name>, report
     /// damaged, truncated or missing frames (exit code 1 if any); --format json for scripts.
     Results(ResultsArgs),
+    /// Write the task layout the host-side profile needs to name guest processes (`run
+    /// --task-layout`), derived from a kernel image's own BTF and kallsyms: for kernels this
+    /// project did not build (distribution kernels have both). `run --host-profile` does the same
+    /// by itself when there is no `task-layout` file beside --kernel.
+    TaskLayout(crate::profile::btf_layout::TaskLayoutArgs),
 }
 
 /// Workloads of `vpmu-vmm compare`.

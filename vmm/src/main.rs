@@ -77,6 +77,7 @@ fn main() -> ExitCode {
         }
         Command::Trace(TraceCommand::Summary(args)) => done(vmm::trace::command::summary(&args)),
         Command::Report(args) => done(vmm::profile::report::command(&args)),
+        Command::TaskLayout(args) => done(vmm::profile::btf_layout::command(&args)),
     }
 }
 

@@ -30,6 +30,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "trace/",
             "trace/command.rs",
             "profile/",
+            "profile/btf_layout.rs",
             "host_quirks/",
             "net/",
             "pmu/",
@@ -111,6 +112,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "profile/sampler.rs",
             "profile/guest_task/",
             "profile/call_stack.rs",
+            "profile/btf_layout.rs",
             "exit/",
             "pmu/",
             "pmu/mode.rs",
@@ -136,6 +138,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // What a sample reads of the guest (its task, its user stack): run on the vCPU thread by
     // the recorder, and their types written into the trace.
     ("profile/call_stack.rs", &["profile/guest_task/"]),
+    // A task layout from the kernel image's BTF and kallsyms (read once at a run's start).
+    (
+        "profile/btf_layout.rs",
+        &["profile/kallsyms.rs", "profile/guest_task/", "boot/"],
+    ),
+    ("profile/kallsyms.rs", &["boot/"]),
     // The trace file format, its writer and the `trace summary` command.
     ("trace/command.rs", &["trace/"]),
     ("trace/", &["exit/", "seccomp/", "profile/guest_task/"]),

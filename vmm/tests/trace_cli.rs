@@ -208,6 +208,10 @@ fn corrupt_truncated_and_wrong_files_exit_1() {
             vec!["report".into(), s(&bad)],
             "checksum",
         ),
+        (
+            vec!["task-layout".into(), s(&junk)],
+            "not an ELF vmlinux or a bzImage",
+        ),
     ];
     for (args, want) in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -15,6 +15,7 @@
 //! * [`report`] — the opreport-like table and the system-wide view (guest symbols beside the
 //!   VMM's exit handling).
 
+pub mod btf_layout;
 pub mod call_stack;
 pub mod guest_task;
 pub mod kallsyms;

@@ -390,13 +390,29 @@ fn task_layout(
             log::warn!("host profile: {e}; samples name no guest task");
             Ok(None)
         }
-        None => {
-            log::info!(
-                "host profile: no task-layout beside the kernel (guest-image/build.sh writes one \
-                 for the default kernel; --task-layout FILE names one): samples name no guest task"
-            );
-            Ok(None)
+        // No file: the kernel's own BTF and kallsyms (distribution kernels have both).
+        None if !kernel.is_empty() => {
+            let derived = crate::profile::btf_layout::from_kernel(std::path::Path::new(kernel))
+                .map_err(|e| e.to_string())
+                .and_then(|text| TaskLayout::parse(&text).map_err(|e| e.to_string()));
+            match derived {
+                Ok(l) => {
+                    log::info!(
+                        "host profile: guest tasks named with the layout of the kernel's BTF ({})",
+                        l.banner
+                    );
+                    Ok(Some(std::sync::Arc::new(l)))
+                }
+                Err(e) => {
+                    log::info!(
+                        "host profile: no task-layout beside the kernel, and none from the kernel \
+                         itself ({e}); --task-layout FILE names one: samples name no guest task"
+                    );
+                    Ok(None)
+                }
+            }
         }
+        None => Ok(None),
     }
 }
 
