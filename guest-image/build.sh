@@ -6,6 +6,8 @@
 #                    rootfs, kvm-unit-tests
 #   default-kernel   minimal kernel from Debian's unmodified linux-source-6.1:
 #                    tinyconfig + guest-image/kernel/minimal.config (4-6 min on 2 cores)
+#   nopci-kernel     the default kernel's fragment with CONFIG_PCI=n (no DSDT in 6.1: legacy UARTs,
+#                    no \_S5), bzImage only; tier 3 boots it to user space (4-6 min on 2 cores)
 #   debian-kernel    the prebuilt linux-image-6.1.*-cloud-amd64 (downloaded, never installed;
 #                    its real System.map comes from the matching -dbg package)
 #   initramfs        the default image, an uncompressed newc cpio (a guest kernel whose code is
@@ -265,6 +267,63 @@ build_default_kernel() {
 	link default-config "$final/config"
 	link default-task-layout "$final/task-layout"
 	link default-bzImage-xz "$final/bzImage.xz"
+}
+
+# ---------------------------------------------------------------------------------------------
+# nopci-kernel
+
+# The default kernel's fragment with CONFIG_PCI=n (common in microVM configs): such a 6.1 kernel
+# loads no DSDT (ACPICA has no PCI_Config region handler), so it finds the UARTs only as its
+# built-in legacy ports (IRQ 4 and 3) and has no \_S5. Tier 3 boots it to check that its user
+# space reaches the console (the VMM's fixed-hardware ACPI keeps ISA IRQs; boot/acpi.rs).
+# bzImage only (no task layout, no xz copy).
+build_nopci_kernel() {
+	need_pkgs "${KERNEL_PKGS[@]}"
+	local ver kver k name final log stamp src
+	ver=$(pkg_version linux-source-6.1)
+	kver=${ver%%-*}
+	k=$(key nopci-kernel "$ver" "$(cat "$FRAGMENT")" "$(declare -p KERNEL_PKGS CONFIG_MAY_DIFFER)" \
+		"$(declare -f build_nopci_kernel check_config kernel_make)")
+	name=nopci-kernel-$kver-$k
+	final=$CACHE/$name
+	if [ ! -f "$final/bzImage" ]; then
+		lock nopci-kernel
+		if [ ! -f "$final/bzImage" ]; then
+			new_tmp nopci-kernel
+			mkdir -p "$CACHE/logs"
+			log=$CACHE/logs/$name.log
+			: >"$log"
+			say "no-PCI kernel: linux-source-6.1 $ver, key $k; log: $log"
+			grep -q '^CONFIG_PCI=y$' "$FRAGMENT" || die "$FRAGMENT has no CONFIG_PCI=y line to turn off"
+			# DEVPORT (/dev/port) depends on ISA || PCI: it goes with PCI.
+			sed -e 's/^CONFIG_PCI=y$/CONFIG_PCI=n/' -e '/^CONFIG_DEVPORT=y$/d' \
+				"$FRAGMENT" >"$TMP/nopci.config"
+			run_logged "$log" "unpacking /usr/src/linux-source-6.1.tar.xz" \
+				tar -C "$TMP" -xf /usr/src/linux-source-6.1.tar.xz
+			src=$TMP/linux-source-6.1
+			stamp=$(date -u -r /usr/src/linux-source-6.1.tar.xz)
+			run_logged "$log" "make tinyconfig" kernel_make "$src" "$stamp" tinyconfig
+			run_logged "$log" "merging kernel/minimal.config with CONFIG_PCI=n (merge_config.sh -m)" \
+				env -C "$src" scripts/kconfig/merge_config.sh -m .config "$TMP/nopci.config"
+			run_logged "$log" "make olddefconfig" kernel_make "$src" "$stamp" olddefconfig
+			check_config "$src/.config" "$TMP/nopci.config" ||
+				die "the no-PCI kernel configuration differs from $TMP/nopci.config (see above)"
+			run_logged "$log" "make -j$JOBS bzImage (4-6 min with -j2)" \
+				kernel_make "$src" "$stamp" -j"$JOBS" bzImage
+			cp "$src/arch/x86/boot/bzImage" "$src/System.map" "$TMP/"
+			cp "$src/.config" "$TMP/config"
+			cp "$log" "$TMP/build.log"
+			say "removing the build tree"
+			rm -rf "$src"
+			publish "$final"
+			say "built: no-PCI kernel in $final"
+		fi
+		unlock
+	else
+		say "cached: no-PCI kernel $kver (key $k): $final"
+	fi
+	link nopci-bzImage "$final/bzImage"
+	link nopci-config "$final/config"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -842,6 +901,7 @@ print_paths() {
 	for var in DEFAULT_VMLINUX:default-vmlinux DEFAULT_BZIMAGE:default-bzImage \
 		DEFAULT_SYSTEM_MAP:default-System.map DEFAULT_CONFIG:default-config \
 		DEFAULT_TASK_LAYOUT:default-task-layout DEFAULT_BZIMAGE_XZ:default-bzImage-xz \
+		NOPCI_BZIMAGE:nopci-bzImage NOPCI_CONFIG:nopci-config \
 		DEBIAN_VMLINUZ:debian-vmlinuz DEBIAN_SYSTEM_MAP:debian-System.map DEBIAN_CONFIG:debian-config \
 		DEBIAN_DWARF_OFFSETS:debian-dwarf-offsets \
 		INITRAMFS:initramfs.cpio INITRAMFS_TINY:initramfs-tiny.cpio SPIN_INITRAMFS:spin-initramfs.cpio \
@@ -868,6 +928,7 @@ for target in "$@"; do
 		build_kvm_unit_tests
 		;;
 	default-kernel) build_default_kernel ;;
+	nopci-kernel) build_nopci_kernel ;;
 	debian-kernel) build_debian_kernel ;;
 	initramfs) build_initramfs ;;
 	rootfs) build_rootfs ;;

@@ -38,8 +38,8 @@ if [ "${VPMU_SKIP_LINUX:-0}" != 1 ]; then
   # fresh machine too. initramfs-tiny: busybox + /init only. The default initramfs (perf,
   # OProfile: 48 MB) makes the kernel spend minutes more copying it in emulated code here
   # (docs/guest.md, "Boot time").
-  say "building (or reusing) the guest images: the default kernel (read by tiers 1 and 3), initramfs-tiny, spin-initramfs, kvm-unit-tests x86/pmu.flat, Debian's cloud kernel with its DWARF offsets (tier 1 checks the BTF task layout against them)"
-  guest-image/build.sh default-kernel initramfs-tiny spin-initramfs kvm-unit-tests debian-kernel
+  say "building (or reusing) the guest images: the default kernel (read by tiers 1 and 3), the no-PCI kernel, initramfs-tiny, spin-initramfs, kvm-unit-tests x86/pmu.flat, Debian's cloud kernel with its DWARF offsets (tier 1 checks the BTF task layout against them)"
+  guest-image/build.sh default-kernel nopci-kernel initramfs-tiny spin-initramfs kvm-unit-tests debian-kernel
 fi
 
 say "tiers 1 and 2: cargo test --workspace (unit tests, tiny guests on /dev/kvm, CLI)"
@@ -55,9 +55,11 @@ eval "$(guest-image/build.sh paths)"
 : "${INITRAMFS_TINY:?guest-image/build.sh paths did not name INITRAMFS_TINY}"
 : "${SPIN_INITRAMFS:?guest-image/build.sh paths did not name SPIN_INITRAMFS}"
 
-say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code), and its xz bzImage to user space"
+say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code), its xz bzImage and the no-PCI kernel to user space"
 : "${DEFAULT_BZIMAGE_XZ:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE_XZ}"
-VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_XZ_KERNEL="$DEFAULT_BZIMAGE_XZ" VPMU_TEST_INITRD="$INITRAMFS_TINY" \
+: "${NOPCI_BZIMAGE:?guest-image/build.sh paths did not name NOPCI_BZIMAGE}"
+VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_XZ_KERNEL="$DEFAULT_BZIMAGE_XZ" VPMU_TEST_NOPCI_KERNEL="$NOPCI_BZIMAGE" \
+  VPMU_TEST_INITRD="$INITRAMFS_TINY" \
   cargo test --release -p vmm --test linux_boot -- --ignored --nocapture
 
 say "tier 3: packet receive compared in both accounting modes (vpmu-vmm compare --workload packet-rx; one boot)"

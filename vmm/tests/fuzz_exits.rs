@@ -17,7 +17,7 @@ use kvm_ioctls::{MsrExitReason, ReadMsrExit, VcpuExit, WriteMsrExit};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
-use vmm::devices::acpi_shutdown::AcpiShutdown;
+use vmm::devices::acpi_pm::AcpiPm;
 use vmm::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use vmm::devices::packet_gate::{PacketGate, PACKET_GATE_PORT};
 use vmm::devices::serial::{Uart, COM1_BASE, UART_LEN};
@@ -104,7 +104,7 @@ fn run(exits: &[Exit]) -> Result<(), TestCaseError> {
             let uart = Uart::new(irq.try_clone().unwrap(), std::io::sink());
             b.insert(COM1_BASE, UART_LEN, Arc::new(Mutex::new(uart)))
         })
-        .and_then(|b| b.insert(ACPI_PORT, 1, Arc::new(Mutex::new(AcpiShutdown))))
+        .and_then(|b| b.insert(ACPI_PORT, 1, Arc::new(Mutex::new(AcpiPm::default()))))
         .and_then(|b| {
             let control = VpmuControl::new(switch.clone(), Box::new(|| {}));
             b.insert(VPMU_CONTROL_PORT, 1, Arc::new(Mutex::new(control)))

@@ -16,8 +16,9 @@
 //! A second boot does the same with `--pmu-model intel`: on a host that is not Intel the guest
 //! then believes it runs on a generic Intel CPU and drives the vPMU with its Intel PMU driver
 //! (fixed counters, PERF_GLOBAL_* MSRs) instead of the AMD one. A third boots the same kernel
-//! built with an xz payload to its user space. The boots take turns (a lock), never run side by
-//! side.
+//! built with an xz payload to its user space, a fourth the same fragment built without
+//! CONFIG_PCI (its user space must reach the console). The boots take turns (a lock), never run
+//! side by side.
 
 mod common;
 
@@ -192,6 +193,68 @@ fn an_xz_bzimage_boots_to_user_space() {
         "init's user space wrote nothing to the console\n{dump}"
     );
     assert_eq!(out.status.code(), Some(0), "no clean power-off\n{dump}");
+}
+
+/// Issue 18 item 6: a kernel built without CONFIG_PCI (`guest-image/build.sh nopci-kernel`,
+/// VPMU_TEST_NOPCI_KERNEL) loads no DSDT, so it knows the UARTs only as its legacy ports on ISA
+/// IRQs 4 and 3. On a hardware-reduced ACPI platform those IRQs do not exist and every write of
+/// user space to the console failed with EIO; the VMM's fixed-hardware ACPI keeps them. Such a
+/// kernel has no `\_S5` either (power-off only halts), so the command reboots the guest
+/// (`reboot=k`: a clean end) after `stty` has waited for the console to drain.
+#[test]
+#[ignore = "boots Linux (a minute here): run through scripts/test.sh, which provides VPMU_TEST_NOPCI_KERNEL/VPMU_TEST_INITRD"]
+fn a_kernel_without_pci_writes_to_the_console_from_user_space() {
+    if !common::kvm_available() {
+        return;
+    }
+    let _turn = ONE_BOOT_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let kernel = std::env::var("VPMU_TEST_NOPCI_KERNEL").expect(
+        "VPMU_TEST_NOPCI_KERNEL must name the no-PCI bzImage (build.sh paths: NOPCI_BZIMAGE)",
+    );
+    let initrd =
+        std::env::var("VPMU_TEST_INITRD").expect("VPMU_TEST_INITRD must name the initramfs");
+    let dir = tempfile::tempdir().unwrap();
+    let console = dir.path().join("console.log");
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--kernel",
+            &kernel,
+            "--initrd",
+            &initrd,
+            "--timeout",
+            "900",
+        ])
+        .args([
+            "--cmdline",
+            "vpmu.cmd=echo%20VPMU-NOPCI-USER-SPACE%3B%20stty%20onlcr%3B%20reboot%20-f",
+        ])
+        .arg("--console")
+        .arg(&console)
+        .output()
+        .unwrap();
+    let log = std::fs::read_to_string(&console).unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dump = format!("--- console ---\n{log}\n--- vmm ---\n{stderr}");
+    assert!(
+        log.contains("Unable to load the System Description Tables"),
+        "the kernel loaded its DSDT: not a kernel without CONFIG_PCI?\n{dump}"
+    );
+    assert!(
+        log.contains("Run /init as init process"),
+        "init not reached\n{dump}"
+    );
+    assert!(
+        log.lines().any(|l| l.trim() == "VPMU-NOPCI-USER-SPACE"),
+        "init's user space wrote nothing to the console\n{dump}"
+    );
+    assert!(
+        stderr.contains("guest rebooted"),
+        "no reboot at the end of the command\n{dump}"
+    );
+    assert_eq!(out.status.code(), Some(0), "no clean end\n{dump}");
 }
 
 fn boot_and_check(extra: &[&str]) -> Option<Boot> {

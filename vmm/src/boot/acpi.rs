@@ -2,25 +2,39 @@
 //!
 //! Two jobs: tell the kernel about the vCPUs and interrupt controllers (Debian's cloud kernel
 //! has no MP-table parser, so without a MADT it brings up only the boot CPU), and give it a way
-//! to power off. Both go through a "hardware-reduced" ACPI platform (ACPI 6, FADT flag
-//! HW_REDUCED_ACPI), which has no PM1 blocks, no SCI, no GPEs and no FACS: power-off is one byte
-//! written to the FADT's SLEEP_CONTROL_REG, an I/O port the VMM traps ([`SHUTDOWN_PORT`]).
+//! to power off. The platform described is a "fixed hardware" one (the FADT does NOT set
+//! HW_REDUCED_ACPI): a PM1a event block (status, enable) and a PM1a control block at
+//! [`PM1A_EVT_PORT`] / [`PM1A_CNT_PORT`], an SCI on ISA IRQ 9 that never fires, no SMI command
+//! port (the platform is always in ACPI mode) and a FACS. Power-off is the guest writing
+//! SLP_TYP(S5) | SLP_EN to PM1a_CNT, an I/O port the VMM traps (devices/acpi_pm.rs).
 //!
-//! Tables, packed in this order from [`RSDP_ADDR`] (RSDP 16-byte aligned, the rest 8-byte
-//! aligned), all below 1 MiB in the BIOS area that Linux also scans for the RSDP:
+//! Why not hardware-reduced: a hardware-reduced Linux has no legacy PIC and hence no ISA IRQs
+//! (IRQ 0-15 do not exist), so an ISA device's interrupt works only once the DSDT names its GSI.
+//! A kernel built without CONFIG_PCI (common in microVM configs) loads no DSDT at all: Linux 6.1's
+//! ACPICA then has no PCI_Config region handler and gives up ("AE_BAD_PARAMETER, During Region
+//! initialization ... Unable to load the System Description Tables"). Its 8250 driver keeps the
+//! legacy ports with IRQ 4 and 3, request_irq fails at the first open, the tty is marked
+//! TTY_IO_ERROR and every write of user space to the console fails with EIO, while printk (polled)
+//! still reaches it. With fixed hardware the kernel keeps its 8259 PIC and identity-maps ISA
+//! IRQs to I/O APIC pins, so the console works with or without a DSDT.
+//!
+//! Tables, packed in this order from [`RSDP_ADDR`] (RSDP 16-byte aligned, FACS 64-byte aligned,
+//! the rest 8-byte aligned), all below 1 MiB in the BIOS area that Linux also scans for the RSDP:
 //!
 //! ```text
 //! RSDP (rev 2) -> XSDT -> FACP (FADT rev 6) -> DSDT (\_S5_, COM1, COM2)
-//!                      -> APIC (MADT: N local APICs, 1 I/O APIC, LINT1 = NMI)
+//!                                           -> FACS
+//!                      -> APIC (MADT: N local APICs, 1 I/O APIC, SCI override, LINT1 = NMI)
 //! ```
 //!
 //! Interrupt wiring this describes: KVM's in-kernel irqchip with its default GSI routing, where
-//! ISA IRQ n reaches I/O APIC pin n (GSI n) for n < 16. That is why the MADT has no IRQ0 -> GSI2
-//! override: QEMU needs one because it reprograms KVM's routing to send the PIT to pin 2, and
-//! this VMM does not. (A hardware-reduced Linux does not use the PIT interrupt anyway.)
+//! ISA IRQ n reaches I/O APIC pin n (GSI n) and the 8259 PIC for n < 16. That is why the MADT has
+//! no IRQ0 -> GSI2 override: QEMU needs one because it reprograms KVM's routing to send the PIT
+//! to pin 2, and this VMM does not. The one override is the SCI's (IRQ 9, level, active high, as
+//! QEMU gives it): the VMM never raises it.
 
+use acpi_tables::facs::FACS;
 use acpi_tables::fadt::{FADTBuilder, Flags as FadtFlags};
-use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
@@ -33,13 +47,25 @@ pub const RSDP_ADDR: u64 = 0x000E_0000;
 /// End (exclusive) of the area the tables may occupy.
 pub const ACPI_AREA_END: u64 = 0x0010_0000;
 
-/// I/O port of the hardware-reduced ACPI sleep control register (FADT SLEEP_CONTROL_REG).
-/// The sleep status register (SLEEP_STATUS_REG) is the next port, `SHUTDOWN_PORT + 1`.
-pub const SHUTDOWN_PORT: u16 = 0x600;
+/// First I/O port of the VMM's ACPI power-management registers (devices/acpi_pm.rs): a one-byte
+/// sleep control register in the hardware-reduced layout (not in the FADT: the VMM's tiny test
+/// guests power off by writing SLP_TYP(S5) | SLP_EN there), then the PM1a blocks below.
+pub const PM_BASE_PORT: u16 = 0x600;
+/// The PM1a event block: PM1_STS (2 bytes), then PM1_EN (2 bytes).
+pub const PM1A_EVT_PORT: u16 = PM_BASE_PORT + 4;
+pub const PM1_EVT_LEN: u8 = 4;
+/// The PM1a control block: PM1_CNT (2 bytes).
+pub const PM1A_CNT_PORT: u16 = PM_BASE_PORT + 8;
+pub const PM1_CNT_LEN: u8 = 2;
+/// How many ports the power-management registers take from [`PM_BASE_PORT`].
+pub const PM_PORTS: u16 = PM1A_CNT_PORT + PM1_CNT_LEN as u16 - PM_BASE_PORT;
+/// The SCI: ISA IRQ 9 (GSI 9), the PC convention. Nothing in the VMM raises it.
+pub const SCI_IRQ: u8 = 9;
 /// SLP_TYP value the DSDT's `\_S5_` object gives for S5 (soft off).
 pub const SLEEP_TYPE_S5: u8 = 5;
 
 /// Sleep control register layout (ACPI 6.5, 4.8.3.7): SLP_TYP in bits 2..=4, SLP_EN in bit 5.
+/// PM1_CNT's high byte has the same layout (SLP_TYP in bits 10..=12, SLP_EN in bit 13).
 const SLP_TYP_SHIFT: u8 = 2;
 const SLP_TYP_MASK: u8 = 0b111;
 const SLP_EN: u8 = 1 << 5;
@@ -66,7 +92,12 @@ const MADT_PCAT_COMPAT: u32 = 1;
 /// MADT interrupt controller structure types.
 const MADT_LOCAL_APIC: u8 = 0;
 const MADT_IO_APIC: u8 = 1;
+const MADT_INTERRUPT_OVERRIDE: u8 = 2;
 const MADT_LOCAL_APIC_NMI: u8 = 4;
+/// MPS INTI flags of the SCI override: polarity active high (01), trigger mode level (11 << 2).
+const SCI_INTI_FLAGS: u16 = 0b1101;
+/// The ISA bus, source of an interrupt source override.
+const ISA_BUS: u8 = 0;
 /// Local APIC flags: Enabled.
 const LAPIC_ENABLED: u32 = 1;
 /// ACPI processor UID meaning "all processors" in a Local APIC NMI structure.
@@ -75,9 +106,9 @@ const ALL_PROCESSORS: u8 = 0xff;
 const IOAPIC_ID: u8 = 0;
 
 /// The VMM's legacy UARTs (devices/serial.rs): name, I/O base, ISA IRQ (= GSI, see above).
-/// Describing them matters in hardware-reduced mode: Linux then has no legacy PIC and no
-/// identity-mapped ISA IRQs, so a UART's interrupt only works once ACPI names its GSI, which
-/// the 8250 PnP driver does from the `_CRS` below (the console itself can poll, a tty cannot).
+/// A kernel that loads the DSDT finds them through its 8250 PnP driver (`_CRS` below); one that
+/// cannot (no CONFIG_PCI) keeps its built-in legacy ports, whose IRQs 4 and 3 work because the
+/// platform is not hardware-reduced (see the module comment).
 const UARTS: [(&str, u16, u32); 2] = [("COM1", 0x3f8, 4), ("COM2", 0x2f8, 3)];
 const UART_PORTS: u8 = 8;
 
@@ -153,8 +184,10 @@ pub fn create_acpi_tables_with(
     let fadt_addr = place(&mut next, acpi_tables::fadt::FADT::len(), 8, "FACP")?;
     let madt_addr = place(&mut next, madt.len(), 8, "APIC")?;
     let dsdt_addr = place(&mut next, dsdt.len(), 8, "DSDT")?;
+    let facs_addr = place(&mut next, FACS::len(), FACS_ALIGN, "FACS")?;
 
-    let fadt = to_bytes(&fadt(dsdt_addr));
+    let fadt = to_bytes(&fadt(dsdt_addr, facs_addr));
+    let facs = to_bytes(&facs());
     let mut xsdt = XSDT::new(OEM_ID, *b"VPMUXSDT", OEM_REVISION);
     xsdt.add_entry(fadt_addr);
     xsdt.add_entry(madt_addr);
@@ -168,6 +201,7 @@ pub fn create_acpi_tables_with(
         ("FACP", fadt_addr, fadt.as_slice()),
         ("APIC", madt_addr, madt.as_slice()),
         ("DSDT", dsdt_addr, dsdt.as_slice()),
+        ("FACS", facs_addr, facs.as_slice()),
     ] {
         mem.write_slice(bytes, GuestAddress(addr))
             .map_err(|source| AcpiError::GuestMemory {
@@ -180,9 +214,9 @@ pub fn create_acpi_tables_with(
     Ok(GuestAddress(rsdp_addr))
 }
 
-/// Decodes a byte the guest wrote to [`SHUTDOWN_PORT`]: `Some(PowerOff)` for SLP_TYP = S5 with
-/// SLP_EN set (Linux writes `5 << 2 | 1 << 5`), `None` for anything else. Reserved bits are
-/// ignored.
+/// Decodes a byte the guest wrote to the sleep control register at [`PM_BASE_PORT`], or to the
+/// high byte of PM1_CNT (the same layout): `Some(PowerOff)` for SLP_TYP = S5 with SLP_EN set
+/// (`5 << 2 | 1 << 5`), `None` for anything else. Reserved bits are ignored.
 pub fn decode_sleep_control(value: u8) -> Option<SleepRequest> {
     let slp_typ = (value >> SLP_TYP_SHIFT) & SLP_TYP_MASK;
     (value & SLP_EN != 0 && slp_typ == SLEEP_TYPE_S5).then_some(SleepRequest::PowerOff)
@@ -205,38 +239,41 @@ fn to_bytes(table: &dyn Aml) -> Vec<u8> {
     bytes
 }
 
-/// One I/O-port register, a byte wide, as a Generic Address Structure.
-fn io_port_byte(port: u16) -> GAS {
-    GAS::new(
-        AddressSpace::SystemIo,
-        8,
-        0,
-        AccessSize::ByteAccess,
-        port.into(),
-    )
-}
-
-/// FADT, revision 6.5: hardware-reduced, sleep registers at [`SHUTDOWN_PORT`], DSDT via X_DSDT.
-/// Everything the hardware-reduced model does not have (SCI, SMI, PM1/PM2/GPE blocks, PM timer,
-/// FACS, reset register) stays zero.
-fn fadt(dsdt_addr: u64) -> acpi_tables::fadt::FADT {
+/// FADT, revision 6.5, fixed hardware (not hardware-reduced; see the module comment): the PM1a
+/// blocks, the SCI, the FACS and the DSDT (64-bit pointers). No SMI command port (always in ACPI
+/// mode), no PM timer, no GPE blocks, no PM2 block, no reset register, no fixed buttons. The
+/// PM1a blocks are given in the 32-bit fields only (ACPICA derives the X_ fields from them).
+fn fadt(dsdt_addr: u64, facs_addr: u64) -> acpi_tables::fadt::FADT {
     let mut fadt = FADTBuilder::new(OEM_ID, *b"VPMUFACP", OEM_REVISION)
         .dsdt_64(dsdt_addr)
-        .flag(FadtFlags::HwReducedAcpi)
+        .firmware_ctrl_64(facs_addr)
         // Power and sleep buttons, if any, would be control-method devices: no fixed buttons.
         .flag(FadtFlags::PwrButton)
         .flag(FadtFlags::SlpButton);
+    fadt.sci_int = u16::from(SCI_IRQ).into();
+    fadt.pm1a_evt_blk = u32::from(PM1A_EVT_PORT).into();
+    fadt.pm1_evt_len = PM1_EVT_LEN;
+    fadt.pm1a_cnt_blk = u32::from(PM1A_CNT_PORT).into();
+    fadt.pm1_cnt_len = PM1_CNT_LEN;
     fadt.iapc_boot_arch = (IAPC_NO_VGA | IAPC_NO_MSI | IAPC_NO_ASPM | IAPC_NO_CMOS_RTC).into();
-    fadt.sleep_control_reg = io_port_byte(SHUTDOWN_PORT);
-    // Linux requires both registers before it offers S5; it writes WAK_STS (0x80) here first.
-    fadt.sleep_status_reg = io_port_byte(SHUTDOWN_PORT + 1);
     fadt.hypervisor_vendor_identity = u64::from_le_bytes(HYPERVISOR_VENDOR_ID).into();
     fadt.finalize()
 }
 
+/// FACS alignment (ACPI 6.5, 5.2.10: 64 bytes).
+const FACS_ALIGN: u64 = 64;
+
+/// FACS, version 2: no waking vector (no S1-S4), the global lock word (free), no flags.
+/// Required on a fixed-hardware platform; Linux uses it for the global lock only.
+fn facs() -> FACS {
+    let mut facs = FACS::new();
+    facs.version = 2;
+    facs
+}
+
 /// MADT, revision 5: one enabled Processor Local APIC per vCPU (ACPI processor UID = APIC id =
-/// index), the I/O APIC, and LINT1 as NMI on every processor. No interrupt source overrides:
-/// ISA IRQs are identity-mapped to GSIs (see the module comment).
+/// index), the I/O APIC, the SCI's interrupt source override and LINT1 as NMI on every
+/// processor. Other ISA IRQs are identity-mapped to GSIs (see the module comment).
 fn madt(num_cpus: u8, ioapic_addr: u32, lapic_addr: u32) -> Vec<u8> {
     let mut madt = Sdt::new(
         *b"APIC",
@@ -259,6 +296,10 @@ fn madt(num_cpus: u8, ioapic_addr: u32, lapic_addr: u32) -> Vec<u8> {
     entries.extend_from_slice(&[MADT_IO_APIC, 12, IOAPIC_ID, 0]);
     entries.extend_from_slice(&ioapic_addr.to_le_bytes());
     entries.extend_from_slice(&0u32.to_le_bytes());
+    // type, length, bus, source (ISA IRQ), GSI (u32), MPS INTI flags (u16)
+    entries.extend_from_slice(&[MADT_INTERRUPT_OVERRIDE, 10, ISA_BUS, SCI_IRQ]);
+    entries.extend_from_slice(&u32::from(SCI_IRQ).to_le_bytes());
+    entries.extend_from_slice(&SCI_INTI_FLAGS.to_le_bytes());
     // type, length, ACPI processor UID, flags (u16: 0 = conforms to the bus), LINT#
     entries.extend_from_slice(&[MADT_LOCAL_APIC_NMI, 6, ALL_PROCESSORS, 0, 0, 1]);
 
@@ -266,13 +307,13 @@ fn madt(num_cpus: u8, ioapic_addr: u32, lapic_addr: u32) -> Vec<u8> {
     madt.as_slice().to_vec()
 }
 
-/// DSDT (AML): `\_S5_`, the two UARTs and any virtio-mmio devices. `\_S5_` is all a
-/// hardware-reduced Linux needs to power off: it gives SLP_TYP, the FADT gives the register.
+/// DSDT (AML): `\_S5_`, the two UARTs and any virtio-mmio devices. `\_S5_` is all Linux needs
+/// to power off: it gives SLP_TYP, the FADT gives the PM1a control register.
 fn dsdt(virtio_mmio: &[VirtioMmioAcpi]) -> Vec<u8> {
     let mut body = Vec::new();
 
-    // Name (\_S5_, Package () { SLP_TYPa, SLP_TYPb, reserved, reserved }). A hardware-reduced
-    // OS uses SLP_TYPa only; the classic four-element form keeps every ACPI parser happy.
+    // Name (\_S5_, Package () { SLP_TYPa, SLP_TYPb, reserved, reserved }). There is no PM1b
+    // block, so only SLP_TYPa is used; the classic four-element form keeps every parser happy.
     let s5 = aml::Package::new(vec![&SLEEP_TYPE_S5, &SLEEP_TYPE_S5, &0u8, &0u8]);
     aml::Name::new("\\_S5_".into(), &s5).to_aml_bytes(&mut body);
 
@@ -374,9 +415,10 @@ mod tests {
         fadt: Vec<u8>,
         madt: Vec<u8>,
         dsdt: Vec<u8>,
+        facs: Vec<u8>,
     }
 
-    /// Follows RSDP -> XSDT -> {FACP -> DSDT, APIC} in guest memory, as the guest would.
+    /// Follows RSDP -> XSDT -> {FACP -> {DSDT, FACS}, APIC} in guest memory, as the guest would.
     fn parse(mem: &GuestMemoryMmap, rsdp_addr: GuestAddress) -> Tables {
         assert_eq!(rsdp_addr, GuestAddress(RSDP_ADDR));
         assert_eq!(RSDP_ADDR % 16, 0);
@@ -400,12 +442,26 @@ mod tests {
         let dsdt_addr = u64_at(&fadt, 140);
         let dsdt = table(mem, dsdt_addr, b"DSDT");
 
+        // The FACS has no checksum, no OEM fields and its own alignment.
+        assert_eq!(u32_at(&fadt, 36), 0, "32-bit FACS pointer unused");
+        let facs_addr = u64_at(&fadt, 132);
+        assert_eq!(
+            facs_addr % 64,
+            0,
+            "FACS at {facs_addr:#x} is not 64-byte aligned"
+        );
+        let facs = read(mem, facs_addr, 64);
+        assert_eq!(&facs[..4], b"FACS");
+        assert_eq!(u32_at(&facs, 4), 64, "FACS length");
+        assert!(facs_addr + 64 <= ACPI_AREA_END);
+
         let mut addrs = vec![
             (RSDP_ADDR, rsdp.len()),
             (xsdt_addr, xsdt.len()),
             (fadt_addr, fadt.len()),
             (madt_addr, madt.len()),
             (dsdt_addr, dsdt.len()),
+            (facs_addr, facs.len()),
         ];
         addrs.sort_unstable();
         for pair in addrs.windows(2) {
@@ -419,6 +475,7 @@ mod tests {
             fadt,
             madt,
             dsdt,
+            facs,
         }
     }
 
@@ -426,30 +483,43 @@ mod tests {
         assert_eq!(fadt.len(), 276, "FADT revision 6 length");
         assert_eq!(fadt[8], 6, "FADT major revision");
         let flags = u32_at(fadt, 112);
-        assert_ne!(flags & (1 << 20), 0, "HW_REDUCED_ACPI");
+        assert_eq!(
+            flags & (1 << 20),
+            0,
+            "not HW_REDUCED_ACPI: Linux keeps its ISA IRQs"
+        );
+        assert_eq!(flags & (3 << 4), 3 << 4, "no fixed power or sleep button");
         let iapc = u16_at(fadt, 109);
         assert_ne!(iapc & IAPC_NO_VGA, 0);
         assert_ne!(iapc & IAPC_NO_CMOS_RTC, 0);
         assert_eq!(iapc & (1 << 1), 0, "no 8042 claimed");
-        // No FACS, no SCI, no PM timer (PM_TMR_BLK and X_PM_TMR_BLK).
-        assert_eq!(u32_at(fadt, 36), 0);
-        assert_eq!(u64_at(fadt, 132), 0);
-        assert_eq!(u16_at(fadt, 46), 0);
-        assert_eq!(u32_at(fadt, 76), 0);
-        assert!(fadt[208..220].iter().all(|&b| b == 0));
-        // SLEEP_CONTROL_REG (offset 244) and SLEEP_STATUS_REG (256): system I/O, 8 bits wide,
-        // bit offset 0, byte access.
-        for (off, port) in [(244, SHUTDOWN_PORT), (256, SHUTDOWN_PORT + 1)] {
-            assert_eq!(&fadt[off..off + 4], &[1, 8, 0, 1], "GAS at {off}");
-            assert_eq!(u64_at(fadt, off + 4), u64::from(port));
-        }
+        assert_eq!(u16_at(fadt, 46), u16::from(SCI_IRQ), "SCI_INT");
+        assert_eq!(u32_at(fadt, 48), 0, "no SMI_CMD: always in ACPI mode");
+        // PM1a event and control blocks (32-bit fields; ACPICA fills the X_ ones), lengths.
+        assert_eq!(u32_at(fadt, 56), u32::from(PM1A_EVT_PORT));
+        assert_eq!(u32_at(fadt, 64), u32::from(PM1A_CNT_PORT));
+        assert_eq!((fadt[88], fadt[89]), (4, 2), "PM1_EVT_LEN, PM1_CNT_LEN");
+        // No PM1b blocks, PM2, PM timer, GPE blocks (60..64, 68..88, 90..94), no X_ blocks
+        // (148..244), no hardware-reduced sleep registers (244..268).
+        assert!(fadt[60..64].iter().all(|&b| b == 0));
+        assert!(fadt[68..88].iter().all(|&b| b == 0));
+        assert!(fadt[90..94].iter().all(|&b| b == 0));
+        assert!(fadt[148..268].iter().all(|&b| b == 0));
         assert_eq!(&fadt[268..276], &HYPERVISOR_VENDOR_ID);
+    }
+
+    fn check_facs(facs: &[u8]) {
+        assert_eq!(facs[32], 2, "FACS version");
+        assert_eq!(u32_at(facs, 12), 0, "no firmware waking vector");
+        assert_eq!(u64_at(facs, 24), 0, "no 64-bit waking vector");
+        assert_eq!(u32_at(facs, 16), 0, "global lock free");
     }
 
     fn check_madt(madt: &[u8], num_cpus: u8) {
         assert_eq!(u32_at(madt, 36), LAPIC_ADDR);
         assert_eq!(u32_at(madt, 40), MADT_PCAT_COMPAT);
         let (mut lapics, mut ioapics, mut nmis) = (Vec::new(), Vec::new(), Vec::new());
+        let mut overrides = Vec::new();
         let mut off = 44;
         while off < madt.len() {
             let (kind, len) = (madt[off], madt[off + 1] as usize);
@@ -467,6 +537,10 @@ mod tests {
                     assert_eq!(len, 12);
                     ioapics.push((e[2], u32_at(e, 4), u32_at(e, 8)));
                 }
+                2 => {
+                    assert_eq!(len, 10);
+                    overrides.push((e[2], e[3], u32_at(e, 4), u16_at(e, 8)));
+                }
                 4 => {
                     assert_eq!(len, 6);
                     nmis.push((e[2], u16_at(e, 3), e[5]));
@@ -483,6 +557,12 @@ mod tests {
         );
         assert_eq!(ioapics, vec![(IOAPIC_ID, IOAPIC_ADDR, 0)]);
         assert_eq!(nmis, vec![(0xff, 0, 1)], "LINT1 is NMI on all processors");
+        // Only the SCI's: ISA IRQ 9 -> GSI 9, active high (01), level (11 << 2).
+        assert_eq!(
+            overrides,
+            vec![(0, 9, 9, 0b1101)],
+            "interrupt source overrides"
+        );
     }
 
     fn check_dsdt(dsdt: &[u8]) {
@@ -555,7 +635,8 @@ mod tests {
             check_fadt(&t.fadt);
             check_madt(&t.madt, num_cpus);
             check_dsdt(&t.dsdt);
-            assert_eq!(t.madt.len(), 44 + 8 * num_cpus as usize + 12 + 6);
+            assert_eq!(t.madt.len(), 44 + 8 * num_cpus as usize + 12 + 10 + 6);
+            check_facs(&t.facs);
             let (last, len) = *t.addrs.last().unwrap();
             assert!(last + len as u64 <= ACPI_AREA_END);
         }
@@ -575,8 +656,9 @@ mod tests {
                 (0xe0000, 36),
                 (0xe0028, 52),
                 (0xe0060, 276),
-                (0xe0178, 78),
-                (0xe01c8, dsdt_len)
+                (0xe0178, 88),
+                (0xe01d0, dsdt_len),
+                ((0xe01d0 + dsdt_len as u64).next_multiple_of(64), 64)
             ]
         );
     }

@@ -2,7 +2,7 @@
 //! I/O and for MMIO). All device emulation for a vCPU's exits runs on that vCPU's thread (so
 //! domain-switch accounting charges it to the guest), and so does periodic device work ([`Tick`]).
 
-pub mod acpi_shutdown;
+pub mod acpi_pm;
 pub mod bus;
 pub mod debug_exit;
 pub mod delay;

@@ -29,8 +29,8 @@ use crate::devices::virtio::blk::{self, DiskConfig, VirtioBlk};
 use crate::devices::virtio::mmio::{MmioTransport, MMIO_LEN};
 use crate::devices::virtio::net::VirtioNet;
 use crate::devices::{
-    acpi_shutdown::AcpiShutdown, debug_exit, delay, i8042, packet_gate, serial, vpmu_control,
-    MmioBus, PioBus, PioDevice,
+    acpi_pm::AcpiPm, debug_exit, delay, i8042, packet_gate, serial, vpmu_control, MmioBus, PioBus,
+    PioDevice,
 };
 use crate::host_quirks::idt_trap::TrapPoll;
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
@@ -463,7 +463,11 @@ fn attach_devices(
     pio.insert(serial::COM1_BASE, serial::UART_LEN, com1.clone())?
         .insert(serial::COM2_BASE, serial::UART_LEN, shared(com2))?
         .insert(i8042::I8042_BASE, i8042::I8042_LEN, shared(i8042::I8042))?
-        .insert(boot::acpi::SHUTDOWN_PORT, 2, shared(AcpiShutdown))?
+        .insert(
+            boot::acpi::PM_BASE_PORT,
+            boot::acpi::PM_PORTS,
+            shared(AcpiPm::default()),
+        )?
         .insert(
             debug_exit::DEBUG_EXIT_PORT,
             debug_exit::DEBUG_EXIT_LEN,
