@@ -102,9 +102,16 @@ pub trait VcpuAccess {
     /// Guest-linear to guest-physical, through the guest's page tables as the vCPU has them
     /// now (the one page walk, [`x86::translate`]).
     fn translate(&mut self, gva: u64) -> Result<u64, AccessError> {
+        let cr3 = self.sregs()?.cr3;
+        self.translate_at(cr3, gva)
+    }
+
+    /// The same walk from another root table (`cr3`, as CR3 holds it): the vCPU's paging mode,
+    /// another address space (the kernel's own under page-table isolation).
+    fn translate_at(&mut self, cr3: u64, gva: u64) -> Result<u64, AccessError> {
         let s = self.sregs()?;
         let mem = self.memory();
-        x86::translate(Paging::of(s.cr0, s.cr4, s.efer), s.cr3, gva, |pa| {
+        x86::translate(Paging::of(s.cr0, s.cr4, s.efer), cr3, gva, |pa| {
             mem.read_obj::<u64>(GuestAddress(pa)).ok()
         })
         .ok_or(AccessError::NotMapped(gva))
@@ -112,11 +119,17 @@ pub trait VcpuAccess {
 
     /// Reads guest-virtual memory, page by page.
     fn read_virt(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), AccessError> {
+        let cr3 = self.sregs()?.cr3;
+        self.read_virt_at(cr3, gva, buf)
+    }
+
+    /// Reads guest-virtual memory of the address space whose root is `cr3`.
+    fn read_virt_at(&mut self, cr3: u64, gva: u64, buf: &mut [u8]) -> Result<(), AccessError> {
         let mut done = 0;
         while done < buf.len() {
             let va = gva.wrapping_add(done as u64);
             let n = ((0x1000 - (va & 0xfff)) as usize).min(buf.len() - done);
-            let pa = self.translate(va)?;
+            let pa = self.translate_at(cr3, va)?;
             self.memory()
                 .read_slice(&mut buf[done..done + n], GuestAddress(pa))
                 .map_err(|_| AccessError::OutsideMemory(pa))?;

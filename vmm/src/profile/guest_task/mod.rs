@@ -343,10 +343,27 @@ pub trait GuestRead {
 }
 
 impl<T: VcpuAccess + ?Sized> GuestRead for T {
+    /// Through the vCPU's address space; for kernel data the running address space does not
+    /// map, through the kernel's own: under page-table isolation (PTI) a task in user mode runs
+    /// on the user half of an 8 KiB pair of top-level tables, which maps almost nothing of the
+    /// kernel, and the kernel's table is the other half (Linux's PTI_USER_PGTABLE_MASK, bit 12
+    /// of CR3).
     fn read_virt(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), AccessError> {
-        VcpuAccess::read_virt(self, gva, buf)
+        match VcpuAccess::read_virt(self, gva, buf) {
+            Err(AccessError::NotMapped(a)) if gva >= KERNEL_HALF => {
+                let cr3 = self.sregs()?.cr3;
+                if cr3 & PTI_USER_PGTABLE_BIT == 0 {
+                    return Err(AccessError::NotMapped(a));
+                }
+                self.read_virt_at(cr3 & !PTI_USER_PGTABLE_BIT, gva, buf)
+            }
+            r => r,
+        }
     }
 }
+
+/// Set in CR3 while a PTI kernel runs user code (the user half of its top-level table pair).
+const PTI_USER_PGTABLE_BIT: u64 = 1 << 12;
 
 /// One vCPU's task reader: the layout, the vCPU's number, and whether the kernel was verified.
 pub struct TaskReader {
@@ -820,6 +837,57 @@ mod tests {
             r.current_user(&mut m2, LIBC_START).unwrap().2,
             Some(Err(Unresolved::BadValue(Step::Mapping)))
         );
+    }
+
+    /// Maps `va` to `pa` under the top-level table at `root` (4-level, 4 KiB pages; tables
+    /// taken from `next`).
+    fn map(mem: &vm_memory::GuestMemoryMmap, root: u64, va: u64, pa: u64, next: &mut u64) {
+        use vm_memory::{Bytes, GuestAddress};
+        let mut table = root;
+        for level in (2..=4).rev() {
+            let at = table + ((va >> (12 + 9 * (level - 1))) & 0x1ff) * 8;
+            let mut e: u64 = mem.read_obj(GuestAddress(at)).unwrap();
+            if e & 1 == 0 {
+                *next += 0x1000;
+                e = *next | 3;
+                mem.write_obj(e, GuestAddress(at)).unwrap();
+            }
+            table = e & 0x000f_ffff_ffff_f000;
+        }
+        mem.write_obj(pa | 3, GuestAddress(table + ((va >> 12) & 0x1ff) * 8))
+            .unwrap();
+    }
+
+    #[test]
+    fn kernel_data_of_a_pti_kernel_is_read_through_its_own_tables() {
+        use crate::arch::x86::{CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
+        use crate::vcpu::access::fake::FakeVcpu;
+        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        // The kernel's top-level table at 0x10000 (8 KiB aligned), the user's at 0x11000.
+        let (kernel_root, user_root) = (0x1_0000u64, 0x1_1000u64);
+        let mut next = 0x2_0000;
+        let (kdata, udata) = (0xffff_8880_0010_0000u64, 0x40_0000u64);
+        map(&mem, kernel_root, kdata, 0x30_0000, &mut next);
+        map(&mem, user_root, udata, 0x31_0000, &mut next);
+        mem.write_obj(0x1122_3344u64, GuestAddress(0x30_0000))
+            .unwrap();
+        let mut cpu = FakeVcpu::new(mem);
+        cpu.sregs.cr0 = CR0_PG | 1;
+        cpu.sregs.cr4 = CR4_PAE;
+        cpu.sregs.efer = EFER_LMA | EFER_LME;
+        // In user mode: CR3 is the user table (bit 12 set), with a PCID in its low bits.
+        cpu.sregs.cr3 = user_root | 5;
+        let mut b = [0u8; 8];
+        assert!(
+            VcpuAccess::read_virt(&mut cpu, kdata, &mut b).is_err(),
+            "the CPU's view"
+        );
+        GuestRead::read_virt(&mut cpu, kdata, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 0x1122_3344);
+        // Without PTI (bit 12 clear) a kernel address the tables do not map stays unmapped.
+        cpu.sregs.cr3 = kernel_root;
+        assert!(GuestRead::read_virt(&mut cpu, kdata + 0x10_0000, &mut b).is_err());
     }
 
     #[test]
