@@ -82,13 +82,77 @@ fn layout() -> TaskLayout {
          value task_struct_size 6464\nvalue pf_kthread 2097152\nvalue task_struct_mm 768\n\
          value mm_struct_exe_file 840\nvalue mm_struct_start_code 240\n\
          value mm_struct_end_code 248\nvalue file_f_path 16\nvalue path_dentry 8\n\
-         value dentry_d_name 32\nvalue qstr_name 8\n"
+         value dentry_d_name 32\nvalue qstr_name 8\n\
+         value mm_struct_mm_mt 64\nvalue maple_tree_ma_root 8\nvalue maple_range_64_pivot 8\n\
+         value maple_range_64_slot 128\nvalue maple_range_64_meta 248\n\
+         value maple_arange_64_pivot 8\nvalue maple_arange_64_slot 80\n\
+         value maple_arange_64_meta 240\nvalue maple_range64_slots 16\n\
+         value maple_arange64_slots 10\nvalue vm_area_struct_vm_start 0\n\
+         value vm_area_struct_vm_end 8\nvalue vm_area_struct_vm_file 112\n\
+         value vm_area_struct_vm_pgoff 104\n"
     ))
     .expect("the bench's layout")
 }
 
 const USER_RBP: u64 = 0x7ffc_0000_1000;
+/// A RIP in the executable's code, and one in a shared library (libc's text mapping).
+const EXE_RIP: u64 = 0x40_1100;
+const LIB_RIP: u64 = 0x7f00_0000_5123;
 const KERNEL_RBP: u64 = 0xffff_c900_0001_3000;
+
+/// The task's memory map as a two-level 6.1 maple tree (an arange_64 root over two leaves),
+/// the shape a small process has: the executable, then libc's text at LIB_RIP's page.
+fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
+    let m = l
+        .maps
+        .as_ref()
+        .expect("the bench's layout has the memory map");
+    let (root, low, high) = (
+        DIRECT_MAP + 0x80_0000,
+        DIRECT_MAP + 0x80_0100,
+        DIRECT_MAP + 0x80_0200,
+    );
+    let (vma_exe, vma_lib, file, dentry, name) = (
+        DIRECT_MAP + 0x90_0000,
+        DIRECT_MAP + 0x90_0100,
+        DIRECT_MAP + 0xa0_0000,
+        DIRECT_MAP + 0xa1_0000,
+        DIRECT_MAP + 0xa2_0000,
+    );
+    g.put_u64(mm + m.mm_root, root | (3 << 3) | 2);
+    g.put_u64(root, (mm + 64) | 1);
+    g.put_u64(root + m.arange.pivot, 0x7fff_0000_0000);
+    g.put_u64(root + m.arange.slot, low | (1 << 3));
+    g.put_u64(root + m.arange.slot + 8, high | (1 << 3));
+    g.put(root + m.arange.meta, &[1]);
+    let lib = LIB_RIP & !0xfff_ffff;
+    for (i, (pivot, slot)) in [
+        (0x40_0fffu64, 0u64),
+        (0x4b_1fff, vma_exe),
+        (lib - 1, 0),
+        (lib + 0x1ff_ffff, vma_lib),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        g.put_u64(low + m.range.pivot + 8 * i as u64, pivot);
+        g.put_u64(low + m.range.slot + 8 * i as u64, slot);
+    }
+    g.put(low + m.range.meta, &[4]);
+    g.put_u64(high, root | (3 << 3));
+    for (vma, start, end, f) in [
+        (vma_exe, 0x40_1000u64, 0x4b_2000u64, 0u64),
+        (vma_lib, lib, lib + 0x200_0000, file),
+    ] {
+        g.put_u64(vma + m.vma_start, start);
+        g.put_u64(vma + m.vma_end, end);
+        g.put_u64(vma + m.vma_file, f);
+        g.put_u64(vma + m.vma_pgoff, 0x26);
+    }
+    g.put_u64(file + l.file_dentry, dentry);
+    g.put_u64(dentry + l.dentry_name, name);
+    g.put(name, b"libc.so.6\0");
+}
 
 /// The synthetic guest and a vCPU whose registers point into it.
 fn guest(l: &TaskLayout) -> FakeVcpu {
@@ -115,6 +179,7 @@ fn guest(l: &TaskLayout) -> FakeVcpu {
     g.put_u64(file + l.file_dentry, dentry);
     g.put_u64(dentry + l.dentry_name, name);
     g.put(name, b"cpu_split\0");
+    maple_tree(&mut g, l, mm);
     for (base, ret, n) in [
         (USER_RBP, 0x40_1000u64, 6u64),
         (KERNEL_RBP, 0xffff_ffff_8100_0000, 10),
@@ -136,33 +201,42 @@ fn guest(l: &TaskLayout) -> FakeVcpu {
     v
 }
 
-/// Nanoseconds per `annotate` of a user-space sample and of a kernel sample (each the fastest
-/// of 20 batches of 2000), and the records a user sample got (a check that the chain resolved).
-pub fn measure() -> (f64, f64, usize) {
+/// Nanoseconds per `annotate` of a user-space sample in the executable, of one in a shared
+/// library (the memory map's maple tree walked too), and of a kernel sample (each the fastest
+/// of 20 batches of 2000).
+pub fn measure() -> (f64, f64, f64) {
     let l = Arc::new(layout());
     let mut v = guest(&l);
     let mut reader = TaskReader::new(l, 0);
-    let mut time = |cpl: u8, rbp: u64, rsp: u64| {
+    let mut time = |cpl: u8, rip: u64, rbp: u64, rsp: u64| {
+        v.regs.rip = rip;
         v.regs.rbp = rbp;
         v.regs.rsp = rsp;
         let mut best = f64::MAX;
-        let mut records = 0;
+        let mut records = Vec::new();
         for _ in 0..20 {
             let t0 = std::time::Instant::now();
             for _ in 0..2000 {
-                records = std::hint::black_box(annotate(&mut reader, &mut v, cpl)).len();
+                records = std::hint::black_box(annotate(&mut reader, &mut v, cpl));
             }
             best = best.min(t0.elapsed().as_nanos() as f64 / 2000.0);
         }
         (best, records)
     };
-    let (user, user_records) = time(3, USER_RBP, USER_RBP - 0x20);
-    let (kernel, kernel_records) = time(0, KERNEL_RBP, KERNEL_RBP - 0x20);
-    // task + exe + 2 frame records (6 frames) + stack top; task + 4 frame records (10 frames).
+    let (user, user_records) = time(3, EXE_RIP, USER_RBP, USER_RBP - 0x20);
+    let (lib, lib_records) = time(3, LIB_RIP, USER_RBP, USER_RBP - 0x20);
+    let (kernel, kernel_records) = time(0, 0xffff_ffff_8100_0000, KERNEL_RBP, KERNEL_RBP - 0x20);
+    // task + exe + stack top + 2 frame records (6 frames); the same + a resolved mapping;
+    // task + 4 frame records (10 frames).
     assert_eq!(
-        (user_records, kernel_records),
+        (user_records.len(), kernel_records.len()),
         (5, 5),
         "the synthetic guest's chains did not resolve"
     );
-    (user, kernel, user_records)
+    assert!(
+        matches!(lib_records[2], vmm::trace::format::Record::Mapping(Ok(m)) if m.name() == "libc.so.6"),
+        "the library sample's mapping did not resolve: {:?}",
+        lib_records[2]
+    );
+    (user, lib, kernel)
 }
