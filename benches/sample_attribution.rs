@@ -119,11 +119,11 @@ fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
         DIRECT_MAP + 0xa1_0000,
         DIRECT_MAP + 0xa2_0000,
     );
-    g.put_u64(mm + m.mm_root, root | (3 << 3) | 2);
+    g.put_u64(mm + m.mm_root, root | (3 << 3) | 4 | 2);
     g.put_u64(root, (mm + 64) | 1);
     g.put_u64(root + m.arange.pivot, 0x7fff_0000_0000);
-    g.put_u64(root + m.arange.slot, low | (1 << 3));
-    g.put_u64(root + m.arange.slot + 8, high | (1 << 3));
+    g.put_u64(root + m.arange.slot, low | (1 << 3) | 4);
+    g.put_u64(root + m.arange.slot + 8, high | (1 << 3) | 4);
     g.put(root + m.arange.meta, &[1]);
     let lib = LIB_RIP & !0xfff_ffff;
     for (i, (pivot, slot)) in [

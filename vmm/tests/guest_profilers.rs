@@ -268,11 +268,14 @@ fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) 
     let split_exe = sum(&|p, o, _| is_split(p) && o == "/usr/bin/cpu_split");
     let others = sum(&|p, o, _| !is_split(p) && !o.is_empty());
     let others_in_split = sum(&|p, _, s| !is_split(p) && (s == "hot_75" || s == "cold_25"));
-    // Shared libraries (perf, operf and busybox's helpers are dynamic): samples whose RIP lies
-    // in a library's mapping name the library and, with its symbols, the function.
+    // Shared libraries (perf and operf are dynamic): a user sample outside its executable's
+    // code names the mapping it lies in, and with the guest's files the library (and, where
+    // the library's symbols cover it, the function: ld.so and most of Debian's libraries are
+    // stripped to their exported symbols, so many say "[lib, no symbol]").
     let is_lib = |o: &str| o.starts_with("/lib/") || o.starts_with("/usr/lib/");
     let lib = sum(&|_, o, _| is_lib(o));
     let lib_named = sum(&|_, o, s| is_lib(o) && !s.starts_with('['));
+    let map_unresolved = sum(&|_, o, _| o.starts_with("[unresolved: the mapping"));
     let mut top_lib: Vec<(&str, &str, u64)> = rows
         .iter()
         .filter(|r| is_lib(r["object"].as_str().unwrap()))
@@ -287,15 +290,20 @@ fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) 
     top_lib.sort_by_key(|t| std::cmp::Reverse(t.2));
     top_lib.truncate(5);
     eprintln!(
-        "{mode}: user samples in shared libraries: {lib}, {lib_named} of them name a function; top: {top_lib:?}"
+        "{mode}: user samples in shared libraries: {lib} ({lib_named} name a function), \
+         {map_unresolved} whose mapping was not read; top: {top_lib:?}"
     );
     assert!(
         lib >= 20,
         "{mode}: only {lib} passive user samples in shared libraries (perf and operf run in them)"
     );
     assert!(
-        lib_named * 100 >= lib * 90,
-        "{mode}: {lib_named} of {lib} library samples name a function"
+        lib_named >= 1,
+        "{mode}: none of the {lib} library samples names a function"
+    );
+    assert!(
+        map_unresolved * 10 <= lib,
+        "{mode}: {map_unresolved} samples' mappings unresolved against {lib} resolved"
     );
     let hot = sum(&|p, _, s| is_split(p) && s == "hot_75");
     let cold = sum(&|p, _, s| is_split(p) && s == "cold_25");

@@ -61,18 +61,19 @@ pub const VMA_ANON: u64 = 0xffff_8880_0700_0200;
 pub const LIBC_START: u64 = 0x7f00_0000_1000;
 pub const ANON_START: u64 = 0x7fff_0000_1000;
 
-/// A two-level maple tree as 6.1 builds one for a small process, at `mm`: an arange_64 root
+/// A two-level maple tree as 6.1 builds one for a small process, at `mm` (node pointers as
+/// `mt_mk_node` makes them: type in bits 3-6 and MAPLE_ENODE_NULL, bit 2): an arange_64 root
 /// whose two leaves hold the VMAs [0x401000, 0x4b2000) (the executable), [LIBC_START,
 /// +0x1f000) (a file at page offset 0x26: `libc_file`) and [ANON_START, +0x20000) (anonymous),
 /// with gaps (empty slots) between them.
 pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64) {
     let (mt_root, r_piv, r_slot, r_meta, a_piv, a_slot, a_meta) = (72, 8, 128, 248, 8, 80, 240);
-    m.put_u64(mm + mt_root, ROOT_NODE | (3 << 3) | 2);
+    m.put_u64(mm + mt_root, ROOT_NODE | (3 << 3) | 4 | 2);
     // Root: two slots split at 0x7fff_0000_0000; parent = the tree (| 1), not itself.
     m.put_u64(ROOT_NODE, (mm + 64) | 1);
     m.put_u64(ROOT_NODE + a_piv, 0x7fff_0000_0000);
-    m.put_u64(ROOT_NODE + a_slot, LEAF_LOW | (1 << 3));
-    m.put_u64(ROOT_NODE + a_slot + 8, LEAF_HIGH | (1 << 3));
+    m.put_u64(ROOT_NODE + a_slot, LEAF_LOW | (1 << 3) | 4);
+    m.put_u64(ROOT_NODE + a_slot + 8, LEAF_HIGH | (1 << 3) | 4);
     m.put(ROOT_NODE + a_meta, &[1]);
     // Low leaf: gap, exe, gap, libc, gap (to the node's max).
     m.put_u64(LEAF_LOW, ROOT_NODE | (3 << 3));

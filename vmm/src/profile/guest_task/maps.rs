@@ -8,8 +8,9 @@
 //!
 //! The maple tree of 6.1 on 64-bit (`include/linux/maple_tree.h`, `lib/maple_tree.c`): a node
 //! is 256 bytes, 256-aligned; a pointer to one (an "encoded node") carries the node type in
-//! bits 3..=6 (1 leaf_64, 2 range_64, 3 arange_64; 0 dense is not used for VMAs) and the root
-//! pointer also has bit 1 set. range_64 and leaf_64 nodes hold 15 pivots and 16 slots (the last
+//! bits 3..=6 (1 leaf_64, 2 range_64, 3 arange_64; 0 dense is not used for VMAs), bit 2 when
+//! a NULL lies somewhere below (MAPLE_ENODE_NULL, set by `mt_mk_node`), and the root pointer
+//! also has bit 1 set. range_64 and leaf_64 nodes hold 15 pivots and 16 slots (the last
 //! slot's bytes double as metadata: the index of the last used slot), arange_64 nodes 9 pivots,
 //! 10 slots, 10 gaps and metadata. Slot `i` covers the indices up to `pivot[i]`. The offsets
 //! and slot counts come from the kernel's build ([`MapLayout`], via `task-layout`), not from
@@ -152,7 +153,9 @@ pub fn vma_at<M: GuestRead + ?Sized>(
             3 => (l.arange, false),
             _ => return Err(Unresolved::BadValue(STEP)),
         };
-        if !kernel_pointer(node, NODE as u64) || enode & 0x7 != 0 {
+        // Bits 0-1 are clear in a node pointer (bit 2, MAPLE_ENODE_NULL, says a NULL lies
+        // somewhere below: a hint the lookup does not need).
+        if !kernel_pointer(node, NODE as u64) || enode & 0x3 != 0 {
             return Err(Unresolved::BadPointer(STEP));
         }
         mem.read_virt(node, &mut b)
@@ -328,7 +331,7 @@ mod tests {
         m.put(ROOT_NODE + l.arange.meta, &[200]);
         assert_eq!(walk(&mut m), Err(Unresolved::BadValue(Step::Mapping)));
         // Child pointers into user space, with flag bits set, or unmapped.
-        for bad in [0x7000_0000_0000u64 | (1 << 3), LEAF_LOW | (1 << 3) | 4] {
+        for bad in [0x7000_0000_0000u64 | (1 << 3), LEAF_LOW | (1 << 3) | 1] {
             let mut m = fresh();
             m.put_u64(ROOT_NODE + l.arange.slot, bad);
             assert_eq!(

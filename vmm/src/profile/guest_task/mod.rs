@@ -374,6 +374,8 @@ pub struct TaskReader {
 
 /// The x86-64 kernel half: canonical addresses from here up.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+/// User addresses lie below this.
+const USER_TOP: u64 = 0x0000_8000_0000_0000;
 
 pub(super) fn kernel_pointer(p: u64, align: u64) -> bool {
     p >= KERNEL_HALF && p.is_multiple_of(align)
@@ -510,8 +512,12 @@ impl TaskReader {
             return Ok((task, None, None));
         }
         let exe = self.exe(mem, at);
+        // A user address outside the executable's code (a CPL 3 sample can also stand at a
+        // kernel address: the host's SYSCALL relay enters the kernel's entry code in user mode).
         let outside = match &exe {
-            Some(Ok(e)) => rip.wrapping_sub(e.start_code) >= u64::from(e.code_size),
+            Some(Ok(e)) => {
+                rip < USER_TOP && rip.wrapping_sub(e.start_code) >= u64::from(e.code_size)
+            }
             _ => false,
         };
         let mapping = match (&self.layout.maps, outside) {
