@@ -140,8 +140,6 @@ fn stock_linux_drives_the_intel_model_with_its_intel_driver() {
     );
 }
 
-/// Boots the stock kernel with `extra` VMM arguments and checks what every boot must show
-/// (None: no /dev/kvm and VPMU_ALLOW_NO_KVM=1).
 /// Issue 18 item 6: the default kernel built with an xz payload (`guest-image/build.sh`'s
 /// `bzImage.xz`, VPMU_TEST_XZ_KERNEL; xz is Linux's tinyconfig default) boots: the VMM undoes the
 /// payload as the kernel's own build lays it out (the stream, then the 4-byte size), the kernel
@@ -149,50 +147,24 @@ fn stock_linux_drives_the_intel_model_with_its_intel_driver() {
 #[test]
 #[ignore = "boots Linux (a minute or two here): run through scripts/test.sh, which provides VPMU_TEST_XZ_KERNEL/VPMU_TEST_INITRD"]
 fn an_xz_bzimage_boots_to_user_space() {
-    if !common::kvm_available() {
+    let Some(b) = boot_to_user_space(
+        "VPMU_TEST_XZ_KERNEL",
+        "the xz bzImage (build.sh paths: DEFAULT_BZIMAGE_XZ)",
+        "echo%20VPMU-XZ-USER-SPACE",
+    ) else {
         return;
-    }
-    let _turn = ONE_BOOT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let kernel = std::env::var("VPMU_TEST_XZ_KERNEL").expect(
-        "VPMU_TEST_XZ_KERNEL must name the xz bzImage (build.sh paths: DEFAULT_BZIMAGE_XZ)",
-    );
-    let initrd =
-        std::env::var("VPMU_TEST_INITRD").expect("VPMU_TEST_INITRD must name the initramfs");
-    let dir = tempfile::tempdir().unwrap();
-    let console = dir.path().join("console.log");
-    let out = Command::new(BIN)
-        .args([
-            "run",
-            "--kernel",
-            &kernel,
-            "--initrd",
-            &initrd,
-            "--timeout",
-            "900",
-        ])
-        .args(["--cmdline", "vpmu.cmd=echo%20VPMU-XZ-USER-SPACE"])
-        .arg("--console")
-        .arg(&console)
-        .output()
-        .unwrap();
-    let log = std::fs::read_to_string(&console).unwrap_or_default();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let dump = format!("--- console ---\n{log}\n--- vmm ---\n{stderr}");
+    };
     assert!(
-        stderr.contains("(xz payload)"),
-        "not an xz bzImage?\n{dump}"
+        b.stderr.contains("(xz payload)"),
+        "not an xz bzImage?\n{}",
+        b.dump
     );
     assert!(
-        log.contains("Run /init as init process"),
-        "init not reached\n{dump}"
+        b.console.lines().any(|l| l.trim() == "VPMU-XZ-USER-SPACE"),
+        "init's user space wrote nothing to the console\n{}",
+        b.dump
     );
-    assert!(
-        log.lines().any(|l| l.trim() == "VPMU-XZ-USER-SPACE"),
-        "init's user space wrote nothing to the console\n{dump}"
-    );
-    assert_eq!(out.status.code(), Some(0), "no clean power-off\n{dump}");
+    assert_eq!(b.code, Some(0), "no clean power-off\n{}", b.dump);
 }
 
 /// Issue 18 item 6: a kernel built without CONFIG_PCI (`guest-image/build.sh nopci-kernel`,
@@ -204,15 +176,52 @@ fn an_xz_bzimage_boots_to_user_space() {
 #[test]
 #[ignore = "boots Linux (a minute here): run through scripts/test.sh, which provides VPMU_TEST_NOPCI_KERNEL/VPMU_TEST_INITRD"]
 fn a_kernel_without_pci_writes_to_the_console_from_user_space() {
-    if !common::kvm_available() {
+    let Some(b) = boot_to_user_space(
+        "VPMU_TEST_NOPCI_KERNEL",
+        "the no-PCI bzImage (build.sh paths: NOPCI_BZIMAGE)",
+        "echo%20VPMU-NOPCI-USER-SPACE%3B%20stty%20onlcr%3B%20reboot%20-f",
+    ) else {
         return;
+    };
+    assert!(
+        b.console
+            .contains("Unable to load the System Description Tables"),
+        "the kernel loaded its DSDT: not a kernel without CONFIG_PCI?\n{}",
+        b.dump
+    );
+    assert!(
+        b.console
+            .lines()
+            .any(|l| l.trim() == "VPMU-NOPCI-USER-SPACE"),
+        "init's user space wrote nothing to the console\n{}",
+        b.dump
+    );
+    assert!(
+        b.stderr.contains("guest rebooted"),
+        "no reboot at the end of the command\n{}",
+        b.dump
+    );
+    assert_eq!(b.code, Some(0), "no clean end\n{}", b.dump);
+}
+
+/// A second kernel's boot to its init (the kernel named by `$var`), init running `cmd`
+/// (URL-encoded `vpmu.cmd=`): the console, the VMM's stderr and exit code, and both as one
+/// text for failure messages. None: no /dev/kvm and VPMU_ALLOW_NO_KVM=1.
+struct UserSpaceBoot {
+    console: String,
+    stderr: String,
+    code: Option<i32>,
+    dump: String,
+}
+
+fn boot_to_user_space(var: &str, what: &str, cmd: &str) -> Option<UserSpaceBoot> {
+    if !common::kvm_available() {
+        return None;
     }
     let _turn = ONE_BOOT_AT_A_TIME
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let kernel = std::env::var("VPMU_TEST_NOPCI_KERNEL").expect(
-        "VPMU_TEST_NOPCI_KERNEL must name the no-PCI bzImage (build.sh paths: NOPCI_BZIMAGE)",
-    );
+    let kernel = std::env::var(var).unwrap_or_else(|_| panic!("{var} must name {what}"));
     let initrd =
         std::env::var("VPMU_TEST_INITRD").expect("VPMU_TEST_INITRD must name the initramfs");
     let dir = tempfile::tempdir().unwrap();
@@ -227,36 +236,28 @@ fn a_kernel_without_pci_writes_to_the_console_from_user_space() {
             "--timeout",
             "900",
         ])
-        .args([
-            "--cmdline",
-            "vpmu.cmd=echo%20VPMU-NOPCI-USER-SPACE%3B%20stty%20onlcr%3B%20reboot%20-f",
-        ])
+        .args(["--cmdline", &format!("vpmu.cmd={cmd}")])
         .arg("--console")
         .arg(&console)
         .output()
         .unwrap();
-    let log = std::fs::read_to_string(&console).unwrap_or_default();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let dump = format!("--- console ---\n{log}\n--- vmm ---\n{stderr}");
+    let console = std::fs::read_to_string(&console).unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let dump = format!("--- console ---\n{console}\n--- vmm ---\n{stderr}");
     assert!(
-        log.contains("Unable to load the System Description Tables"),
-        "the kernel loaded its DSDT: not a kernel without CONFIG_PCI?\n{dump}"
-    );
-    assert!(
-        log.contains("Run /init as init process"),
+        console.contains("Run /init as init process"),
         "init not reached\n{dump}"
     );
-    assert!(
-        log.lines().any(|l| l.trim() == "VPMU-NOPCI-USER-SPACE"),
-        "init's user space wrote nothing to the console\n{dump}"
-    );
-    assert!(
-        stderr.contains("guest rebooted"),
-        "no reboot at the end of the command\n{dump}"
-    );
-    assert_eq!(out.status.code(), Some(0), "no clean end\n{dump}");
+    Some(UserSpaceBoot {
+        console,
+        stderr,
+        code: out.status.code(),
+        dump,
+    })
 }
 
+/// Boots the stock kernel with `extra` VMM arguments and checks what every boot must show
+/// (None: no /dev/kvm and VPMU_ALLOW_NO_KVM=1).
 fn boot_and_check(extra: &[&str]) -> Option<Boot> {
     if !common::kvm_available() {
         return None;
