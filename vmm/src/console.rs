@@ -1,6 +1,9 @@
 //! The guest console as the VMM sees it: bytes go to our stdout (or a file) as they come, and the
 //! last lines are kept so an abnormal end can show them. It also notices a guest kernel panic,
-//! because with `panic=-1` a panicking Linux resets the machine just like a clean `reboot`.
+//! because with `panic=-1` a panicking Linux resets the machine just like a clean `reboot`, and
+//! a kernel that halted the machine for good ("reboot: System halted": `halt`, or `poweroff` in
+//! a kernel that found no way to power off, such as one without CONFIG_PCI, which loads no DSDT
+//! and so has no `\_S5`), after which nothing runs again: the run ends there as a power-off.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -11,6 +14,8 @@ const PANIC_MARKER: &str = "Kernel panic - not syncing";
 /// Linux prints "Run /init as init process" once its boot work is done (init memory freed,
 /// read-only data protected) and it hands the machine to init.
 const INIT_MARKER: &str = " as init process";
+/// What Linux's kernel_halt() prints last, before stopping every CPU with interrupts off.
+const HALT_MARKER: &str = "reboot: System halted";
 
 #[derive(Default)]
 pub struct ConsoleLog {
@@ -18,6 +23,7 @@ pub struct ConsoleLog {
     current: Vec<u8>,
     panic_line: Option<String>,
     init_started: bool,
+    halted: bool,
 }
 
 impl ConsoleLog {
@@ -32,6 +38,7 @@ impl ConsoleLog {
                     self.panic_line = Some(line.clone());
                 }
                 self.init_started |= line.contains(INIT_MARKER);
+                self.halted |= line.ends_with(HALT_MARKER);
                 if self.lines.len() == KEPT_LINES {
                     self.lines.pop_front();
                 }
@@ -45,6 +52,11 @@ impl ConsoleLog {
     /// The kernel's panic line, if the guest panicked.
     pub fn panic_line(&self) -> Option<&str> {
         self.panic_line.as_deref()
+    }
+
+    /// Whether the guest kernel halted the machine for good (module comment).
+    pub fn halted(&self) -> bool {
+        self.halted
     }
 
     /// Whether the guest kernel has started init (its boot work is over).
@@ -131,6 +143,18 @@ mod tests {
         );
         assert_eq!(l.lines.len(), KEPT_LINES);
         assert!(!l.init_started());
+    }
+
+    #[test]
+    fn notices_a_halted_kernel() {
+        let mut l = ConsoleLog::default();
+        l.push(b"[   20.1] reboot: System halted");
+        assert!(!l.halted(), "only a whole line counts");
+        l.push(b"\r\n");
+        assert!(l.halted());
+        let mut l = ConsoleLog::default();
+        l.push(b"echo 'reboot: System halted' > /dev/null\n");
+        assert!(!l.halted(), "the marker must end the line");
     }
 
     #[test]

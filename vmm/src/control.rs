@@ -203,9 +203,24 @@ impl VmControl {
     /// Waits for the end, or ends the VM with `Timeout` after `timeout` (or with `Signal` at
     /// SIGINT/SIGTERM, [`crate::stop_signal`]: looked at every 100 ms).
     pub fn wait(&self, timeout: Option<Duration>) -> VmEnd {
+        self.wait_watching(timeout, || None)
+    }
+
+    /// [`Self::wait`], also ending the run with what `watch` returns (polled every 100 ms).
+    pub fn wait_watching(
+        &self,
+        timeout: Option<Duration>,
+        watch: impl Fn() -> Option<VmEnd>,
+    ) -> VmEnd {
         let start = Instant::now();
         let mut e = self.end.lock().unwrap_or_else(PoisonError::into_inner);
         while e.is_none() {
+            if let Some(end) = watch() {
+                drop(e);
+                self.request_end(end);
+                e = self.end.lock().unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
             if let Some(sig) = crate::stop_signal::pending() {
                 drop(e);
                 self.request_end(VmEnd::Signal(sig));

@@ -32,7 +32,17 @@ pub(super) fn run(
     }
     spawn_controller(cfg, &vm)?;
     seccomp.confine_caller();
-    let end = vm.control.wait(cfg.timeout);
+    // A guest kernel that halted for good (console.rs) never runs again: end the run there.
+    let console = vm.devices.console.clone();
+    let end = vm.control.wait_watching(cfg.timeout, || {
+        lock_device(&console).halted().then(|| {
+            log::info!(
+                "the guest kernel halted the machine (\"reboot: System halted\"; a kernel without \
+                 an ACPI \\_S5, e.g. one built without CONFIG_PCI, halts on poweroff): ended as a power-off"
+            );
+            VmEnd::PowerOff
+        })
+    });
     let (exits, pmu) = join_vcpus(handles);
     let run_time = t1.elapsed();
     if let Some(rec) = vm.recording.take() {
