@@ -406,16 +406,17 @@ impl TaskReader {
         if task.kernel_thread {
             return Ok((task, None));
         }
-        Ok((task, self.exe(mem, at)))
+        Ok((task, self.exe(mem, at).map(|r| r.map(|(e, _)| e))))
     }
 
     /// task->mm->exe_file->f_path.dentry->d_name.name, and mm->start_code/end_code: a fixed
-    /// number of reads, each pointer checked. None: the task has no mm.
+    /// number of reads, each pointer checked; with the (checked) mm they came from. None: the
+    /// task has no mm.
     fn exe<M: GuestRead + ?Sized>(
         &self,
         mem: &mut M,
         task: u64,
-    ) -> Option<Result<GuestExe, Unresolved>> {
+    ) -> Option<Result<(GuestExe, u64), Unresolved>> {
         let l = &*self.layout;
         let step = Step::Executable;
         // A struct pointer: kernel, aligned, and room for the <= 64 KiB of offsets after it.
@@ -438,12 +439,13 @@ impl TaskReader {
             }
             let file = read_ptr(mem, mm + l.mm_exe_file)?;
             let (name, len) = self.file_name(mem, file, step)?;
-            Ok(GuestExe {
+            let exe = GuestExe {
                 name,
                 name_len: len,
                 start_code: start,
                 code_size: u32::try_from(end - start).unwrap_or(u32::MAX),
-            })
+            };
+            Ok((exe, mm))
         })();
         Some(exe)
     }
@@ -513,29 +515,23 @@ impl TaskReader {
         }
         let exe = self.exe(mem, at);
         // A user address outside the executable's code (a CPL 3 sample can also stand at a
-        // kernel address: the host's SYSCALL relay enters the kernel's entry code in user mode).
-        let outside = match &exe {
-            Some(Ok(e)) => {
-                rip < USER_TOP && rip.wrapping_sub(e.start_code) >= u64::from(e.code_size)
-            }
-            _ => false,
-        };
-        let mapping = match (&self.layout.maps, outside) {
-            (Some(maps), true) => {
-                let mm = read_u64(mem, at + self.layout.task_mm, Step::Mapping).and_then(|mm| {
-                    (kernel_pointer(mm, 8) && mm.checked_add(1 << 16).is_some())
-                        .then_some(mm)
-                        .ok_or(Unresolved::BadPointer(Step::Mapping))
-                });
-                Some(mm.and_then(|mm| {
-                    mapping_at(mem, maps, mm, rip, &|m: &mut M, f| {
-                        self.file_name(m, f, Step::Mapping)
-                    })
-                }))
+        // kernel address: the host's SYSCALL relay enters the kernel's entry code in user mode),
+        // looked up in the memory map of the mm the executable was read from.
+        let outside_in = match &exe {
+            Some(Ok((e, mm)))
+                if rip < USER_TOP && rip.wrapping_sub(e.start_code) >= u64::from(e.code_size) =>
+            {
+                Some(*mm)
             }
             _ => None,
         };
-        Ok((task, exe, mapping))
+        let mapping = match (&self.layout.maps, outside_in) {
+            (Some(maps), Some(mm)) => Some(mapping_at(mem, maps, mm, rip, &|m: &mut M, f| {
+                self.file_name(m, f, Step::Mapping)
+            })),
+            _ => None,
+        };
+        Ok((task, exe.map(|r| r.map(|(e, _)| e)), mapping))
     }
 
     fn current_at<M: GuestRead + ?Sized>(
