@@ -209,7 +209,6 @@ pub fn measure() -> (f64, f64, f64) {
     let mut v = guest(&l);
     let mut reader = TaskReader::new(l, 0);
     let mut time = |cpl: u8, rip: u64, rbp: u64, rsp: u64| {
-        v.regs.rip = rip;
         v.regs.rbp = rbp;
         v.regs.rsp = rsp;
         let mut best = f64::MAX;
@@ -217,7 +216,7 @@ pub fn measure() -> (f64, f64, f64) {
         for _ in 0..20 {
             let t0 = std::time::Instant::now();
             for _ in 0..2000 {
-                records = std::hint::black_box(annotate(&mut reader, &mut v, cpl));
+                records = std::hint::black_box(annotate(&mut reader, &mut v, rip, cpl));
             }
             best = best.min(t0.elapsed().as_nanos() as f64 / 2000.0);
         }

@@ -225,7 +225,7 @@ impl VcpuRecorder {
         let mut notes: Vec<Record> = Vec::new();
         if let Some(r) = self.tasks.as_mut() {
             let t0 = crate::tsc::now();
-            notes = annotate(r, cpu, cpl);
+            notes = annotate(r, cpu, rip, cpl);
             let (reads, resolved, ticks) = &mut self.task_reads;
             *reads += 1;
             *resolved += u64::from(matches!(notes[0], Record::Task { task: Ok(_), .. }));
@@ -306,8 +306,8 @@ impl Drop for VcpuRecorder {
 /// The records that follow a sample when the run knows the guest's task layout: the task; for a
 /// user-space sample of a task with an mm, its executable, the mapping of a RIP outside the
 /// executable's code, and, when the executable was read, the user stack's return addresses by
-/// frame pointers (three per record).
-pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Record> {
+/// frame pointers (three per record). `rip` is the sample's, which the caller already read.
+pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, rip: u64, cpl: u8) -> Vec<Record> {
     let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
     if cpl != 3 {
         let task = r.current(cpu);
@@ -323,7 +323,6 @@ pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, cpl: u8) -> Vec<Re
         }
         return out;
     }
-    let rip = cpu.rip().unwrap_or(0);
     let (task, exe, mapping) = match r.current_user(cpu, rip) {
         Ok((t, exe, mapping)) => (Ok(t), exe, mapping),
         Err(u) => (Err(u), None, None),
