@@ -29,6 +29,8 @@ pub enum KvmVcpuError {
     GetVcpuEvents(kvm_ioctls::Error),
     #[error("KVM_SET_VCPU_EVENTS: {0}")]
     SetVcpuEvents(kvm_ioctls::Error),
+    #[error("KVM_NMI: {0}")]
+    Nmi(kvm_ioctls::Error),
 }
 
 /// Why a vCPU state access failed.

@@ -28,9 +28,10 @@
 //! waiting for INIT/SIPI returns from KVM_RUN without applying dirty sets (and `store_regs`
 //! then overwrites them) — the loop writes no registers of such a vCPU; invalid sregs or
 //! events make that KVM_RUN fail with EINVAL instead of a SET ioctl failing. Events carry
-//! KVM_VCPUEVENT_VALID_NMI_PENDING as KVM reports them: written back unchanged it would erase
-//! an NMI the loop queued (KVM_NMI, a PMI) after `commit`, so [`events_to_sync`] drops the flag
-//! unless the caller changed `nmi.pending`. `interrupt_bitmap` in sregs round-trips as with
+//! KVM_VCPUEVENT_VALID_NMI_PENDING as KVM reports them: written back unchanged the flag would
+//! make KVM replace its NMI queue with the exit's old view of it, so [`events_to_sync`] drops
+//! the flag unless the caller changed `nmi.pending` — as [`VcpuAccess::queue_nmi`] does for a
+//! PMI, which on this path costs no KVM_NMI ioctl (the vCPU loop queues it before `commit`). `interrupt_bitmap` in sregs round-trips as with
 //! KVM_GET/SET_SREGS. MSRs, FPU and LAPIC stay ioctls; [`KvmVcpu::ioctls`] counts the ones made
 //! (the run report's `ExitCounts::access_ioctls`: 0 per relayed system call with sync
 //! registers, 3 without).
@@ -50,8 +51,8 @@ use kvm_bindings::{
     KVM_VCPUEVENT_VALID_NMI_PENDING,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::ioctl::{ioctl_with_mut_ptr, ioctl_with_mut_ref, ioctl_with_ref};
-use vmm_sys_util::{ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
+use vmm_sys_util::ioctl::{ioctl, ioctl_with_mut_ptr, ioctl_with_mut_ref, ioctl_with_ref};
+use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 use crate::arch::x86::{self, Paging};
 pub use crate::kvm_error::{AccessError, KvmVcpuError};
@@ -73,6 +74,9 @@ pub trait VcpuAccess {
     fn vcpu_events(&mut self) -> Result<kvm_vcpu_events, AccessError>;
     /// Writes back changed registers first (KVM_SET_REGS would drop a pending exception).
     fn set_vcpu_events(&mut self, events: &kvm_vcpu_events) -> Result<(), AccessError>;
+    /// Queues an NMI for the vCPU (the PMI through LVTPC's NMI mode). An NMI already pending
+    /// absorbs it, as a second NMI line edge would on hardware.
+    fn queue_nmi(&mut self) -> Result<(), AccessError>;
     /// The guest's RAM.
     fn memory(&self) -> &GuestMemoryMmap;
     /// Writes changed state back to the vCPU (special registers, then registers).
@@ -164,6 +168,7 @@ ioctl_ior_nr!(KVM_GET_FPU, KVMIO, 0x8c, kvm_fpu);
 ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
+ioctl_io_nr!(KVM_NMI, KVMIO, 0x9a);
 
 /// A vCPU's raw descriptor (valid as long as its `VcpuFd` lives).
 #[derive(Clone, Copy)]
@@ -313,8 +318,8 @@ impl<'a> KvmVcpu<'a> {
 /// The vCPU events to hand KVM through sync registers: `new` as the caller wrote it, except
 /// that an unchanged NMI-pending state is not written. (KVM_SET_VCPU_EVENTS with
 /// KVM_VCPUEVENT_VALID_NMI_PENDING replaces the NMI queue; with sync registers the write
-/// happens at the next KVM_RUN, after the loop may have queued a PMI with KVM_NMI, which an
-/// old `nmi.pending = 0` would then erase. The ioctl path writes at once, before KVM_NMI.)
+/// happens at the next KVM_RUN, and the exit's old `nmi.pending` must not replace an NMI queued
+/// since. The ioctl path writes at once.)
 pub fn events_to_sync(new: &kvm_vcpu_events, stored: &kvm_vcpu_events) -> kvm_vcpu_events {
     let mut e = *new;
     if e.nmi.pending == stored.nmi.pending {
@@ -430,6 +435,29 @@ impl VcpuAccess for KvmVcpu<'_> {
         Ok(())
     }
 
+    /// KVM_NMI; with sync registers `nmi.pending` in the events KVM applies at the start of
+    /// the next KVM_RUN (with KVM_VCPUEVENT_VALID_NMI_PENDING: KVM then queues it as KVM_NMI
+    /// does, and the entry injects it), which saves an ioctl per PMI.
+    fn queue_nmi(&mut self) -> Result<(), AccessError> {
+        match self.path {
+            Path::Ioctl => {
+                self.ioctls += 1;
+                // SAFETY: KVM_NMI takes no argument; the fd is a vCPU's.
+                let rc = unsafe { ioctl(&self.fd, KVM_NMI()) };
+                check(rc, KvmVcpuError::Nmi)?;
+            }
+            Path::Sync(_) => {
+                let mut e = self.vcpu_events()?;
+                if e.nmi.pending == 0 {
+                    e.nmi.pending = 1;
+                    e.flags |= KVM_VCPUEVENT_VALID_NMI_PENDING;
+                    self.set_vcpu_events(&e)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn memory(&self) -> &GuestMemoryMmap {
         self.mem
     }
@@ -509,6 +537,8 @@ pub mod fake {
         pub sregs_sets: u32,
         /// KVM_SET_VCPU_EVENTS calls.
         pub event_sets: u32,
+        /// NMIs queued (`queue_nmi`).
+        pub nmis_queued: u32,
         dirty: (bool, bool),
     }
 
@@ -526,6 +556,7 @@ pub mod fake {
                 regs_sets: 0,
                 sregs_sets: 0,
                 event_sets: 0,
+                nmis_queued: 0,
                 dirty: (false, false),
             }
         }
@@ -589,6 +620,11 @@ pub mod fake {
             self.commit()?;
             self.events = *events;
             self.event_sets += 1;
+            Ok(())
+        }
+        fn queue_nmi(&mut self) -> Result<(), AccessError> {
+            self.events.nmi.pending = 1;
+            self.nmis_queued += 1;
             Ok(())
         }
         fn memory(&self) -> &GuestMemoryMmap {
@@ -704,6 +740,44 @@ mod tests {
             (3, 4),
             "an unchanged NMI-pending state is not written back"
         );
+    }
+
+    #[test]
+    fn an_nmi_is_queued_through_kvm_run_events_or_absorbed_by_a_pending_one() {
+        let (mut run, mem) = synced();
+        run.s.regs.events.flags = 4;
+        let ptr = NonNull::from(&mut *run);
+        // SAFETY: `run` outlives `cpu`, and only `cpu` writes it while `cpu` lives.
+        let mut cpu = unsafe { KvmVcpu::with_sync_regs(-1, ptr, &mem) };
+        cpu.queue_nmi().unwrap();
+        cpu.commit().unwrap();
+        assert_eq!(cpu.ioctls(), 0, "no KVM_NMI on the sync path");
+        assert_eq!(run.kvm_dirty_regs, u64::from(KVM_SYNC_X86_EVENTS));
+        let e = area(&run).events;
+        assert_eq!(e.nmi.pending, 1);
+        assert_eq!(
+            e.flags,
+            KVM_VCPUEVENT_VALID_NMI_PENDING | 4,
+            "KVM applies nmi.pending"
+        );
+
+        // KVM reported an NMI pending at this exit: nothing to write (hardware merges them).
+        let (mut run, mem) = synced();
+        run.s.regs.events.nmi.pending = 1;
+        let ptr = NonNull::from(&mut *run);
+        // SAFETY: as above.
+        let mut cpu = unsafe { KvmVcpu::with_sync_regs(-1, ptr, &mem) };
+        cpu.queue_nmi().unwrap();
+        cpu.commit().unwrap();
+        assert_eq!(run.kvm_dirty_regs, 0);
+
+        // Without sync registers it is KVM_NMI (one ioctl; it fails on fd -1).
+        let mut cpu = KvmVcpu::new(-1, &mem);
+        assert!(matches!(
+            cpu.queue_nmi(),
+            Err(AccessError::Kvm(KvmVcpuError::Nmi(_)))
+        ));
+        assert_eq!(cpu.ioctls(), 1);
     }
 
     #[test]

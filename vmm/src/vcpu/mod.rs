@@ -169,8 +169,10 @@ impl VcpuRunner {
     }
 
     /// After an exit: if the vPMU has a PMI due (its status bit already set), deliver it the
-    /// way LVTPC says, within the storm limit.
-    pub(crate) fn deliver_pmi(&mut self) {
+    /// way LVTPC says, within the storm limit. An NMI is queued through `cpu` (with sync
+    /// registers no ioctl: KVM injects it at the next KVM_RUN), so this comes before the exit's
+    /// `commit`.
+    pub(crate) fn deliver_pmi(&mut self, cpu: &mut dyn VcpuAccess) {
         let Some(p) = &mut self.pmu else { return };
         let was_held = p.held.is_some();
         let raised = p.pmu.service_overflow();
@@ -217,21 +219,29 @@ impl VcpuRunner {
             }
         };
         let lvtpc = lapic::reg(&lapic_state.regs, lapic::LVT_PERFCNT);
-        let delivered = match pmi::route(lvtpc) {
-            pmi::Route::Nmi => self.fd.nmi().map(|_| {
+        match pmi::route(lvtpc) {
+            pmi::Route::Nmi => {
+                if let Err(e) = cpu.queue_nmi() {
+                    log::warn!("vCPU {}: PMI as NMI not queued: {e}", self.id);
+                    return;
+                }
                 p.stats.pmis_nmi += 1;
                 if p.stats.pmi_signal_tsc.len() < crate::pmu::MAX_PMI_TSCS {
                     p.stats.pmi_signal_tsc.push(kick::last_signal_tsc());
                     p.stats.pmi_inject_tsc.push(crate::tsc::now());
                 }
-            }),
+            }
             pmi::Route::Vector(v) => {
                 let msi = kvm_bindings::kvm_msi {
                     address_lo: 0xfee0_0000 | (self.id << 12),
                     data: u32::from(v),
                     ..Default::default()
                 };
-                self.vm.signal_msi(msi).map(|_| p.stats.pmis_vector += 1)
+                if let Err(e) = self.vm.signal_msi(msi) {
+                    log::warn!("vCPU {}: PMI as vector {v} not sent: {e}", self.id);
+                    return;
+                }
+                p.stats.pmis_vector += 1;
             }
             pmi::Route::Masked => {
                 p.stats.pmis_masked += 1;
@@ -244,10 +254,6 @@ impl VcpuRunner {
                 );
                 return;
             }
-        };
-        if let Err(e) = delivered {
-            log::warn!("vCPU {}: PMI injection failed: {e}", self.id);
-            return;
         }
         p.in_mode().pmis += 1;
         if due.mask_lvtpc {

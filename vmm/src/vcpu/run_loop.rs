@@ -15,9 +15,9 @@
 //! |11 | `exit::handle` (+ `complete_instruction`) | devices, MSRs (the vPMU), host-quirk fix-ups  | no                   | yes                     |
 //! |12 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due        | no                   | yes                     |
 //! |13 | `VcpuRelay::after_exit`, `idt_trap::after_exit` | SYSCALL relay, RDPMC trap: install / re-check their int3s | no | yes |
-//! |14 | `KvmVcpu::commit`                 | write back registers changed during this exit         | no                   | yes                     |
-//! |15 | `Ticker::poll`                    | periodic device work (the pinger)                     | no                   | yes                     |
-//! |16 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI / vector / masked)       | no                   | yes                     |
+//! |14 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI queued through the access layer / vector / masked) | no | yes |
+//! |15 | `KvmVcpu::commit`                 | write back registers (and a queued NMI) changed during this exit | no     | yes                     |
+//! |16 | `Ticker::poll`                    | periodic device work (the pinger)                     | no                   | yes                     |
 //!
 //! Accounting modes (docs/accounting-modes.md): in **cpu-switch** the soft backend's counters
 //! (and the host profile's cycles counter, `--host-profile-clock auto|cpu-switch`) count only
@@ -170,6 +170,9 @@ impl VcpuRunner {
             if let Some((trap, poll)) = &mut self.gp_trap {
                 crate::host_quirks::idt_trap::after_exit(trap, poll, &mut cpu);
             }
+            // 14
+            self.deliver_pmi(&mut cpu);
+            // 15
             if let Err(error) = cpu.commit() {
                 ended_vm |= self
                     .control
@@ -180,11 +183,10 @@ impl VcpuRunner {
                     }));
             }
             counts.access_ioctls += u64::from(cpu.ioctls());
-            // 15-16
+            // 16
             if let Some(t) = &mut self.ticker {
                 t.poll();
             }
-            self.deliver_pmi();
         }
         self.ticker = None;
         if let Some(r) = self.recorder.take() {
