@@ -269,11 +269,21 @@ vpmu_operf_system_wide() {
 	return "$rc"
 }
 
+# vpmu_operf_diagnostics EXP DIR: send operf's own log of session DIR (lost and throttled
+# samples, the records it could not attribute) and its per-event statistics as frames
+# EXP/operf-internal.log and EXP/operf-stats.txt: what the system-wide profile kept is only read
+# with them (docs/guest.md, "OProfile's domain-switch window").
+vpmu_operf_diagnostics() {
+	vpmu_frame "$1/operf-internal.log" "$2/samples/operf.log"
+	vpmu_frame_text "$1/operf-stats.txt" "$(cd "$2/samples/current/stats" 2>/dev/null && grep -r . .)"
+}
+
 exp_compare_oprofile() {
 	mkdir -p "$dir/op_system" "$dir/op_control"
 	vpmu_step compare-oprofile operf-system.log \
 		vpmu_operf_system_wide "$dir/op_system" vpmu_packet_window "$VPMU_SECS"
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
+	vpmu_operf_diagnostics compare-oprofile "$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
 		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
 	# --exclude-dependent: cpu_split's own symbols only (its kernel samples are an image of their
@@ -315,6 +325,7 @@ exp_compare_command_oprofile() {
 	vpmu_step compare-command-oprofile operf-system.log \
 		vpmu_operf_system_wide "$dir/op_system" sh -c "$VPMU_WORKLOAD"
 	vpmu_step compare-command-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
+	vpmu_operf_diagnostics compare-command-oprofile "$dir/op_system"
 	vpmu_step compare-command-oprofile operf-control.log \
 		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step compare-command-oprofile report-control.txt opreport -l --exclude-dependent \
