@@ -90,6 +90,10 @@ pub struct IntelConfig {
     pub pdcm: bool,
     /// Advertise IA32_PERF_CAPABILITIES.FW_WRITE\[bit 13\] and serve IA32_A_PMCx. Needs `pdcm`.
     pub full_width_writes: bool,
+    /// The guest's CPUID has Intel TSX (RTM or HLE, CPUID.(EAX=7,ECX=0):EBX\[11\] or \[4\]): the
+    /// TSX qualifiers IN_TX (bit 32, every IA32_PERFEVTSELx) and IN_TXCP (bit 33,
+    /// IA32_PERFEVTSEL2 only) are writable, as KVM's intel_pmu_refresh makes them.
+    pub tsx: bool,
 }
 
 impl Default for IntelConfig {
@@ -102,6 +106,7 @@ impl Default for IntelConfig {
             counter_width: 48,
             pdcm: true,
             full_width_writes: true,
+            tsx: false,
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct UncountedEvent {
     pub fixed: Option<u8>,
     pub code: u16,
     pub umask: u8,
+    /// Qualified to Intel TSX transactions (IN_TX or IN_TXCP).
+    pub tsx: bool,
 }
 
 impl UncountedEvent {
@@ -56,6 +58,7 @@ impl UncountedEvent {
             fixed: e.fixed,
             code: e.code,
             umask: e.umask,
+            tsx: e.in_tx || e.in_tx_cp,
         }
     }
 }
@@ -63,9 +66,13 @@ impl UncountedEvent {
 impl std::fmt::Display for UncountedEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.fixed {
-            Some(i) => write!(f, "fixed counter {i}"),
-            None => write!(f, "event {:#x}/{:#04x}", self.code, self.umask),
+            Some(i) => write!(f, "fixed counter {i}")?,
+            None => write!(f, "event {:#x}/{:#04x}", self.code, self.umask)?,
         }
+        if self.tsx {
+            write!(f, " inside TSX transactions (IN_TX/IN_TXCP)")?;
+        }
+        Ok(())
     }
 }
 

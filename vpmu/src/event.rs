@@ -26,6 +26,10 @@ pub struct Event {
     pub cmask: u8,
     /// `Some(i)` for Intel fixed counter i (its event is built in: see [`Event::intel_fixed`]).
     pub fixed: Option<u8>,
+    /// Intel IN_TX: only inside TSX transactional regions.
+    pub in_tx: bool,
+    /// Intel IN_TXCP: aborted transactions' events left out.
+    pub in_tx_cp: bool,
 }
 
 /// The architectural events of Intel's CPUID leaf 0xA (SDM Vol. 3B, "Pre-defined Architectural
@@ -97,6 +101,8 @@ impl Event {
         Event {
             vendor: Vendor::Intel,
             code: (sel & EVTSEL_EVENT) as u16,
+            in_tx: sel & INTEL_EVTSEL_IN_TX != 0,
+            in_tx_cp: sel & INTEL_EVTSEL_IN_TXCP != 0,
             ..Event::common_fields(Vendor::Intel, sel)
         }
     }
@@ -121,6 +127,8 @@ impl Event {
             inv: sel & EVTSEL_INV != 0,
             cmask: (sel >> EVTSEL_CMASK_SHIFT) as u8,
             fixed: None,
+            in_tx: false,
+            in_tx_cp: false,
         }
     }
 
@@ -140,6 +148,8 @@ impl Event {
             inv: false,
             cmask: 0,
             fixed: Some(index),
+            in_tx: false,
+            in_tx_cp: false,
         }
     }
 
@@ -164,11 +174,13 @@ impl Event {
             inv: false,
             cmask: 0,
             fixed: None,
+            in_tx: false,
+            in_tx_cp: false,
         })
     }
 
-    /// Which architectural event this is, if any (qualifiers such as edge or cmask ignored, as
-    /// KVM's event matching does).
+    /// Which architectural event this is, if any (qualifiers such as edge, cmask or the TSX
+    /// ones ignored, as KVM's event matching does).
     pub fn arch_event(&self) -> Option<ArchEvent> {
         if let Some(i) = self.fixed {
             return [
@@ -205,6 +217,10 @@ mod tests {
         assert_eq!(e.cmask, 0x12);
         assert_eq!(e.fixed, None);
         assert_eq!(e.arch_event(), Some(ArchEvent::LlcReferences));
+        assert!(!e.in_tx && !e.in_tx_cp);
+        let tx = Event::from_intel_evtsel(0x3_0043_003c);
+        assert!(tx.in_tx && tx.in_tx_cp);
+        assert_eq!(tx.code, 0x3c, "bits 35:32 are not event bits on Intel");
     }
 
     #[test]

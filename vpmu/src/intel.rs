@@ -155,6 +155,19 @@ impl IntelModel {
         (0..self.cfg.fixed_counters).fold(0, |m, i| m | 0b1011 << (4 * i))
     }
 
+    /// Writable bits of IA32_PERFEVTSEL`i` (KVM: `~eventsel_rsvd`): the TSX qualifiers only
+    /// where the guest has TSX, IN_TXCP only on counter 2.
+    fn evtsel_valid(&self, i: u8) -> u64 {
+        let mut valid = !INTEL_EVTSEL_RESERVED;
+        if self.cfg.tsx {
+            valid |= INTEL_EVTSEL_IN_TX;
+            if i == INTEL_IN_TXCP_COUNTER {
+                valid |= INTEL_EVTSEL_IN_TXCP;
+            }
+        }
+        valid
+    }
+
     fn perf_capabilities(&self) -> u64 {
         if self.cfg.full_width_writes {
             PERF_CAP_FW_WRITE
@@ -232,8 +245,8 @@ impl IntelModel {
             }
             // KVM drops bits above the width of a fixed counter rather than faulting.
             (IntelMsr::FixedCtr(_), Some(id)) => core.write_value(id, v),
-            (IntelMsr::PerfEvtSel(_), Some(id)) => {
-                reserved(!INTEL_EVTSEL_RESERVED)?;
+            (IntelMsr::PerfEvtSel(i), Some(id)) => {
+                reserved(self.evtsel_valid(i))?;
                 core.write_control(id, v, gp_control(v));
             }
             (IntelMsr::FixedCtrCtrl, _) => {

@@ -93,6 +93,14 @@ pub const AMD_EVTSEL_EVENT_HI: u64 = 0xf << 32;
 /// (`pmu->reserved_bits` in arch/x86/kvm/vmx/pmu_intel.c): bit 21 (AnyThread) and 63:32.
 /// Writing any of them takes #GP.
 pub const INTEL_EVTSEL_RESERVED: u64 = 0xffff_ffff_0020_0000;
+/// IN_TX (bit 32): count only inside Intel TSX transactional regions. Writable where the guest's
+/// CPUID has RTM or HLE (KVM's intel_pmu_refresh: `HSW_IN_TX`).
+pub const INTEL_EVTSEL_IN_TX: u64 = 1 << 32;
+/// IN_TXCP (bit 33): leave aborted transactions' events out (checkpointed). Writable in
+/// IA32_PERFEVTSEL2 only, where IN_TX is (`HSW_IN_TX_CHECKPOINTED`).
+pub const INTEL_EVTSEL_IN_TXCP: u64 = 1 << 33;
+/// The general-purpose counter IN_TXCP is writable in.
+pub const INTEL_IN_TXCP_COUNTER: u8 = 2;
 /// Reserved bits of AMD PERF_CTLx as KVM treats them (arch/x86/kvm/svm/pmu.c): bits 19, 21
 /// and 63:36 (HostOnly/GuestOnly included). AMD hardware and KVM *ignore* writes to them: they
 /// are dropped, and read back as 0.

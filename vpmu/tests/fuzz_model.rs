@@ -62,17 +62,26 @@ enum Op {
 }
 
 fn intel_config() -> impl Strategy<Value = PmuConfig> {
-    (1u8..=8, 0u8..=3, 32u8..=48, any::<bool>(), any::<bool>()).prop_map(
-        |(gp_counters, fixed_counters, counter_width, pdcm, fw)| {
-            PmuConfig::Intel(IntelConfig {
-                gp_counters,
-                fixed_counters,
-                counter_width,
-                pdcm,
-                full_width_writes: pdcm && fw,
-            })
-        },
+    (
+        1u8..=8,
+        0u8..=3,
+        32u8..=48,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
     )
+        .prop_map(
+            |(gp_counters, fixed_counters, counter_width, pdcm, fw, tsx)| {
+                PmuConfig::Intel(IntelConfig {
+                    gp_counters,
+                    fixed_counters,
+                    counter_width,
+                    pdcm,
+                    full_width_writes: pdcm && fw,
+                    tsx,
+                })
+            },
+        )
 }
 
 fn amd_config() -> impl Strategy<Value = PmuConfig> {
@@ -360,9 +369,18 @@ impl Shadow {
             }
             0x186..=0x18d if msr - 0x186 < gp => {
                 let i = (msr - 0x186) as usize;
+                // KVM's eventsel_rsvd: bit 21 and 63:32, less HSW_IN_TX (bit 32) on every
+                // counter and HSW_IN_TX_CHECKPOINTED (bit 33) on counter 2 with RTM/HLE.
+                let mut rsvd: u64 = 0xffff_ffff_0020_0000;
+                if c.tsx {
+                    rsvd &= !(1 << 32);
+                    if i == 2 {
+                        rsvd &= !(1 << 33);
+                    }
+                }
                 match write {
                     None => Expect::Value(self.sel[i]),
-                    Some(v) if v & 0xffff_ffff_0020_0000 != 0 => Expect::Gp,
+                    Some(v) if v & rsvd != 0 => Expect::Gp,
                     Some(v) => {
                         self.sel[i] = v;
                         Expect::Ok

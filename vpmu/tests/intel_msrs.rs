@@ -312,3 +312,35 @@ fn a_pmu_can_move_to_its_vcpu_thread() {
     fn send<T: Send>(_: &T) {}
     send(&intel().0);
 }
+
+#[test]
+fn tsx_qualifiers_are_writable_only_where_the_guest_has_tsx() {
+    const IN_TX: u64 = 1 << 32;
+    const IN_TXCP: u64 = 1 << 33;
+    let (mut pmu, fake) = intel_with(|c| c.tsx = true);
+    // IN_TX on every counter (KVM's HSW_IN_TX), read back and handed to the backend.
+    for i in 0..4 {
+        wr(&mut pmu, evtsel(i), INTEL_CYCLES | IN_TX);
+        assert_eq!(rd(&mut pmu, evtsel(i)), INTEL_CYCLES | IN_TX);
+    }
+    // IN_TXCP on counter 2 only (HSW_IN_TX_CHECKPOINTED).
+    wr(&mut pmu, evtsel(2), INTEL_CYCLES | IN_TX | IN_TXCP);
+    assert_eq!(rd(&mut pmu, evtsel(2)), INTEL_CYCLES | IN_TX | IN_TXCP);
+    for i in [0, 1, 3] {
+        let v = INTEL_CYCLES | IN_TXCP;
+        assert_eq!(
+            run(&mut pmu, Wr(evtsel(i), v)),
+            reserved(evtsel(i), v, IN_TXCP),
+            "IN_TXCP on counter {i}"
+        );
+    }
+    intel_enable_all(&mut pmu);
+    let programmed = fake.event(vpmu::CounterId::gp(2)).expect("counter 2 runs");
+    assert!(programmed.in_tx && programmed.in_tx_cp);
+    // Bit 34 stays reserved.
+    let v = INTEL_CYCLES | 1 << 34;
+    assert_eq!(
+        run(&mut pmu, Wr(evtsel(0), v)),
+        reserved(evtsel(0), v, 1 << 34)
+    );
+}

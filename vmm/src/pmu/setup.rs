@@ -68,10 +68,23 @@ pub fn model_config(choice: ModelChoice, supported: &[kvm_cpuid_entry2]) -> PmuC
             .unwrap_or(false),
     };
     if intel {
-        PmuConfig::intel()
+        PmuConfig::Intel(vpmu::IntelConfig {
+            tsx: has_tsx(supported),
+            ..vpmu::IntelConfig::default()
+        })
     } else {
         PmuConfig::amd()
     }
+}
+
+/// Whether the CPUID table has Intel TSX: RTM (leaf 7.0 EBX bit 11) or HLE (bit 4).
+fn has_tsx(cpuid: &[kvm_cpuid_entry2]) -> bool {
+    const HLE: u32 = 1 << 4;
+    const RTM: u32 = 1 << 11;
+    cpuid
+        .iter()
+        .find(|e| e.function == 7 && e.index == 0)
+        .is_some_and(|e| e.ebx & (HLE | RTM) != 0)
 }
 
 /// Makes KVM send accesses to the MSRs in `ranges`, and reads of those in `read_only`, to user
@@ -210,6 +223,23 @@ mod tests {
             model_config(ModelChoice::Intel, &amd).vendor(),
             vpmu::Vendor::Intel
         );
+    }
+
+    #[test]
+    fn the_intel_model_has_the_tsx_qualifiers_where_cpuid_has_rtm_or_hle() {
+        let tsx = |ebx: u32| {
+            let t = [
+                entry(0, 0, u32::from_le_bytes(*b"Genu"), 0),
+                entry(7, 0, ebx, 0),
+            ];
+            match model_config(ModelChoice::Auto, &t) {
+                PmuConfig::Intel(c) => c.tsx,
+                PmuConfig::Amd(_) => panic!("an Intel vendor string"),
+            }
+        };
+        assert!(tsx(1 << 11), "RTM");
+        assert!(tsx(1 << 4), "HLE");
+        assert!(!tsx(!(1 << 11 | 1 << 4)));
     }
 
     #[test]

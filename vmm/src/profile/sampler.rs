@@ -38,6 +38,8 @@ const CYCLES: Event = Event {
     inv: false,
     cmask: 0,
     fixed: None,
+    in_tx: false,
+    in_tx_cp: false,
 };
 const CTR: CounterId = CounterId::gp(0);
 

@@ -208,8 +208,10 @@ fn hw_event(e: &Event) -> PerfEvent {
         | (u64::from(e.edge) << 18)
         | (u64::from(e.inv) << 23)
         | (u64::from(e.cmask) << 24);
-    if e.vendor == Vendor::Amd {
-        config |= ((code >> 8) & 0xf) << 32;
+    match e.vendor {
+        Vendor::Amd => config |= ((code >> 8) & 0xf) << 32,
+        // Linux's Intel raw format: in_tx = config:32, in_tx_cp = config:33.
+        Vendor::Intel => config |= (u64::from(e.in_tx) << 32) | (u64::from(e.in_tx_cp) << 33),
     }
     PerfEvent::Raw(config)
 }
@@ -230,6 +232,9 @@ impl SourceBackend for Hw {
         e: &Event,
         overflow_after: Option<u64>,
     ) -> Result<(), BackendError> {
+        // IN_TXCP cannot sample (Intel; KVM's pmc_reprogram_counter clears its sample period
+        // "so at least allocating the counter doesn't fail"): such a counter counts, no PMI.
+        let overflow_after = overflow_after.filter(|_| !e.in_tx_cp);
         // A re-armed split counter starts from the share its events last counted.
         let share = self
             .counters
@@ -340,6 +345,23 @@ mod tests {
         };
         b.program(CounterId::fixed(0), &fixed0, None).unwrap();
         assert_eq!(sim.state().opened[0].event, PerfEvent::Hardware(1));
+        // Intel TSX qualifiers go to config 33:32; IN_TXCP counts without sampling (KVM).
+        let (mut b, sim) = backend(AccountingMode::CpuSwitch);
+        let tx = Event {
+            in_tx: true,
+            ..event(Vendor::Intel, 0x3c, 0, true, true)
+        };
+        b.program(CounterId::gp(0), &tx, Some(1_000_000)).unwrap();
+        let txcp = Event {
+            in_tx_cp: true,
+            ..tx
+        };
+        b.program(CounterId::gp(2), &txcp, Some(1_000_000)).unwrap();
+        let opened = &sim.state().opened;
+        assert_eq!(opened[0].event, PerfEvent::Raw(0x3c | 1 << 32));
+        assert_eq!(opened[0].sample_period, Some(1_000_000));
+        assert_eq!(opened[1].event, PerfEvent::Raw(0x3c | 3 << 32));
+        assert_eq!(opened[1].sample_period, None);
     }
 
     /// What the model wants counter 0 to count of `n` events in `ctx`: the guest's rings in

@@ -160,11 +160,14 @@ impl Soft {
     }
 }
 
+/// Cycle events only; not cycles qualified to TSX transactions (IN_TX/IN_TXCP), which thread CPU
+/// time cannot tell apart.
 fn soft_counts(e: &Event) -> bool {
     matches!(
         e.arch_event(),
         Some(ArchEvent::CoreCycles | ArchEvent::RefCycles)
-    )
+    ) && !e.in_tx
+        && !e.in_tx_cp
 }
 
 impl SourceBackend for Soft {
@@ -294,6 +297,11 @@ mod tests {
         assert!(b.supports(&event(Vendor::Intel, 0x3c, 1, true, true)));
         assert!(!b.supports(&event(Vendor::Intel, 0xc0, 0, true, true)));
         assert!(!b.supports(&event(Vendor::Amd, 0xc0, 0, true, true)));
+        let in_tx = Event {
+            in_tx: true,
+            ..event(Vendor::Intel, 0x3c, 0, true, true)
+        };
+        assert!(!b.supports(&in_tx), "cycles inside TSX transactions");
         let fixed_cycles = Event {
             fixed: Some(1),
             ..event(Vendor::Intel, 0, 0, true, true)

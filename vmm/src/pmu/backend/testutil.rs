@@ -105,6 +105,8 @@ pub(super) fn event(vendor: Vendor, code: u16, umask: u8, usr: bool, os: bool) -
         inv: false,
         cmask: 0,
         fixed: None,
+        in_tx: false,
+        in_tx_cp: false,
     }
 }
 
