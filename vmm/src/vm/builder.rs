@@ -93,11 +93,15 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let supported = hv
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+    // The guest's CPUID: KVM's supported table with the guest's identity and the host-quirk
+    // policy; the model reads vCPU 0's (the vPMU's own leaves are edited in later).
+    let policy = cpuid_policy(quirks.is_some());
+    let guest_cpuid = guest_cpuid(cfg.pmu_model, supported.as_slice());
     let vpmu = plan_vpmu(
         cfg,
         &vm,
         &mem,
-        supported.as_slice(),
+        &cpuid::for_vcpu(&guest_cpuid, 0, cfg.vcpus, policy),
         &guest.code,
         &mode_switch,
         quirks.is_some(),
@@ -126,7 +130,8 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     };
     let vcpus = VcpuPlan {
         cfg,
-        supported: supported.as_slice(),
+        guest_cpuid: &guest_cpuid,
+        policy,
         quirks: quirks.is_some(),
         entry: guest.entry,
         vpmu: vpmu.as_ref(),
@@ -609,7 +614,7 @@ fn plan_vpmu(
     cfg: &VmConfig,
     vm: &VmFd,
     mem: &GuestMemoryMmap,
-    supported: &[kvm_cpuid_entry2],
+    guest_cpuid: &[kvm_cpuid_entry2],
     code: &pmu::setup::GuestCode<'_>,
     mode_switch: &Option<Arc<ModeSwitch>>,
     quirks: bool,
@@ -617,7 +622,7 @@ fn plan_vpmu(
     let Some(mode) = mode_switch.as_ref().map(|m| m.get()) else {
         return Ok(None);
     };
-    let config = pmu::setup::model_config(cfg.pmu_model, supported);
+    let config = pmu::setup::model_config(cfg.pmu_model, guest_cpuid);
     let backend = pmu::setup::resolve_backend(cfg.pmu_backend);
     // A throwaway model gives the MSR ranges and CPUID edits (the same for every vCPU).
     let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))?;
@@ -735,11 +740,23 @@ fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cp
     }
 }
 
+/// What the guest's CPUID hides of the host's: where guest kernel code is emulated (host quirks),
+/// what that emulator cannot run.
+fn cpuid_policy(quirks: bool) -> cpuid::CpuidPolicy {
+    cpuid::CpuidPolicy {
+        hide_cx16: quirks,
+        hide_hypercall_features: quirks,
+        hide_tsx: quirks,
+    }
+}
+
 /// What the vCPUs are made from, besides what they share ([`VcpuShared`]).
 struct VcpuPlan<'a> {
     cfg: &'a VmConfig,
-    /// KVM's supported CPUID.
-    supported: &'a [kvm_cpuid_entry2],
+    /// KVM's supported CPUID with the guest's identity ([`guest_cpuid`]).
+    guest_cpuid: &'a [kvm_cpuid_entry2],
+    /// What the guest's CPUID hides ([`cpuid_policy`]).
+    policy: cpuid::CpuidPolicy,
     /// Host quirks detected before boot (CPUID hides what the host cannot run).
     quirks: bool,
     /// How vCPU 0 starts.
@@ -759,11 +776,6 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         None => vpmu::cpuid::hide_pmu(),
     };
     let cfg = plan.cfg;
-    let guest_cpuid = guest_cpuid(cfg.pmu_model, plan.supported);
-    let policy = cpuid::CpuidPolicy {
-        hide_cx16: plan.quirks,
-        hide_hypercall_features: plan.quirks,
-    };
     // Registers through kvm_run only where the VMM touches them on many exits: the SYSCALL relay
     // (host quirks) reads and writes them on every relayed system call. Elsewhere few exits read
     // a register, and KVM copying all three sets into kvm_run at every exit costs ~4% of a plain
@@ -775,7 +787,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             .vm
             .create_vcpu(u64::from(id))
             .map_err(kvm("KVM_CREATE_VCPU"))?;
-        let mut table = cpuid::for_vcpu(&guest_cpuid, id, cfg.vcpus, policy);
+        let mut table = cpuid::for_vcpu(plan.guest_cpuid, id, cfg.vcpus, plan.policy);
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let pmu = match plan.vpmu {
             Some(v) => Some(vcpu_pmu(cfg, v, &fd, plan.mode_switch)?),
