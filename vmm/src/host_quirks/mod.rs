@@ -3,10 +3,9 @@
 //! shared/HOST-FACTS.md). Everything host-specific lives here, and none of it is on the normal
 //! path of a VT-x/SVM host:
 //!
-//! * before boot, when the host is detected: CPUID hides CMPXCHG16B, Intel TSX (XBEGIN at guest
-//!   CPL 0 takes #UD) and hypercall-based KVM PV features (`vcpu::cpuid::CpuidPolicy`), and the
-//!   kernel command line gets options that keep Linux off instructions the host's emulator
-//!   lacks (see [`KERNEL_OPTIONS`]);
+//! * before boot, when the host is detected: CPUID hides CMPXCHG16B and hypercall-based KVM PV
+//!   features (`vcpu::cpuid::CpuidPolicy`), and the kernel command line gets options that keep
+//!   Linux off instructions the host's emulator lacks (see [`KERNEL_OPTIONS`]);
 //! * at run time, only on `KVM_EXIT_INTERNAL_ERROR` / emulation failure: [`emulate`] decodes the
 //!   guest instruction and does what the CPU would have done, where that is simple and safe.
 //!   Each kind of fix-up is logged once and counted; the counts are printed when the VM ends;

@@ -13,18 +13,12 @@ pub struct CpuidPolicy {
     /// Clear KVM paravirt features that are used through hypercalls (VMCALL never returns on
     /// hosts that emulate guest kernel code).
     pub hide_hypercall_features: bool,
-    /// Hide Intel TSX (RTM and HLE in leaf 7): XBEGIN at guest CPL 0 takes #UD on hosts that
-    /// emulate guest kernel code (kvm-unit-tests' x86/pmu `check_tsx_cycles`, which runs only
-    /// where CPUID has RTM). The vPMU's TSX qualifiers follow this table.
-    pub hide_tsx: bool,
 }
 
 const LEAF1_ECX_CX16: u32 = 1 << 13;
 const LEAF1_ECX_X2APIC: u32 = 1 << 21;
 const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
 const LEAF1_EDX_HTT: u32 = 1 << 28;
-const LEAF7_EBX_HLE: u32 = 1 << 4;
-const LEAF7_EBX_RTM: u32 = 1 << 11;
 const EXT1_ECX_TOPOEXT: u32 = 1 << 22;
 const KVM_FEATURE_PV_UNHALT: u32 = 1 << 7;
 const KVM_FEATURE_PV_SEND_IPI: u32 = 1 << 11;
@@ -93,7 +87,6 @@ pub fn for_vcpu(
                     }
                 }
             }
-            (7, 0) if policy.hide_tsx => e.ebx &= !(LEAF7_EBX_HLE | LEAF7_EBX_RTM),
             (0x4000_0001, _) if policy.hide_hypercall_features => {
                 e.eax &= !(KVM_FEATURE_PV_UNHALT
                     | KVM_FEATURE_PV_SEND_IPI
@@ -156,7 +149,6 @@ mod tests {
                 LEAF1_ECX_CX16 | 1 << 15 | LEAF1_ECX_X2APIC,
                 0,
             ),
-            entry(7, 0, 0, LEAF7_EBX_HLE | LEAF7_EBX_RTM | 1, 0, 0),
             entry(0xa, 0, 0x0730_0402, 0, 0, 0x603),
             entry(0xb, 0, 1, 2, 0x100, 7),
             entry(0xb, 1, 4, 16, 0x201, 7),
@@ -198,16 +190,9 @@ mod tests {
         let p = CpuidPolicy {
             hide_cx16: true,
             hide_hypercall_features: true,
-            hide_tsx: true,
         };
         let t = for_vcpu(&host(), 0, 1, p);
         assert_eq!(find(&t, 1, 0).unwrap().ecx & LEAF1_ECX_CX16, 0);
-        assert_eq!(find(&t, 7, 0).unwrap().ebx, 1, "TSX hidden, the rest kept");
-        let kept = for_vcpu(&host(), 0, 1, CpuidPolicy::default());
-        assert_eq!(
-            find(&kept, 7, 0).unwrap().ebx,
-            LEAF7_EBX_HLE | LEAF7_EBX_RTM | 1
-        );
         assert_eq!(
             find(&t, 0x4000_0001, 0).unwrap().eax & KVM_FEATURE_PV_UNHALT,
             0

@@ -746,7 +746,6 @@ fn cpuid_policy(quirks: bool) -> cpuid::CpuidPolicy {
     cpuid::CpuidPolicy {
         hide_cx16: quirks,
         hide_hypercall_features: quirks,
-        hide_tsx: quirks,
     }
 }
 
