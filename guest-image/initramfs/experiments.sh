@@ -208,6 +208,7 @@ exp_compare_perf() {
 	vpmu_step compare-perf record-system.log \
 		perf record -a -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/system.data" -- \
 		sh -c "$VPMU_PACKET_WINDOW" sh "$VPMU_SECS"
+	vpmu_window_interrupts compare-perf
 	vpmu_step compare-perf report-system.txt \
 		perf report -i "$dir/system.data" --stdio -n --sort symbol
 	vpmu_step compare-perf record-control.log \
@@ -282,6 +283,7 @@ exp_compare_oprofile() {
 	mkdir -p "$dir/op_system" "$dir/op_control"
 	vpmu_step compare-oprofile operf-system.log \
 		vpmu_operf_system_wide "$dir/op_system" vpmu_packet_window "$VPMU_SECS"
+	vpmu_window_interrupts compare-oprofile
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_operf_diagnostics compare-oprofile "$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
@@ -438,6 +440,12 @@ vpmu_packets() {
 	local code=0 b
 	[ "$1" = on ] && code=1
 	[ -e "$VPMU_PORT_DEV" ] || return 0
+	# The guest's interrupt counts (its PMIs and the card's interrupts among them) as the gate
+	# opens and closes: what the window's profile could have sampled (vpmu_window_interrupts).
+	{
+		echo "# packet gate $1"
+		cat /proc/interrupts
+	} >>"$VPMU_WORK/window-interrupts.txt" 2>/dev/null
 	vpmu_port_put "$VPMU_PACKET_PORT" "$code"
 	b=$(vpmu_port_get "$VPMU_PACKET_PORT")
 	case "$b" in
@@ -446,6 +454,13 @@ vpmu_packets() {
 	*) echo "vpmu: no packet gate port (read '$b'): the VMM's packets, if any, are not gated" ;;
 	esac
 	return 0
+}
+
+# vpmu_window_interrupts EXP: send the interrupt counts vpmu_packets took at the gate's last
+# opening and closing as frame EXP/window-interrupts.txt, and start a new file.
+vpmu_window_interrupts() {
+	vpmu_frame "$1/window-interrupts.txt" "$VPMU_WORK/window-interrupts.txt"
+	rm -f "$VPMU_WORK/window-interrupts.txt"
 }
 
 vpmu_run_list() {
