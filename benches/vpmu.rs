@@ -18,7 +18,9 @@
 //! P1  cost of a guest RDMSR of a PMU counter answered by the vPMU (model + soft backend, with
 //!     the counter running), against the same RDMSR answered by a constant in user space (a bare
 //!     user-space MSR exit). Goal: <= 1.10x.
-//! P2  VMM cost per delivered sample: host overflow signal -> KVM_NMI done, plus the two PMU MSR
+//! P2  VMM cost per delivered sample: host overflow signal -> NMI queued (KVM_NMI, or with sync
+//!     registers `nmi.pending` in kvm_run, which the next KVM_RUN applies: its cost inside KVM is
+//!     then in the PMI latency below, not here), plus the two PMU MSR
 //!     writes the guest's NMI handler makes (ack, re-arm), in bare user-space MSR exits (the
 //!     same round's P1 bare run). Goal: <= 3.
 //! PMI latency: TSC at the host's overflow signal on the vCPU thread -> TSC read first thing in
@@ -135,7 +137,7 @@ struct Round {
     /// P1: per RDMSR, vPMU / bare.
     vp: f64,
     bare: f64,
-    /// P2: medians over the round's PMIs: signal -> NMI injected, handler's two MSR writes.
+    /// P2: medians over the round's PMIs: signal -> NMI queued, handler's two MSR writes.
     inject: f64,
     msr: f64,
     /// PMI latencies of the round (cycles).
@@ -170,7 +172,7 @@ fn p1(vpmu: bool) -> f64 {
     w[2] as f64 / w[3] as f64
 }
 
-/// The PMI guest: (signal -> injected medians, MSR-write medians, latencies), cycles.
+/// The PMI guest: (signal -> queued medians, MSR-write medians, latencies), cycles.
 fn pmi_run() -> (f64, f64, Vec<f64>) {
     let (r, w) = run(
         &tiny_guests::PMI_LATENCY64,
@@ -298,7 +300,7 @@ fn main() {
         lat[lat.len() - 1]
     );
     println!(
-        "P2  per delivered sample: medians signal -> NMI injected {:.1} us + handler's 2 PMU MSR write exits {:.1} us, bare MSR exit {:.1} us",
+        "P2  per delivered sample: medians signal -> NMI queued {:.1} us + handler's 2 PMU MSR write exits {:.1} us, bare MSR exit {:.1} us",
         abs_us(&|r| r.inject),
         abs_us(&|r| r.msr),
         abs_us(&|r| r.bare)

@@ -143,8 +143,9 @@ pub struct PmuStats {
     /// Events the guest enabled that the backend cannot count ([`vpmu::Pmu::uncounted`]): the
     /// counter stayed still, so the guest read 0 for them. Each once (the sum: across vCPUs).
     pub uncounted: Vec<(vpmu::UncountedEvent, Option<vpmu::ArchEvent>)>,
-    /// TSC right after each of those NMIs was injected (KVM_NMI returned): with
-    /// `pmi_signal_tsc`, the VMM's cost per delivered sample (benches/).
+    /// TSC right after each of those NMIs was queued (KVM_NMI returned, or `nmi.pending` was
+    /// set in kvm_run's events for the next KVM_RUN): with `pmi_signal_tsc`, the VMM's cost per
+    /// delivered sample (benches/).
     pub pmi_inject_tsc: Vec<u64>,
 }
 
