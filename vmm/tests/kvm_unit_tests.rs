@@ -289,12 +289,21 @@ fn checked_in(name: &str) -> (Vec<Expected>, String) {
 }
 
 #[test]
-fn the_recorded_run_matches_the_checked_in_file() {
-    let (e, end) = checked_in("pmu.intel.cpu-switch.soft.intel-host.expected");
-    let seen = observed(FIXTURE);
-    assert!(seen.len() > 10, "{seen:?}");
-    let problems = compare(&e, &end, &seen, &end);
-    assert!(problems.is_empty(), "{problems:#?}");
+fn the_recorded_runs_match_their_checked_in_files() {
+    let runs = [
+        ("pmu.intel.cpu-switch.soft.intel-host.expected", FIXTURE),
+        (
+            "pmu.intel.domain-switch.soft.intel-host.expected",
+            include_str!("fixtures/kut-pmu.intel.domain-switch.soft.intel-host.console"),
+        ),
+    ];
+    for (file, console) in runs {
+        let (e, end) = checked_in(file);
+        let seen = observed(console);
+        assert!(seen.len() > 10, "{file}: {seen:?}");
+        let problems = compare(&e, &end, &seen, &end);
+        assert!(problems.is_empty(), "{file}: {problems:#?}");
+    }
 }
 
 #[test]
