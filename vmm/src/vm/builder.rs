@@ -93,15 +93,14 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let supported = hv
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
-    // The guest's CPUID: KVM's supported table with the guest's identity and the host-quirk
-    // policy; the model reads vCPU 0's (the vPMU's own leaves are edited in later).
-    let policy = cpuid_policy(quirks.is_some());
+    // The guest's CPUID (KVM's supported table with the guest's identity), which the vPMU's
+    // model reads (its TSX bits) and the vCPUs are made from.
     let guest_cpuid = guest_cpuid(cfg.pmu_model, supported.as_slice());
     let vpmu = plan_vpmu(
         cfg,
         &vm,
         &mem,
-        &cpuid::for_vcpu(&guest_cpuid, 0, cfg.vcpus, policy),
+        &guest_cpuid,
         &guest.code,
         &mode_switch,
         quirks.is_some(),
@@ -131,7 +130,6 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let vcpus = VcpuPlan {
         cfg,
         guest_cpuid: &guest_cpuid,
-        policy,
         quirks: quirks.is_some(),
         entry: guest.entry,
         vpmu: vpmu.as_ref(),
@@ -740,22 +738,11 @@ fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cp
     }
 }
 
-/// What the guest's CPUID hides of the host's: where guest kernel code is emulated (host quirks),
-/// what that emulator cannot run.
-fn cpuid_policy(quirks: bool) -> cpuid::CpuidPolicy {
-    cpuid::CpuidPolicy {
-        hide_cx16: quirks,
-        hide_hypercall_features: quirks,
-    }
-}
-
 /// What the vCPUs are made from, besides what they share ([`VcpuShared`]).
 struct VcpuPlan<'a> {
     cfg: &'a VmConfig,
     /// KVM's supported CPUID with the guest's identity ([`guest_cpuid`]).
     guest_cpuid: &'a [kvm_cpuid_entry2],
-    /// What the guest's CPUID hides ([`cpuid_policy`]).
-    policy: cpuid::CpuidPolicy,
     /// Host quirks detected before boot (CPUID hides what the host cannot run).
     quirks: bool,
     /// How vCPU 0 starts.
@@ -775,6 +762,10 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         None => vpmu::cpuid::hide_pmu(),
     };
     let cfg = plan.cfg;
+    let policy = cpuid::CpuidPolicy {
+        hide_cx16: plan.quirks,
+        hide_hypercall_features: plan.quirks,
+    };
     // Registers through kvm_run only where the VMM touches them on many exits: the SYSCALL relay
     // (host quirks) reads and writes them on every relayed system call. Elsewhere few exits read
     // a register, and KVM copying all three sets into kvm_run at every exit costs ~4% of a plain
@@ -786,7 +777,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             .vm
             .create_vcpu(u64::from(id))
             .map_err(kvm("KVM_CREATE_VCPU"))?;
-        let mut table = cpuid::for_vcpu(plan.guest_cpuid, id, cfg.vcpus, plan.policy);
+        let mut table = cpuid::for_vcpu(plan.guest_cpuid, id, cfg.vcpus, policy);
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let pmu = match plan.vpmu {
             Some(v) => Some(vcpu_pmu(cfg, v, &fd, plan.mode_switch)?),
