@@ -313,7 +313,10 @@ fn the_recorded_runs_match_their_checked_in_files() {
         let (e, end) = checked_in(file);
         let seen = observed(console);
         assert!(seen.len() > 10, "{file}: {seen:?}");
-        assert_eq!(end, "debug-exit 63", "{file}: every recorded Intel run aborts");
+        assert_eq!(
+            end, "debug-exit 63",
+            "{file}: every recorded Intel run aborts"
+        );
         let problems = compare(&e, &end, &seen, &end);
         assert!(problems.is_empty(), "{file}: {problems:#?}");
         let n = e.iter().filter(|x| x.status == VARIES).count();
