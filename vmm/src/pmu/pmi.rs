@@ -1,9 +1,10 @@
 //! Delivering a PMI the way the local APIC would: through LVTPC (offset 0x340) of the in-kernel
-//! LAPIC. NMI delivery mode -> an NMI queued through the vCPU access layer; fixed mode -> an MSI to this vCPU's APIC with the vector;
-//! masked -> dropped (the overflow status bit stays set for the guest to find). Intel-compatible
-//! guests expect LVTPC masked after a PMI; the guest unmasks it. A per-vCPU rate limit keeps a
-//! guest from turning a tiny sampling period into an interrupt storm on the host: a PMI over it
-//! waits (the vCPU's kick timer brings it back when it may go).
+//! LAPIC. NMI delivery mode -> an NMI queued through the vCPU access layer; fixed mode -> an MSI
+//! to this vCPU's APIC with the vector; masked -> dropped (the overflow status bit stays set for
+//! the guest to find). Intel-compatible guests expect LVTPC masked after a PMI; the guest
+//! unmasks it. A per-vCPU rate limit keeps a guest from turning a tiny sampling period into an
+//! interrupt storm on the host: a PMI over it waits (the vCPU's kick timer brings it back when it
+//! may go).
 
 use std::time::{Duration, Instant};
 

@@ -31,8 +31,8 @@
 //! KVM_VCPUEVENT_VALID_NMI_PENDING as KVM reports them: written back unchanged the flag would
 //! make KVM replace its NMI queue with the exit's old view of it, so [`events_to_sync`] drops
 //! the flag unless the caller changed `nmi.pending` — as [`VcpuAccess::queue_nmi`] does for a
-//! PMI, which on this path costs no KVM_NMI ioctl (the vCPU loop queues it before `commit`). `interrupt_bitmap` in sregs round-trips as with
-//! KVM_GET/SET_SREGS. MSRs, FPU and LAPIC stay ioctls; [`KvmVcpu::ioctls`] counts the ones made
+//! PMI, which on this path costs no KVM_NMI ioctl (the vCPU loop queues it before `commit`).
+//! `interrupt_bitmap` in sregs round-trips as with KVM_GET/SET_SREGS. MSRs, FPU and LAPIC stay ioctls; [`KvmVcpu::ioctls`] counts the ones made
 //! (the run report's `ExitCounts::access_ioctls`: 0 per relayed system call with sync
 //! registers, 3 without).
 //!
@@ -537,8 +537,6 @@ pub mod fake {
         pub sregs_sets: u32,
         /// KVM_SET_VCPU_EVENTS calls.
         pub event_sets: u32,
-        /// NMIs queued (`queue_nmi`).
-        pub nmis_queued: u32,
         dirty: (bool, bool),
     }
 
@@ -556,7 +554,6 @@ pub mod fake {
                 regs_sets: 0,
                 sregs_sets: 0,
                 event_sets: 0,
-                nmis_queued: 0,
                 dirty: (false, false),
             }
         }
@@ -624,7 +621,6 @@ pub mod fake {
         }
         fn queue_nmi(&mut self) -> Result<(), AccessError> {
             self.events.nmi.pending = 1;
-            self.nmis_queued += 1;
             Ok(())
         }
         fn memory(&self) -> &GuestMemoryMmap {
