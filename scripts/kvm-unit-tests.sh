@@ -10,7 +10,7 @@
 #   default: amd:cpu-switch:soft intel:cpu-switch:soft amd:domain-switch:soft
 #            intel:domain-switch:soft intel:cpu-switch:sim intel:domain-switch:sim, and where the
 #            host has a PMU (perf stat -e instructions counts) amd:cpu-switch:hw intel:domain-switch:hw
-#   (scripts/test.sh boots the host vendor's model in cpu-switch; this runs them all)
+#   (scripts/test.sh boots the AMD model in cpu-switch; this runs them all)
 #   MODEL amd|intel (--pmu-model), VPMU cpu-switch|domain-switch (--vpmu), BACKEND soft|hw|sim
 #   (--vpmu-backend; hw needs a host PMU and VT-x/SVM; sim is the hw backend's code over the
 #   simulated host PMU, which runs anywhere: see docs/kvm-unit-tests.md).
@@ -33,6 +33,19 @@ if [ $# -eq 0 ]; then
 	fi
 fi
 
+# Every configuration is checked before anything is built or booted.
+for config in "$@"; do
+	IFS=: read -r model vpmu backend <<<"$config"
+	ok=1
+	case $model in amd | intel) ;; *) ok=0 ;; esac
+	case $vpmu in cpu-switch | domain-switch) ;; *) ok=0 ;; esac
+	case $backend in soft | hw | sim) ;; *) ok=0 ;; esac
+	if [ "$ok" = 0 ]; then
+		say "bad configuration '$config' (MODEL:VPMU:BACKEND: amd|intel, cpu-switch|domain-switch, soft|hw|sim)"
+		exit 2
+	fi
+done
+
 guest-image/build.sh kvm-unit-tests || exit 1
 eval "$(guest-image/build.sh paths)"
 : "${KUT_PMU_FLAT:?guest-image/build.sh paths did not name KUT_PMU_FLAT}"
@@ -42,13 +55,6 @@ cargo build --release -p vmm --tests || exit 1
 failed=()
 for config in "$@"; do
 	IFS=: read -r model vpmu backend <<<"$config"
-	case "$model:$vpmu:$backend" in
-	amd:cpu-switch:soft | amd:cpu-switch:hw | amd:cpu-switch:sim | \
-		amd:domain-switch:soft | amd:domain-switch:hw | amd:domain-switch:sim | \
-		intel:cpu-switch:soft | intel:cpu-switch:hw | intel:cpu-switch:sim | \
-		intel:domain-switch:soft | intel:domain-switch:hw | intel:domain-switch:sim) ;;
-	*) say "bad configuration '$config' (MODEL:VPMU:BACKEND)"; exit 2 ;;
-	esac
 	host=amd
 	grep -q GenuineIntel /proc/cpuinfo && host=intel
 	name=pmu.$model.$vpmu.$backend.$host-host
