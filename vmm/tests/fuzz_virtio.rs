@@ -851,7 +851,13 @@ mod blk {
             if st & 0x4 == 0 || st & (0x80 | NEEDS_RESET) != 0 {
                 return Ok(()); // not live (DRIVER_OK unset, or FAILED): notifies are ignored
             }
-            let _ = before;
+            // A random QueueReady write other than 1 (found: 2) un-readies the queue, whose
+            // notifies are then ignored too.
+            wr(&mut self.t, VIRTIO_MMIO_QUEUE_SEL, 0);
+            if rd(&mut self.t, VIRTIO_MMIO_QUEUE_READY) == 0 {
+                prop_assert_eq!(used, before, "a queue that is not ready is not used");
+                return Ok(());
+            }
             prop_assert_eq!(used, idx.wrapping_add(1), "every chain offered is used");
             let e = GuestAddress(USED + 4 + 8 * u64::from(idx % QSIZE));
             let len: u32 = self.mem.read_obj(GuestAddress(e.0 + 4)).unwrap();
