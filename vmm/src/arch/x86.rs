@@ -85,9 +85,9 @@ pub const PTE_HUGE: u64 = 1 << 7;
 /// Physical address bits of a 64-bit entry (MAXPHYADDR 52).
 pub const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
 
-/// The 64-bit exception frame at an exception handler's first instruction (vectors with an error
-/// code): error code, RIP, CS, RFLAGS, RSP, SS, each 8 bytes, from RSP up. The guest wrote it:
-/// every field is whatever it says.
+/// The 64-bit exception frame at an exception handler's first instruction: error code (only for
+/// the vectors of [`pushes_error_code`]; 0 in `error` for the others), RIP, CS, RFLAGS, RSP, SS,
+/// each 8 bytes, from RSP up. The guest wrote it: every field is whatever it says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExceptionFrame {
     pub error: u64,
@@ -99,7 +99,28 @@ pub struct ExceptionFrame {
 }
 
 impl ExceptionFrame {
+    /// Its length with an error code.
     pub const LEN: usize = 48;
+
+    /// Its length for `vector`.
+    pub fn len_for(vector: u8) -> usize {
+        if pushes_error_code(vector) {
+            Self::LEN
+        } else {
+            Self::LEN - 8
+        }
+    }
+
+    /// The frame of `vector` from the [`Self::len_for`] bytes at the handler's RSP (`b` holds
+    /// at least that many; the rest is ignored).
+    pub fn for_vector(vector: u8, b: &[u8; Self::LEN]) -> Self {
+        if pushes_error_code(vector) {
+            return Self::from_bytes(b);
+        }
+        let mut with_error = [0u8; Self::LEN];
+        with_error[8..].copy_from_slice(&b[..Self::LEN - 8]);
+        Self::from_bytes(&with_error)
+    }
 
     pub fn from_bytes(b: &[u8; Self::LEN]) -> Self {
         let q = |i: usize| {
@@ -125,6 +146,12 @@ impl ExceptionFrame {
     pub fn user(&self) -> bool {
         self.cpl() == 3
     }
+}
+
+/// Whether the CPU pushes an error code for exception `vector` (#DF, #TS, #NP, #SS, #GP, #PF,
+/// #AC, #CP, #VC, #SX; SDM vol. 3, table 6-1).
+pub fn pushes_error_code(vector: u8) -> bool {
+    matches!(vector, 8 | 10..=14 | 17 | 21 | 29 | 30)
 }
 
 /// Whether a linear address is canonical with 48-bit (or, with LA57, 57-bit) addresses.
@@ -233,6 +260,20 @@ pub fn translate(
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn frames_with_and_without_an_error_code() {
+        let words: Vec<u8> = (1u64..=6).flat_map(|w| w.to_le_bytes()).collect();
+        let raw: [u8; ExceptionFrame::LEN] = words.try_into().unwrap();
+        let gp = ExceptionFrame::for_vector(VECTOR_GP, &raw);
+        assert_eq!((gp.error, gp.rip, gp.ss), (1, 2, 6));
+        assert_eq!(ExceptionFrame::len_for(VECTOR_GP), 48);
+        // #UD pushes no error code: RIP is the first word.
+        let ud = ExceptionFrame::for_vector(VECTOR_UD, &raw);
+        assert_eq!((ud.error, ud.rip, ud.cs, ud.ss), (0, 1, 2, 5));
+        assert_eq!(ExceptionFrame::len_for(VECTOR_UD), 40);
+        assert!(!pushes_error_code(VECTOR_BP) && pushes_error_code(VECTOR_PF));
+    }
 
     #[test]
     fn constants_match_the_manuals() {

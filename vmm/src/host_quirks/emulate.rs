@@ -147,22 +147,14 @@ impl std::fmt::Display for EmulationFailure {
 fn fetch(cpu: &mut Cpu<'_>) -> Result<(Instruction, Vec<u8>), EmulationFailure> {
     let rip = cpu.rip();
     let linear = cpu.segment_base(Register::CS).wrapping_add(rip);
-    let mut bytes = vec![0u8; 15];
-    if cpu.read_virt(linear, &mut bytes).is_err() {
-        // The instruction may end before an unmapped page: take the bytes that can be read.
-        bytes.clear();
-        let mut b = [0u8; 1];
-        while bytes.len() < 15 && cpu.read_virt(linear + bytes.len() as u64, &mut b).is_ok() {
-            bytes.push(b[0]);
-        }
-        if bytes.is_empty() {
-            return Err(EmulationFailure {
-                rip,
-                bytes,
-                text: "?".into(),
-                reason: "cannot read the instruction".into(),
-            });
-        }
+    let mut bytes = cpu.acc.read_instruction(linear);
+    if bytes.is_empty() {
+        return Err(EmulationFailure {
+            rip,
+            bytes,
+            text: "?".into(),
+            reason: "cannot read the instruction".into(),
+        });
     }
     let mut dec = Decoder::with_ip(cpu.bitness(), &bytes, rip, DecoderOptions::NONE);
     let instr = dec.decode();

@@ -435,7 +435,8 @@ impl VectorTrap {
             return Ok(None);
         }
         let mut raw = [0u8; ExceptionFrame::LEN];
-        cpu.read_virt(regs.rsp, &mut raw)
+        let len = ExceptionFrame::len_for(self.vector);
+        cpu.read_virt(regs.rsp, &mut raw[..len])
             .map_err(|source| TrapError::Frame {
                 rsp: regs.rsp,
                 source,
@@ -443,7 +444,7 @@ impl VectorTrap {
         Ok(Some(Stopped {
             handler,
             regs,
-            frame: ExceptionFrame::from_bytes(&raw),
+            frame: ExceptionFrame::for_vector(self.vector, &raw),
         }))
     }
 

@@ -11,12 +11,14 @@
 //!   Each kind of fix-up is logged once and counted; the counts are printed when the VM ends;
 //! * guest user space: [`syscall_relay`] completes the guest's SYSCALLs, which these hosts leave
 //!   half done (an int3 over the guest's #PF handler brings each #PF to the VMM);
-//! * [`idt_trap`]: that int3 over an exception vector's handler, shared by the relay (#PF) and
-//!   the RDPMC trap (#GP, `pmu::rdpmc_trap`).
+//! * [`idt_trap`]: that int3 over an exception vector's handler, shared by the relay (#PF), the
+//!   RDPMC trap (#GP, `pmu::rdpmc_trap`) and [`xbegin_abort`] (#UD: XBEGIN at guest CPL 0,
+//!   which these hosts' emulator refuses, completed as a transaction abort; Multiboot guests).
 
 pub mod emulate;
 pub mod idt_trap;
 pub mod syscall_relay;
+pub mod xbegin_abort;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -55,6 +55,9 @@ use vmm_sys_util::ioctl::{ioctl, ioctl_with_mut_ptr, ioctl_with_mut_ref, ioctl_w
 use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 
 use crate::arch::x86::{self, Paging};
+
+/// The longest x86 instruction, in bytes.
+pub const MAX_INSTRUCTION: usize = 15;
 pub use crate::kvm_error::{AccessError, KvmVcpuError};
 
 /// A vCPU's state as the VMM's run-time code sees it. Getters may be served from a cache;
@@ -140,6 +143,38 @@ pub trait VcpuAccess {
             done += n;
         }
         Ok(())
+    }
+
+    /// The bytes of the instruction at guest-virtual `gva`: 15 (the longest x86 instruction), or
+    /// as many as can be read before an unmapped page (an instruction may end just before one);
+    /// empty if none can.
+    fn read_instruction(&mut self, gva: u64) -> Vec<u8> {
+        let mut buf = [0u8; MAX_INSTRUCTION];
+        if self.read_virt(gva, &mut buf).is_ok() {
+            return buf.to_vec();
+        }
+        let to_page_end = (0x1000 - (gva & 0xfff)) as usize;
+        let n = to_page_end.min(MAX_INSTRUCTION);
+        match self.read_virt(gva, &mut buf[..n]) {
+            Ok(()) => buf[..n].to_vec(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The 8-byte GDT descriptor for `selector`, if it is a GDT selector (not null, not LDT)
+    /// within the GDT's limit (`sregs`: the vCPU's) and its bytes can be read.
+    fn gdt_descriptor(&mut self, sregs: &kvm_sregs, selector: u16) -> Option<u64> {
+        if selector & 4 != 0 {
+            return None;
+        }
+        let offset = u64::from(selector & !7);
+        if offset == 0 || offset + 7 > u64::from(sregs.gdt.limit) {
+            return None;
+        }
+        let mut raw = [0u8; 8];
+        self.read_virt(sregs.gdt.base.wrapping_add(offset), &mut raw)
+            .ok()?;
+        Some(u64::from_le_bytes(raw))
     }
 
     /// Writes guest-virtual memory, page by page (pages before an unmapped one are written).

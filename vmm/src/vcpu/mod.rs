@@ -26,9 +26,9 @@ use crate::end::{KvmFailure, VmEnd};
 use crate::exit::ExitCounts;
 use crate::host_quirks::idt_trap::{Stopped, TrapError};
 use crate::host_quirks::{self, FixupCounts};
-use crate::pmu::rdpmc_trap::{GpCause, GpOutcome};
+use crate::pmu::rdpmc_trap::GpOutcome;
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
-use access::{KvmVcpu, VcpuAccess};
+use access::{AccessError, KvmVcpu, VcpuAccess};
 
 /// Whether this host's KVM copies registers, special registers and vCPU events through
 /// `kvm_run` (KVM_CAP_SYNC_REGS with all three: [`access::SYNC_REGS_WANTED`]).
@@ -66,6 +66,12 @@ pub struct VcpuRunner {
     /// `--rdpmc trap`: the int3 over the guest's #GP handler (shared), and when this vCPU looks
     /// at the guest's IDT next.
     pub gp_trap: Option<(
+        Arc<host_quirks::idt_trap::VectorTrap>,
+        host_quirks::idt_trap::TrapPoll,
+    )>,
+    /// The XBEGIN trap: the int3 over the guest's #UD handler (host quirks, Multiboot guests
+    /// whose CPUID offers RTM; `host_quirks::xbegin_abort`).
+    pub ud_trap: Option<(
         Arc<host_quirks::idt_trap::VectorTrap>,
         host_quirks::idt_trap::TrapPoll,
     )>,
@@ -117,6 +123,7 @@ impl VcpuRunner {
             last_exits: Default::default(),
             relay,
             gp_trap: None,
+            ud_trap: None,
             sync_regs: false,
         }
     }
@@ -341,7 +348,7 @@ impl VcpuRunner {
     /// An int3 the VMM put over a guest exception handler (the RDPMC trap's #GP, the SYSCALL
     /// relay's #PF): handled here (true), or not one of them (false).
     fn on_trapped_int3(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
-        if self.on_gp_trap(cpu)? {
+        if self.on_gp_trap(cpu)? || self.on_ud_trap(cpu)? {
             return Ok(true);
         }
         if let Some(relay) = &mut self.relay {
@@ -374,6 +381,49 @@ impl VcpuRunner {
         let Some((trap, _)) = &self.gp_trap else {
             return Ok(false);
         };
+        let trap = trap.clone();
+        let mut pmu = self.pmu.take();
+        let outcome =
+            self.on_vector_trap(&trap, cpu, "rdpmc trap", |stopped, cpu| match &mut pmu {
+                // on_gp counts what it delivers.
+                Some(p) => crate::pmu::rdpmc_trap::on_gp(p, &stopped.frame, stopped.regs, cpu)
+                    .map(|o| matches!(o, GpOutcome::Served)),
+                None => Ok(false),
+            });
+        self.pmu = pmu;
+        let outcome = outcome?;
+        if outcome == Trapped::DeliveredWithoutFrame {
+            if let Some(p) = &mut self.pmu {
+                p.stats.gp_delivered += 1;
+            }
+        }
+        Ok(outcome != Trapped::NotOurs)
+    }
+
+    /// The XBEGIN trap (host quirks, Multiboot guests with RTM): a #UD at the trapped handler
+    /// from an XBEGIN at CPL 0 is completed as an abort, any other goes to the guest's handler.
+    /// True if this was the trap's int3.
+    fn on_ud_trap(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
+        let Some((trap, _)) = &self.ud_trap else {
+            return Ok(false);
+        };
+        let trap = trap.clone();
+        let outcome = self.on_vector_trap(&trap, cpu, "xbegin trap", |stopped, cpu| {
+            host_quirks::xbegin_abort::on_ud(&trap, stopped, cpu)
+        })?;
+        Ok(outcome != Trapped::NotOurs)
+    }
+
+    /// An int3 at a trapped exception handler: not `trap`'s, or `serve` completed the
+    /// exception (true), or the guest's handler takes it (`serve` said false, or the frame
+    /// could not be read).
+    fn on_vector_trap(
+        &self,
+        trap: &host_quirks::idt_trap::VectorTrap,
+        cpu: &mut dyn VcpuAccess,
+        owner: &str,
+        serve: impl FnOnce(&Stopped, &mut dyn VcpuAccess) -> Result<bool, AccessError>,
+    ) -> Result<Trapped, VmEnd> {
         let id = self.id;
         let failed = |what: String, error| {
             VmEnd::KvmFailure(KvmFailure::GuestState {
@@ -382,37 +432,49 @@ impl VcpuRunner {
                 error,
             })
         };
-        let stopped = match trap.stopped_at_handler(cpu) {
-            Ok(None) => return Ok(false),
-            Ok(Some(s)) => s,
-            Err(TrapError::Access(e)) => return Err(failed("rdpmc trap".into(), e)),
+        let exception = trap.names().exception;
+        let deliver = |cpu: &mut dyn VcpuAccess, stopped: &Stopped| {
+            trap.deliver(cpu, stopped)
+                .map_err(|e| failed(format!("{owner}: giving the guest its {exception}"), e))
+        };
+        match trap.stopped_at_handler(cpu) {
+            Ok(None) => Ok(Trapped::NotOurs),
+            Ok(Some(stopped)) => {
+                let completed = serve(&stopped, cpu)
+                    .map_err(|e| failed(format!("{owner}: completing the {exception}"), e))?;
+                if completed {
+                    return Ok(Trapped::Completed);
+                }
+                deliver(cpu, &stopped)?;
+                Ok(Trapped::Delivered)
+            }
+            Err(TrapError::Access(e)) => Err(failed(owner.into(), e)),
             Err(TrapError::Frame { rsp, source }) => {
                 // No frame where the CPU pushes one (guest code jumped to the handler with a
-                // bad RSP): nothing to serve; the guest's handler runs, as it would.
-                log::debug!("rdpmc trap: no #GP frame at RSP {rsp:#x} ({source}): passed on");
-                let regs = cpu.regs().map_err(|e| failed("rdpmc trap".into(), e))?;
+                // bad RSP): nothing to complete; the guest's handler runs, as it would.
+                log::debug!("{owner}: no {exception} frame at RSP {rsp:#x} ({source}): passed on");
+                let regs = cpu.regs().map_err(|e| failed(owner.into(), e))?;
                 let stopped = Stopped {
                     handler: regs.rip,
                     regs,
                     frame: ExceptionFrame::default(),
                 };
-                trap.deliver(cpu, &stopped)
-                    .map_err(|e| failed("rdpmc trap: giving the guest its #GP".into(), e))?;
-                if let Some(p) = &mut self.pmu {
-                    p.stats.gp_delivered += 1;
-                }
-                return Ok(true);
+                deliver(cpu, &stopped)?;
+                Ok(Trapped::DeliveredWithoutFrame)
             }
-        };
-        let outcome = match &mut self.pmu {
-            Some(p) => crate::pmu::rdpmc_trap::on_gp(p, &stopped.frame, stopped.regs, cpu)
-                .map_err(|e| failed("rdpmc trap: serving RDPMC".into(), e))?,
-            None => GpOutcome::Deliver(GpCause::NotRdpmc),
-        };
-        if let GpOutcome::Deliver(_) = outcome {
-            trap.deliver(cpu, &stopped)
-                .map_err(|e| failed("rdpmc trap: giving the guest its #GP".into(), e))?;
         }
-        Ok(true)
     }
+}
+
+/// What became of an int3 at a trapped exception handler ([`VcpuRunner::on_vector_trap`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trapped {
+    /// The vCPU was not on that trap's handler.
+    NotOurs,
+    /// The VMM completed the exception; the guest's handler does not run.
+    Completed,
+    /// The guest's handler takes it.
+    Delivered,
+    /// The guest's handler takes it; its frame could not be read.
+    DeliveredWithoutFrame,
 }

@@ -167,7 +167,7 @@ impl VcpuRunner {
             if let Some(r) = &mut self.relay {
                 r.after_exit(&mut cpu);
             }
-            if let Some((trap, poll)) = &mut self.gp_trap {
+            for (trap, poll) in [&mut self.gp_trap, &mut self.ud_trap].into_iter().flatten() {
                 crate::host_quirks::idt_trap::after_exit(trap, poll, &mut cpu);
             }
             // 14

@@ -117,6 +117,11 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .as_ref()
         .and_then(|v| v.rdpmc_trap)
         .map(|_| Arc::new(gp_trap(fixups.clone())));
+    // XBEGIN at guest CPL 0 (host quirks): only test kernels run it (kvm-unit-tests' x86/pmu).
+    let ud_trap = (quirks.is_some()
+        && matches!(guest.code, pmu::setup::GuestCode::Unpatched)
+        && host_quirks::xbegin_abort::offers_rtm(&guest_cpuid))
+    .then(|| Arc::new(host_quirks::xbegin_abort::trap(fixups.clone())));
     let shared = VcpuShared {
         mem: mem.clone(),
         pio: devices.pio.clone(),
@@ -137,6 +142,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         net_card: devices.net_card.as_ref(),
         relay: relay.as_ref(),
         gp_trap: gp_trap.as_ref(),
+        ud_trap: ud_trap.as_ref(),
     };
     let mut runners = make_vcpus(&vcpus, &shared)?;
     // For the relay's cost in microseconds (the guest's TSC runs at the host's here).
@@ -752,6 +758,7 @@ struct VcpuPlan<'a> {
     net_card: Option<&'a NetCard>,
     relay: Option<&'a Arc<syscall_relay::SyscallRelay>>,
     gp_trap: Option<&'a Arc<host_quirks::idt_trap::VectorTrap>>,
+    ud_trap: Option<&'a Arc<host_quirks::idt_trap::VectorTrap>>,
 }
 
 /// Creates the vCPUs: each with its CPUID, vPMU and boot state (vCPU 0 starts at the entry, the
@@ -803,6 +810,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         let mut runner = VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay);
         runner.sync_regs = sync_regs;
         runner.gp_trap = plan.gp_trap.cloned().map(|t| (t, TrapPoll::new()));
+        runner.ud_trap = plan.ud_trap.cloned().map(|t| (t, TrapPoll::new()));
         runners.push(runner);
     }
     Ok(runners)
