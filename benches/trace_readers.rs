@@ -1,10 +1,10 @@
-//! T2: the readers' memory (issue 19's limit): `trace summary` and `report` on a synthetic trace
-//! of N records and on one 4x longer, each in a child process of its own (this binary again,
-//! `--reader-child ...`, running the real command through `vmm::cli`), whose peak RSS comes from
-//! wait4(2). The files hold what a domain-switch `run --trace --host-profile` writes: exits of
+//! T2: the readers' memory (issue 19's limit): `trace summary` (its tables, and `--dump`: every
+//! record in time order) and `report` on a synthetic trace of N records and on one 4x longer,
+//! each in a child process of its own (this binary again, `--reader-child ...`, running the real
+//! command through `vmm::cli`), whose peak RSS comes from wait4(2). The files hold what a domain-switch `run --trace --host-profile` writes: exits of
 //! a few kinds on a few ports/MSRs/MMIO addresses, clock records, and samples at a bounded set of
 //! guest RIPs with task, exe and call-frame notes, two vCPUs in interleaved blocks. Goal: the 4x
-//! file's peak within 10% of the 1x file's, for both commands.
+//! file's peak within 10% of the 1x file's, for each command.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -207,6 +207,7 @@ pub fn run(records: u64, dir: Option<PathBuf>) {
     println!("T2 readers' peak RSS (KiB), files of N and 4N records, one child each:");
     for (name, args) in [
         ("trace summary", vec!["trace", "summary"]),
+        ("summary --dump", vec!["trace", "summary", "--dump"]),
         ("report", vec!["report", "--top", "0"]),
     ] {
         let mut peaks = Vec::new();

@@ -80,8 +80,10 @@ fn run_summary(args: &SummaryArgs) -> Result<(), CommandError> {
         source,
     };
     if args.dump {
-        // Sorted across vCPUs in memory: the one view that holds the file.
-        summary::dump(&t.load().map_err(read)?, &mut out).map_err(io)?;
+        summary::dump(&t, &mut out).map_err(|e| match e {
+            summary::DumpError::Read(e) => read(e),
+            summary::DumpError::Write(e) => io(e),
+        })?;
     } else {
         let s = summary::summarize(&t).map_err(read)?;
         out.write_all(summary::render(&t, &s, &args.file.display().to_string()).as_bytes())

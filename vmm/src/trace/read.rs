@@ -3,7 +3,9 @@
 //! a view one block at a time, so `trace summary` and `report` need memory for what they show,
 //! not for the file. [`Records`] is what the views read: a [`TraceFile`], or a
 //! [`Trace`](super::format::Trace) held in memory (tests, hand-made traces); [`for_each_sample`]
-//! gives each sample with the notes that follow it (task, executable, call stack).
+//! gives each sample with the notes that follow it (task, executable, call stack);
+//! [`Records::vcpu_records`] gives one vCPU's records by themselves (a `VcpuCursor` over the
+//! file: `--dump` merges the vCPUs' streams in time order).
 //!
 //! Every error is one of [`FormatError`]'s, at the byte it concerns: the first pass finds a file
 //! cut short or with a damaged block structure before any record is shown; a damaged record
@@ -40,6 +42,13 @@ pub trait Records {
     fn vcpu_ends(&self) -> Vec<VcpuEnd>;
     /// Calls `f(vcpu, record)` for every record, each vCPU's in the order they were written.
     fn for_each(&self, f: &mut dyn FnMut(usize, &Record)) -> Result<(), FormatError>;
+    /// One vCPU's records in the order they were written, read on demand (memory for one
+    /// record at a time). For after a [`Self::for_each`] pass has checked the whole trace: a
+    /// damaged record is then an error here too, but only once records before it were given.
+    fn vcpu_records(
+        &self,
+        vcpu: usize,
+    ) -> Box<dyn Iterator<Item = Result<Record, FormatError>> + '_>;
 
     fn has_exits(&self) -> bool {
         self.header().contents & CONTENTS_EXITS != 0
@@ -76,6 +85,13 @@ impl Records for Trace {
             v.records.iter().for_each(|r| f(i, r));
         }
         Ok(())
+    }
+    fn vcpu_records(
+        &self,
+        vcpu: usize,
+    ) -> Box<dyn Iterator<Item = Result<Record, FormatError>> + '_> {
+        let records = self.vcpus.get(vcpu).map_or(&[][..], |v| &v.records[..]);
+        Box::new(records.iter().map(|r| Ok(*r)))
     }
 }
 
@@ -217,6 +233,126 @@ impl Records for TraceFile {
                     .map_err(|e| e.at(Path::new("(memory)")))
             }
         }
+    }
+    fn vcpu_records(
+        &self,
+        vcpu: usize,
+    ) -> Box<dyn Iterator<Item = Result<Record, FormatError>> + '_> {
+        let n = self.ends.len();
+        match &self.source {
+            Source::File(path) => match File::open(path) {
+                Ok(file) => Box::new(CursorIter {
+                    cursor: VcpuCursor::new(file, self.blocks_at, vcpu, n, self.len),
+                    path: path.clone(),
+                }),
+                Err(e) => Box::new(std::iter::once(Err(io(path, e)))),
+            },
+            Source::Bytes(b) => Box::new(CursorIter {
+                cursor: VcpuCursor::new(
+                    std::io::Cursor::new(&b[..]),
+                    self.blocks_at,
+                    vcpu,
+                    n,
+                    self.len,
+                ),
+                path: PathBuf::from("(memory)"),
+            }),
+        }
+    }
+}
+
+/// Read buffer of a [`VcpuCursor`] (small: it also reads the headers of the other vCPUs' blocks
+/// it skips).
+const CURSOR_BUFFER: usize = 16 << 10;
+
+/// One vCPU's records in a checked trace, read block by block and record by record: the block
+/// headers of other vCPUs are read and their bodies skipped.
+struct VcpuCursor<R: Read + Seek> {
+    r: BufReader<R>,
+    /// Where `r` is.
+    pos: u64,
+    vcpu: usize,
+    /// Where the next block header is.
+    next_block: u64,
+    /// Records left in the current block.
+    left: u32,
+    ended: Vec<bool>,
+    len: u64,
+    done: bool,
+}
+
+impl<R: Read + Seek> VcpuCursor<R> {
+    fn new(inner: R, blocks_at: u64, vcpu: usize, vcpus: usize, len: u64) -> Self {
+        VcpuCursor {
+            r: BufReader::with_capacity(CURSOR_BUFFER, inner),
+            pos: 0,
+            vcpu,
+            next_block: blocks_at,
+            left: 0,
+            ended: vec![false; vcpus],
+            len,
+            done: false,
+        }
+    }
+
+    fn go_to(&mut self, at: u64) -> Result<(), ReadError> {
+        let delta = i64::try_from(at.wrapping_sub(self.pos)).unwrap_or(i64::MAX);
+        if at >= self.pos && delta != i64::MAX {
+            self.r.seek_relative(delta).map_err(ReadError::Io)?;
+        } else {
+            self.r.seek(SeekFrom::Start(at)).map_err(ReadError::Io)?;
+        }
+        self.pos = at;
+        Ok(())
+    }
+
+    fn next_record(&mut self) -> Result<Option<Record>, ReadError> {
+        while self.left == 0 {
+            if self.next_block >= self.len {
+                return Ok(None);
+            }
+            let at = self.next_block;
+            self.go_to(at)?;
+            let b = block_head(&mut self.r, at, self.len, self.ended.len(), &self.ended)?;
+            self.pos = b.body();
+            self.next_block = b.body() + b.body_len() as u64;
+            if b.end {
+                self.ended[b.vcpu] = true;
+                if b.vcpu == self.vcpu {
+                    return Ok(None);
+                }
+            } else if b.vcpu == self.vcpu {
+                self.left = b.count;
+            }
+        }
+        let at = self.pos;
+        let mut raw = [0u8; RECORD_SIZE];
+        self.r
+            .read_exact(&mut raw)
+            .map_err(|e| ReadError::from_io(e, "record", at, RECORD_SIZE, self.len))?;
+        self.pos += RECORD_SIZE as u64;
+        self.left -= 1;
+        Record::decode(&raw)
+            .map(Some)
+            .map_err(|what| corrupt(at, what).into())
+    }
+}
+
+/// A [`VcpuCursor`] as an iterator, its errors named by `path`.
+struct CursorIter<R: Read + Seek> {
+    cursor: VcpuCursor<R>,
+    path: PathBuf,
+}
+
+impl<R: Read + Seek> Iterator for CursorIter<R> {
+    type Item = Result<Record, FormatError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.cursor.done {
+            return None;
+        }
+        let item = self.cursor.next_record().map_err(|e| e.at(&self.path));
+        self.cursor.done = !matches!(item, Ok(Some(_)));
+        item.transpose()
     }
 }
 
@@ -572,6 +708,82 @@ mod tests {
             assert_eq!(recs, &loaded.vcpus[v].records, "vCPU {v}");
         }
         assert_eq!(on_disk.load().unwrap(), loaded);
+    }
+
+    #[test]
+    fn each_vcpus_cursor_reads_its_own_blocks_in_order() {
+        let blocks: Vec<(u16, Vec<Record>)> = (0..40u64)
+            .map(|i| {
+                (
+                    (i % 3) as u16,
+                    (0..(i % 5 + 1)).map(|j| sample(i * 10 + j)).collect(),
+                )
+            })
+            .collect();
+        let bytes = file(3, &blocks);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.trace");
+        std::fs::write(&path, &bytes).unwrap();
+        let loaded = Trace::parse(&bytes).unwrap();
+        let on_disk = TraceFile::open(&path).unwrap();
+        let in_memory = TraceFile::from_bytes(bytes).unwrap();
+        for v in 0..3 {
+            for t in [&on_disk as &dyn Records, &in_memory, &loaded] {
+                let recs: Vec<Record> = t.vcpu_records(v).map(Result::unwrap).collect();
+                assert_eq!(recs, loaded.vcpus[v].records, "vCPU {v}");
+            }
+        }
+        // Cut after opening: the cursor's error, after the records before the cut.
+        let full = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &full[..full.len() / 2]).unwrap();
+        let items: Vec<_> = on_disk.vcpu_records(2).collect();
+        assert!(items.last().unwrap().is_err(), "{items:?}");
+        assert!(items.iter().rev().skip(1).all(Result::is_ok));
+    }
+
+    /// `trace summary --dump` over a file equals it over the loaded trace, is in time order
+    /// (ties: lower vCPU first), keeps each note right after its sample, and loses no record,
+    /// although each vCPU's exit record is written after the samples taken while the VMM
+    /// handled that exit (later in time), as the recorder writes them.
+    #[test]
+    fn the_dump_streams_in_time_order() {
+        let mut blocks: Vec<(u16, Vec<Record>)> = Vec::new();
+        for i in 0..60u64 {
+            let v = (i % 3) as u16;
+            let t0 = i * 100 + u64::from(v);
+            // An exit at t0 handled until t0 + 50, a sample (and its note) at t0 + 20 during it.
+            let exit = Record::Exit {
+                event: ExitEvent::new(Reason::Hlt),
+                exit_tsc: t0,
+                entry_tsc: t0 + 50,
+            };
+            blocks.push((v, vec![sample(t0 + 20), task(i as u32), exit]));
+        }
+        let bytes = file(3, &blocks);
+        let loaded = Trace::parse(&bytes).unwrap();
+        let on_disk = TraceFile::from_bytes(bytes).unwrap();
+        let mut a = Vec::new();
+        crate::trace::summary::dump(&on_disk, &mut a).unwrap();
+        let mut b = Vec::new();
+        crate::trace::summary::dump(&loaded, &mut b).unwrap();
+        assert_eq!(a, b);
+        let text = String::from_utf8(a).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(lines.len(), 180, "{text}");
+        let key = |l: &str| {
+            let mut f = l.split(' ');
+            let t: f64 = f.next().unwrap().parse().unwrap();
+            let v: u32 = f.next().unwrap()[4..].parse().unwrap();
+            ((t * 1e6).round() as u64, v)
+        };
+        assert!(lines.windows(2).all(|w| key(w[0]) <= key(w[1])), "{text}");
+        for (i, l) in lines.iter().enumerate() {
+            if l.contains(" task ") {
+                assert!(lines[i - 1].contains(" sample "), "{text}");
+                assert_eq!(key(l), key(lines[i - 1]));
+            }
+        }
+        assert!(!text.contains("shown late"));
     }
 
     #[test]

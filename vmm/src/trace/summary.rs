@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use hdrhistogram::Histogram;
 
 use super::format::FormatError;
-use super::format::{ExitEvent, Reason, Record, Trace};
+use super::format::{ExitEvent, Reason, Record};
 use super::read::{Records, VcpuEnd};
 
 /// Count, total and percentiles of one kind of exit's VMM time, in bounded memory: the values
@@ -426,34 +426,139 @@ pub fn render(t: &dyn Records, s: &Summary, file: &str) -> String {
     out
 }
 
-/// `--dump`: one line per record, merged across vCPUs in time order.
-pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
-    let mut all: Vec<(u64, usize, &Record)> = t
-        .vcpus
-        .iter()
-        .enumerate()
-        .flat_map(|(i, v)| {
-            // A task record has no time of its own: its sample's (it follows it).
-            let mut last = 0;
-            v.records.iter().map(move |r| {
-                if !r.is_sample_note() {
-                    last = r.tsc();
-                }
-                (last, i, r)
-            })
-        })
+/// Why `--dump` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    #[error(transparent)]
+    Read(#[from] FormatError),
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+}
+
+/// How far apart in its vCPU's stream (in records) a record may be written from its place in
+/// time and still be dumped in order: the recorder writes an exit's record at the next entry,
+/// after the samples (and their notes) taken while the VMM handled that exit, a few records.
+const DUMP_WINDOW: usize = 1 << 16;
+
+/// A record with its time (a note's is its sample's) and its place in its vCPU's stream.
+struct Timed {
+    tsc: u64,
+    seq: u64,
+    record: Record,
+}
+
+impl Timed {
+    fn key(&self) -> (u64, u64) {
+        (self.tsc, self.seq)
+    }
+}
+
+impl PartialEq for Timed {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for Timed {}
+impl PartialOrd for Timed {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Timed {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+/// One vCPU's records in time order: a window of [`DUMP_WINDOW`] records over its stream,
+/// earliest out first (ties in written order).
+struct TimeOrdered<'a> {
+    stream: Box<dyn Iterator<Item = Result<Record, FormatError>> + 'a>,
+    window: std::collections::BinaryHeap<std::cmp::Reverse<Timed>>,
+    seq: u64,
+    /// The time of the last record with one (for the notes after it).
+    last_tsc: u64,
+    /// The latest time given out, and how many records came out before it (later than their
+    /// place: more than the window out of order).
+    given: u64,
+    late: u64,
+}
+
+impl<'a> TimeOrdered<'a> {
+    fn new(stream: Box<dyn Iterator<Item = Result<Record, FormatError>> + 'a>) -> Self {
+        TimeOrdered {
+            stream,
+            window: Default::default(),
+            seq: 0,
+            last_tsc: 0,
+            given: 0,
+            late: 0,
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Timed>, FormatError> {
+        while self.window.len() < DUMP_WINDOW {
+            let Some(record) = self.stream.next().transpose()? else {
+                break;
+            };
+            if !record.is_sample_note() {
+                self.last_tsc = record.tsc();
+            }
+            self.seq += 1;
+            self.window.push(std::cmp::Reverse(Timed {
+                tsc: self.last_tsc,
+                seq: self.seq,
+                record,
+            }));
+        }
+        let Some(std::cmp::Reverse(t)) = self.window.pop() else {
+            return Ok(None);
+        };
+        if t.tsc < self.given {
+            self.late += 1;
+        }
+        self.given = self.given.max(t.tsc);
+        Ok(Some(t))
+    }
+}
+
+/// `--dump`: one line per record, merged across vCPUs in time order (ties: the lower vCPU
+/// first, then written order). Streams: the trace is checked by one pass, then each vCPU's
+/// records are read in a window of [`DUMP_WINDOW`] records and merged, so memory does not grow
+/// with the file; nothing is written for a damaged trace.
+pub fn dump(t: &dyn Records, out: &mut dyn std::io::Write) -> Result<(), DumpError> {
+    t.for_each(&mut |_, _| {})?;
+    let ends = t.vcpu_ends();
+    let mut vcpus: Vec<TimeOrdered<'_>> = (0..ends.len())
+        .map(|v| TimeOrdered::new(t.vcpu_records(v)))
         .collect();
-    // Stable: a task record stays right after its sample.
-    all.sort_by_key(|(tsc, i, _)| (*tsc, *i));
-    let h = &t.header;
+    // The next record of each vCPU, and their times (earliest first; ties: the lower vCPU).
+    let mut next: Vec<Option<Timed>> = Vec::with_capacity(vcpus.len());
+    let mut heads = std::collections::BinaryHeap::new();
+    for (v, s) in vcpus.iter_mut().enumerate() {
+        let r = s.next()?;
+        if let Some(r) = &r {
+            heads.push(std::cmp::Reverse((r.tsc, v)));
+        }
+        next.push(r);
+    }
+    let h = t.header();
     let secs = |tsc: u64| h.secs(tsc.saturating_sub(h.start_tsc));
     writeln!(out, "# time_s vcpu event detail")?;
-    for (tsc, v, r) in all {
+    while let Some(std::cmp::Reverse((tsc, v))) = heads.pop() {
+        let Some(Timed { record, .. }) = next[v].take() else {
+            continue;
+        };
+        next[v] = vcpus[v].next()?;
+        if let Some(r) = &next[v] {
+            heads.push(std::cmp::Reverse((r.tsc, v)));
+        }
+        let r = &record;
         match r {
             Record::Exit {
                 event, entry_tsc, ..
             } => {
-                let end = t.vcpus[v].end_tsc;
+                let end = ends[v].end_tsc;
                 writeln!(
                     out,
                     "{:.9} vcpu{v} exit {} vmm_us={:.2}{}",
@@ -551,13 +656,21 @@ pub fn dump(t: &Trace, out: &mut dyn std::io::Write) -> std::io::Result<()> {
             )?,
         }
     }
+    let late: u64 = vcpus.iter().map(|s| s.late).sum();
+    if late > 0 {
+        writeln!(
+            out,
+            "# {late} record(s) above were written more than {DUMP_WINDOW} records away from \
+             their place in time on their vCPU, and are shown late"
+        )?;
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::format::{Header, SampleClock, VcpuTrace, CONTENTS_EXITS};
+    use crate::trace::format::{Header, SampleClock, Trace, VcpuTrace, CONTENTS_EXITS};
 
     fn out(port: u32, exit: u64, entry: u64) -> Record {
         Record::Exit {
