@@ -3,7 +3,9 @@
 //! because with `panic=-1` a panicking Linux resets the machine just like a clean `reboot`, and
 //! a kernel that halted the machine for good ("reboot: System halted": `halt`, or `poweroff` in
 //! a kernel that found no way to power off, such as one without CONFIG_PCI, which loads no DSDT
-//! and so has no `\_S5`), after which nothing runs again: the run ends there as a power-off.
+//! and so has no `\_S5`), after which nothing runs again: the run ends there as a power-off. It
+//! notices too a kernel that could not load the DSDT, for the run's report to say why its disks
+//! and network card are missing.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -16,6 +18,10 @@ const PANIC_MARKER: &str = "Kernel panic - not syncing";
 const INIT_MARKER: &str = " as init process";
 /// What Linux's kernel_halt() prints last, before stopping every CPU with interrupts off.
 const HALT_MARKER: &str = "reboot: System halted";
+/// What Linux prints when ACPICA could not load the DSDT (`acpi_bus_init`); a kernel built
+/// without CONFIG_PCI always does ("AE_BAD_PARAMETER, During Region initialization": it has no
+/// PCI_Config address space handler), and then never sees the devices the DSDT describes.
+const NO_DSDT_MARKER: &str = "ACPI: Unable to load the System Description Tables";
 
 #[derive(Default)]
 pub struct ConsoleLog {
@@ -24,6 +30,7 @@ pub struct ConsoleLog {
     panic_line: Option<String>,
     init_started: bool,
     halted: bool,
+    no_dsdt: bool,
 }
 
 impl ConsoleLog {
@@ -39,6 +46,7 @@ impl ConsoleLog {
                 }
                 self.init_started |= line.contains(INIT_MARKER);
                 self.halted |= line.ends_with(HALT_MARKER);
+                self.no_dsdt |= line.contains(NO_DSDT_MARKER);
                 if self.lines.len() == KEPT_LINES {
                     self.lines.pop_front();
                 }
@@ -57,6 +65,12 @@ impl ConsoleLog {
     /// Whether the guest kernel halted the machine for good (module comment).
     pub fn halted(&self) -> bool {
         self.halted
+    }
+
+    /// Whether the guest kernel said it could not load the ACPI DSDT (so it has none of the
+    /// virtio-mmio devices it describes).
+    pub fn no_dsdt(&self) -> bool {
+        self.no_dsdt
     }
 
     /// Whether the guest kernel has started init (its boot work is over).
@@ -114,6 +128,16 @@ impl<W: Write> Write for Tee<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spots_a_kernel_that_loaded_no_dsdt() {
+        let mut l = ConsoleLog::default();
+        l.push(b"[    6.44] ACPI: Unable to load the System Description Tables\r\n");
+        assert!(l.no_dsdt());
+        let mut ok = ConsoleLog::default();
+        ok.push(b"[    6.44] ACPI: 1 ACPI AML tables successfully acquired and loaded\n");
+        assert!(!ok.no_dsdt());
+    }
 
     #[test]
     fn keeps_tail_and_spots_panic() {

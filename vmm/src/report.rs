@@ -166,6 +166,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         ));
     }
     out.extend(diagnostic(r));
+    out.extend(r.hints.iter().map(|h| format!("[vpmu-vmm] hint: {h}")));
     if r.end.needs_diagnostic() && !r.console_tail.is_empty() {
         out.push("[vpmu-vmm] last guest console lines:".to_string());
         for l in &r.console_tail {
@@ -462,6 +463,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
         "host_quirk_fixups": fixups,
         "syscall_relay": r.syscall_relay.map(|(n, us)| json!({"calls": n, "us_each": us})),
         "diagnostic": diagnostic(r),
+        "hints": r.hints,
         "console_tail": if r.end.needs_diagnostic() { r.console_tail.clone() } else { Vec::new() },
     })
 }
@@ -533,6 +535,7 @@ mod tests {
             fixups: vec![("clac/stac", 4), ("popcnt", 1)],
             syscall_relay: Some((17, 2.5)),
             console_tail: vec!["last line".into()],
+            hints: vec!["a hint".into()],
             vcpu_states: Vec::new(),
             cmdline: None,
             net: None,
@@ -612,6 +615,8 @@ mod tests {
         assert_eq!(j["syscall_relay"]["calls"], 17);
         assert!(text.contains("syscall relay: 17 guest system calls"));
         assert_eq!(j["console_tail"][0], "last line");
+        assert_eq!(j["hints"][0], "a hint");
+        assert!(text.contains("[vpmu-vmm] hint: a hint"));
         assert!(j["net"].is_null());
         let d = &j["disks"][0];
         assert_eq!(

@@ -101,6 +101,8 @@ pub struct RunReport {
     /// system call in microseconds (exit to registers written).
     pub syscall_relay: Option<(u64, f64)>,
     pub console_tail: Vec<String>,
+    /// What the VMM noticed of the guest that explains a failure (e.g. no DSDT, so no disks).
+    pub hints: Vec<String>,
     /// Each vCPU's RIP and last exits as its thread ended (printed on a bad end).
     pub vcpu_states: Vec<crate::vcpu::last_exits::VcpuEndState>,
     pub cmdline: Option<String>,

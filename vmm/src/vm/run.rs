@@ -127,6 +127,23 @@ fn finish_recording(rec: Recording) -> Result<(), VmError> {
     Ok(())
 }
 
+/// What the guest's console says that explains a failure the user would otherwise see only as
+/// its consequence.
+fn guest_hints(cfg: &VmConfig, log: &crate::console::ConsoleLog) -> Vec<String> {
+    let mut hints = Vec::new();
+    if log.no_dsdt() && (!cfg.disks.is_empty() || cfg.net.is_some()) {
+        hints.push(
+            "the guest kernel could not load the ACPI DSDT (\"ACPI: Unable to load the System \
+             Description Tables\"), where this VMM describes its virtio-mmio disks and network \
+             card, so the guest has none of them (a root disk cannot be mounted). A Linux kernel \
+             built without CONFIG_PCI always fails so: build it with CONFIG_PCI=y (the VMM's \
+             pci=off is fine), or boot it with --initrd"
+                .to_string(),
+        );
+    }
+    hints
+}
+
 fn report(
     cfg: &VmConfig,
     vm: BuiltVm,
@@ -173,6 +190,7 @@ fn report(
         fixups: vm.fixups.snapshot(),
         syscall_relay,
         console_tail: log.tail(15),
+        hints: guest_hints(cfg, &log),
         vcpu_states: vm.control.vcpu_states(),
         cmdline: vm.cmdline.clone(),
         setup_time,
