@@ -58,15 +58,7 @@ start:
 3:  cmp $14, %ecx
     jne 4f
     lea pf_handler(%rip), %rax
-4:  mov %ax, (%rdi)
-    movw $0x10, 2(%rdi)
-    movw $0x8e00, 4(%rdi)
-    shr $16, %rax
-    mov %ax, 6(%rdi)
-    shr $16, %rax
-    mov %eax, 8(%rdi)
-    movl $0, 12(%rdi)
-    add $16, %rdi
+4:  IDT_GATE64 0x10
     inc %ecx
     cmp $32, %ecx
     jne 2b

@@ -10,6 +10,7 @@
 //   xb: eax1=... eax2=... bad=... ud=... udrip=... ud2at=...   (16 hex digits each)
 // and writes 0 to the isa-debug-exit port. With the trap, eax1 = eax2 = 0 (an abort without a
 // status bit), bad = 0 and one #UD (the UD2's); without it, the XBEGINs' #UDs reach the handler.
+#include "msr.inc"
     .code32
     .text
     .align 4
@@ -58,15 +59,7 @@ long_mode:
     cmp $6, %ecx
     jne 2f
     lea ud_handler(%rip), %rax
-2:  mov %ax, (%rdi)
-    movw $0x08, 2(%rdi)
-    movw $0x8e00, 4(%rdi)
-    shr $16, %rax
-    mov %ax, 6(%rdi)
-    shr $16, %rax
-    mov %eax, 8(%rdi)
-    movl $0, 12(%rdi)
-    add $16, %rdi
+2:  IDT_GATE64 0x08
     inc %ecx
     cmp $32, %ecx
     jne 1b

@@ -108,10 +108,11 @@ pub fn iret_return(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn frame(cs: u64, rip: u64) -> ExceptionFrame {
+    /// A frame from CPL `cs & 3` (Linux's selectors: SS 0x2b at CPL 3, 0x18 at CPL 0).
+    pub(crate) fn frame(cs: u64, rip: u64) -> ExceptionFrame {
         ExceptionFrame {
             error: 0,
             rip,

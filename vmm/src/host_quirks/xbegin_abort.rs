@@ -124,6 +124,7 @@ pub fn on_ud(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::iret::tests::frame;
     use crate::vcpu::access::fake::FakeVcpu;
     use kvm_bindings::kvm_regs;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -180,17 +181,6 @@ mod tests {
         assert!(!on_ud(&trap, &stopped, &mut cpu).unwrap());
         assert_eq!(cpu.regs.rip, 0x3000, "registers untouched");
         assert!(trap.fixups().snapshot().is_empty());
-    }
-
-    fn frame(cs: u64, rip: u64) -> ExceptionFrame {
-        ExceptionFrame {
-            error: 0,
-            rip,
-            cs,
-            rflags: 0x246,
-            rsp: 0x8000,
-            ss: 0x18,
-        }
     }
 
     #[test]

@@ -159,19 +159,9 @@ fn count_served(pmu: &mut VcpuPmu, ecx: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::iret::tests::frame;
 
     const RDPMC: [u8; 2] = [0x0f, 0x33];
-
-    fn frame(cs: u64, rip: u64) -> ExceptionFrame {
-        ExceptionFrame {
-            error: 0,
-            rip,
-            cs,
-            rflags: 0x10246,
-            rsp: 0x7fff_f000,
-            ss: if cs & 3 == 3 { 0x2b } else { 0x18 },
-        }
-    }
 
     #[test]
     fn rdpmc_at_cpl0_is_served_and_at_cpl3_only_with_pce() {
