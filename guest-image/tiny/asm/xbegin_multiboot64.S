@@ -11,6 +11,14 @@
 // and writes 0 to the isa-debug-exit port. With the trap, eax1 = eax2 = 0 (an abort without a
 // status bit), bad = 0 and one #UD (the UD2's); without it, the XBEGINs' #UDs reach the handler.
 #include "msr.inc"
+
+// FIELD name, op, x: prints the string `name`, then `op x(%rip), %rax` as 16 hex digits.
+.macro FIELD name, op, x
+    lea \name(%rip), %rsi
+    \op \x(%rip), %rax
+    call field
+.endm
+
     .code32
     .text
     .align 4
@@ -96,24 +104,12 @@ long_mode:
 ud2_at:
     ud2
 7:
-    lea s_eax1(%rip), %rsi
-    mov eax1(%rip), %rax
-    call field
-    lea s_eax2(%rip), %rsi
-    mov eax2(%rip), %rax
-    call field
-    lea s_bad(%rip), %rsi
-    mov bad(%rip), %rax
-    call field
-    lea s_ud(%rip), %rsi
-    mov ud_count(%rip), %rax
-    call field
-    lea s_udrip(%rip), %rsi
-    mov ud_rip(%rip), %rax
-    call field
-    lea s_ud2at(%rip), %rsi
-    lea ud2_at(%rip), %rax
-    call field
+    FIELD s_eax1, mov, eax1
+    FIELD s_eax2, mov, eax2
+    FIELD s_bad, mov, bad
+    FIELD s_ud, mov, ud_count
+    FIELD s_udrip, mov, ud_rip
+    FIELD s_ud2at, lea, ud2_at       // the UD2's address itself
     mov $'\n', %al
     call putc
     xor %eax, %eax
