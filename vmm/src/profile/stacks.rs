@@ -94,11 +94,15 @@ pub fn samples(
                 let leaf_caller = notes
                     .stack_top
                     .and_then(|top| f.frameless_caller(e, rip, top));
+                let library = match &notes.mapping {
+                    Some(Ok(m)) if !m.anonymous() => Some(m),
+                    _ => None,
+                };
                 leaf_caller
                     .iter()
                     .chain(&notes.frames)
                     .rev()
-                    .map(|&ret| caller(f, e, ret))
+                    .map(|&ret| caller(f, e, library.map(|m| (m, rip)), ret))
                     .collect()
             }
             _ => Vec::new(),
@@ -197,12 +201,21 @@ pub fn kernel_callers(frames: &[u64], syms: Option<&SymbolTable>) -> Vec<String>
 }
 
 /// A return address's function (looked up at `ret - 1`: the call instruction, which a
-/// tail-position call would otherwise put in the next function).
-fn caller(files: &mut GuestFiles, exe: &GuestExe, ret: u64) -> String {
-    match files.resolve(exe, ret.wrapping_sub(1)) {
-        UserFrame::Resolved { function, .. } => function,
-        _ => format!("[{ret:#x}]"),
+/// tail-position call would otherwise put in the next function): in the executable, else in
+/// `library` (the sampled RIP's mapping, and that RIP) when it lies in the same segment; else
+/// its address.
+fn caller(
+    files: &mut GuestFiles,
+    exe: &GuestExe,
+    library: Option<(&GuestMapping, u64)>,
+    ret: u64,
+) -> String {
+    if let UserFrame::Resolved { function, .. } = files.resolve(exe, ret.wrapping_sub(1)) {
+        return function;
     }
+    library
+        .and_then(|(m, rip)| files.caller_in_mapping(m, rip, ret))
+        .unwrap_or_else(|| format!("[{ret:#x}]"))
 }
 
 /// Samples per (process, object, symbol).

@@ -15,8 +15,10 @@
 //! Shared libraries: a sample whose RIP lies outside the executable's code also records the
 //! mapping it lies in (`profile::guest_task::maps`: the VMA's start, page offset and file name); the
 //! file of that name whose executable segments hold the RIP's file offset gives the function
-//! ([`GuestFiles::resolve_mapping`]). Static and PIE executables both work; callers inside
-//! libraries are not resolved (the stack's return addresses carry no mapping).
+//! ([`GuestFiles::resolve_mapping`]). Static and PIE executables both work. A return address
+//! on the stack is resolved in the executable, or in the sampled RIP's library when it lies in
+//! the same executable segment of it ([`GuestFiles::caller_in_mapping`]); a caller in another
+//! library is not (the sample records only its RIP's mapping): it shows as its address.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -57,6 +59,13 @@ struct Elf {
 }
 
 impl Elf {
+    /// Which executable segment holds file offset `off` (its index).
+    fn segment_of_offset(&self, off: u64) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|&(o, _, n)| off.checked_sub(o).is_some_and(|d| d < n))
+    }
+
     /// The link-time address a file offset inside an executable segment is loaded at.
     fn address_of_offset(&self, off: u64) -> Option<u64> {
         self.segments.iter().find_map(|&(o, v, n)| {
@@ -209,6 +218,29 @@ impl GuestFiles {
             name: m.name(),
             why: "no ELF file of that name among the guest files with code at that offset",
         }
+    }
+
+    /// The function at return address `ret` of a sample whose RIP `rip` lies in mapping `m`,
+    /// when `ret` lies in the same executable segment of that file as `rip` (so in the same
+    /// mapping: a VMA maps one segment contiguously): a caller inside the sampled library.
+    /// None for an address elsewhere (another library: the sample records only its RIP's
+    /// mapping), or no such file.
+    pub fn caller_in_mapping(&mut self, m: &GuestMapping, rip: u64, ret: u64) -> Option<String> {
+        let (at_rip, at_ret) = (m.file_offset(rip), m.file_offset(ret.wrapping_sub(1)));
+        let mut candidates = self.candidates(&m.name(), m.name_len);
+        candidates.sort();
+        for p in candidates {
+            let Some(e) = self.elf(&p) else { continue };
+            let Some(seg) = e.segment_of_offset(at_rip) else {
+                continue;
+            };
+            if e.segment_of_offset(at_ret) != Some(seg) {
+                return None;
+            }
+            let at = e.address_of_offset(at_ret)?;
+            return e.function_at(at).map(|(_, f)| f.to_string());
+        }
+        None
     }
 
     fn elf(&mut self, path: &Path) -> Option<&Elf> {
@@ -472,6 +504,17 @@ mod tests {
                 function: name
             }
         );
+        // A return address into the same segment is a caller in the library; one outside it
+        // (another mapping) is not resolved here.
+        let (f2, _, name2) = elf
+            .functions
+            .iter()
+            .find(|f| f.0 != start && f.1 > 16 && p_vaddr <= f.0 && f.0 < p_vaddr + 0x10_0000)
+            .cloned()
+            .expect("a second function");
+        let ret = vm_start + (f2 + 4 - p_vaddr + p_offset) - (pgoff << 12);
+        assert_eq!(files.caller_in_mapping(&m, rip, ret), Some(name2));
+        assert_eq!(files.caller_in_mapping(&m, rip, vm_start - (1 << 30)), None);
         // An offset no executable segment holds, and a name no file has.
         assert!(matches!(
             files.resolve_mapping(&m, vm_start - (1 << 40)),
