@@ -345,8 +345,8 @@ impl VcpuRunner {
         cpu.set_vcpu_events(&events).map_err(guest_state)
     }
 
-    /// An int3 the VMM put over a guest exception handler (the RDPMC trap's #GP, the SYSCALL
-    /// relay's #PF): handled here (true), or not one of them (false).
+    /// An int3 the VMM put over a guest exception handler (the RDPMC trap's #GP, the XBEGIN
+    /// trap's #UD, the SYSCALL relay's #PF): handled here (true), or not one of them (false).
     fn on_trapped_int3(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
         if self.on_gp_trap(cpu)? || self.on_ud_trap(cpu)? {
             return Ok(true);
@@ -381,17 +381,13 @@ impl VcpuRunner {
         let Some((trap, _)) = &self.gp_trap else {
             return Ok(false);
         };
-        let trap = trap.clone();
-        let mut pmu = self.pmu.take();
-        let outcome =
-            self.on_vector_trap(&trap, cpu, "rdpmc trap", |stopped, cpu| match &mut pmu {
-                // on_gp counts what it delivers.
-                Some(p) => crate::pmu::rdpmc_trap::on_gp(p, &stopped.frame, stopped.regs, cpu)
-                    .map(|o| matches!(o, GpOutcome::Served)),
-                None => Ok(false),
-            });
-        self.pmu = pmu;
-        let outcome = outcome?;
+        let pmu = &mut self.pmu;
+        let outcome = on_vector_trap(self.id, trap, cpu, "rdpmc trap", |stopped, cpu| match pmu {
+            // on_gp counts what it delivers.
+            Some(p) => crate::pmu::rdpmc_trap::on_gp(p, &stopped.frame, stopped.regs, cpu)
+                .map(|o| matches!(o, GpOutcome::Served)),
+            None => Ok(false),
+        })?;
         if outcome == Trapped::DeliveredWithoutFrame {
             if let Some(p) = &mut self.pmu {
                 p.stats.gp_delivered += 1;
@@ -407,61 +403,59 @@ impl VcpuRunner {
         let Some((trap, _)) = &self.ud_trap else {
             return Ok(false);
         };
-        let trap = trap.clone();
-        let outcome = self.on_vector_trap(&trap, cpu, "xbegin trap", |stopped, cpu| {
-            host_quirks::xbegin_abort::on_ud(&trap, stopped, cpu)
+        let outcome = on_vector_trap(self.id, trap, cpu, "xbegin trap", |stopped, cpu| {
+            host_quirks::xbegin_abort::on_ud(trap, stopped, cpu)
         })?;
         Ok(outcome != Trapped::NotOurs)
     }
+}
 
-    /// An int3 at a trapped exception handler: not `trap`'s, or `serve` completed the
-    /// exception (true), or the guest's handler takes it (`serve` said false, or the frame
-    /// could not be read).
-    fn on_vector_trap(
-        &self,
-        trap: &host_quirks::idt_trap::VectorTrap,
-        cpu: &mut dyn VcpuAccess,
-        owner: &str,
-        serve: impl FnOnce(&Stopped, &mut dyn VcpuAccess) -> Result<bool, AccessError>,
-    ) -> Result<Trapped, VmEnd> {
-        let id = self.id;
-        let failed = |what: String, error| {
-            VmEnd::KvmFailure(KvmFailure::GuestState {
-                vcpu: id,
-                what,
-                error,
-            })
-        };
-        let exception = trap.names().exception;
-        let deliver = |cpu: &mut dyn VcpuAccess, stopped: &Stopped| {
-            trap.deliver(cpu, stopped)
-                .map_err(|e| failed(format!("{owner}: giving the guest its {exception}"), e))
-        };
-        match trap.stopped_at_handler(cpu) {
-            Ok(None) => Ok(Trapped::NotOurs),
-            Ok(Some(stopped)) => {
-                let completed = serve(&stopped, cpu)
-                    .map_err(|e| failed(format!("{owner}: completing the {exception}"), e))?;
-                if completed {
-                    return Ok(Trapped::Completed);
-                }
-                deliver(cpu, &stopped)?;
-                Ok(Trapped::Delivered)
+/// An int3 at a trapped exception handler (vCPU `id`): not `trap`'s, or `serve` completed the
+/// exception (true), or the guest's handler takes it (`serve` said false, or the frame
+/// could not be read).
+fn on_vector_trap(
+    id: u32,
+    trap: &host_quirks::idt_trap::VectorTrap,
+    cpu: &mut dyn VcpuAccess,
+    owner: &str,
+    serve: impl FnOnce(&Stopped, &mut dyn VcpuAccess) -> Result<bool, AccessError>,
+) -> Result<Trapped, VmEnd> {
+    let failed = |what: String, error| {
+        VmEnd::KvmFailure(KvmFailure::GuestState {
+            vcpu: id,
+            what,
+            error,
+        })
+    };
+    let exception = trap.names().exception;
+    let deliver = |cpu: &mut dyn VcpuAccess, stopped: &Stopped| {
+        trap.deliver(cpu, stopped)
+            .map_err(|e| failed(format!("{owner}: giving the guest its {exception}"), e))
+    };
+    match trap.stopped_at_handler(cpu) {
+        Ok(None) => Ok(Trapped::NotOurs),
+        Ok(Some(stopped)) => {
+            let completed = serve(&stopped, cpu)
+                .map_err(|e| failed(format!("{owner}: completing the {exception}"), e))?;
+            if completed {
+                return Ok(Trapped::Completed);
             }
-            Err(TrapError::Access(e)) => Err(failed(owner.into(), e)),
-            Err(TrapError::Frame { rsp, source }) => {
-                // No frame where the CPU pushes one (guest code jumped to the handler with a
-                // bad RSP): nothing to complete; the guest's handler runs, as it would.
-                log::debug!("{owner}: no {exception} frame at RSP {rsp:#x} ({source}): passed on");
-                let regs = cpu.regs().map_err(|e| failed(owner.into(), e))?;
-                let stopped = Stopped {
-                    handler: regs.rip,
-                    regs,
-                    frame: ExceptionFrame::default(),
-                };
-                deliver(cpu, &stopped)?;
-                Ok(Trapped::DeliveredWithoutFrame)
-            }
+            deliver(cpu, &stopped)?;
+            Ok(Trapped::Delivered)
+        }
+        Err(TrapError::Access(e)) => Err(failed(owner.into(), e)),
+        Err(TrapError::Frame { rsp, source }) => {
+            // No frame where the CPU pushes one (guest code jumped to the handler with a
+            // bad RSP): nothing to complete; the guest's handler runs, as it would.
+            log::debug!("{owner}: no {exception} frame at RSP {rsp:#x} ({source}): passed on");
+            let regs = cpu.regs().map_err(|e| failed(owner.into(), e))?;
+            let stopped = Stopped {
+                handler: regs.rip,
+                regs,
+                frame: ExceptionFrame::default(),
+            };
+            deliver(cpu, &stopped)?;
+            Ok(Trapped::DeliveredWithoutFrame)
         }
     }
 }
