@@ -22,7 +22,9 @@
 //!     registers `nmi.pending` in kvm_run, which the next KVM_RUN applies: its cost inside KVM is
 //!     then in the PMI latency below, not here), plus the two PMU MSR
 //!     writes the guest's NMI handler makes (ack, re-arm), in bare user-space MSR exits (the
-//!     same round's P1 bare run). Goal: <= 3.
+//!     same round's P1 bare run). Goal: <= 3. Also printed: a bare user-space WRMSR exit
+//!     (guest-image/tiny/asm/msr_write_loop64.S) against the bare RDMSR exit, and P2 with the
+//!     handler's writes counted in bare WRMSR exits.
 //! PMI latency: TSC at the host's overflow signal on the vCPU thread -> TSC read first thing in
 //!     the guest's NMI handler; p50 and p95.
 //! P3  naming a host-side sample's guest task, executable (or shared library) and call stack (issue 19:
@@ -137,6 +139,8 @@ struct Round {
     /// P1: per RDMSR, vPMU / bare.
     vp: f64,
     bare: f64,
+    /// The same guest loop writing the MSR instead (answered in user space): a bare WRMSR exit.
+    bare_write: f64,
     /// P2: medians over the round's PMIs: signal -> NMI queued, handler's two MSR writes.
     inject: f64,
     msr: f64,
@@ -169,6 +173,17 @@ fn p1(vpmu: bool) -> f64 {
     } else {
         run(&tiny_guests::MSR_LOOP64, VpmuSetting::Off, P1_MSRS.to_vec()).1
     };
+    w[2] as f64 / w[3] as f64
+}
+
+/// A bare user-space WRMSR exit (the MSR answered in user space, the write accepted), per write.
+fn bare_write() -> f64 {
+    let w = run(
+        &tiny_guests::MSR_WRITE_LOOP64,
+        VpmuSetting::Off,
+        P1_MSRS.to_vec(),
+    )
+    .1;
     w[2] as f64 / w[3] as f64
 }
 
@@ -216,6 +231,7 @@ fn round(forward: bool) -> Round {
         Box::new(|r| r.dom = p0(VpmuSetting::DomainSwitch)),
         Box::new(|r| r.vp = p1(true)),
         Box::new(|r| r.bare = p1(false)),
+        Box::new(|r| r.bare_write = bare_write()),
         Box::new(|r| (r.inject, r.msr, r.latency) = pmi_run()),
         Box::new(|r| {
             let (user_ns, lib_ns, kernel_ns) = sample_attribution::measure();
@@ -309,6 +325,12 @@ fn main() {
         "P2  = {} bare MSR exits (goal <= 3); signal -> NMI alone {} exits",
         ratio(&|r| (r.inject + r.msr) / r.bare).show(""),
         ratio(&|r| r.inject / r.bare).show("")
+    );
+    println!(
+        "P2  its unit: bare WRMSR exit {:.1} us / bare RDMSR exit = {}; P2 with the handler's two writes in bare WRMSR exits = {}",
+        abs_us(&|r| r.bare_write),
+        ratio(&|r| r.bare_write / r.bare).show("x"),
+        ratio(&|r| r.inject / r.bare + r.msr / r.bare_write).show("")
     );
 
     println!(
