@@ -1,63 +1,7 @@
 // load: 0x100000
-// Benchmark guest: enables AMD counter 1 (cycles), then times N reads of its counter MSR
-// (0xC0010203) with RDTSC, in batches of BATCH, and sends the TSC delta, N, the fastest batch's
-// TSC delta (the least disturbed by other work on the host) and BATCH over COM2. Run once with
-// the vPMU and once with that MSR answered by a constant in user space, for the cost of the
-// vPMU itself.
-#define N 5000
-#define BATCH 20
+// Benchmark guest: times N reads of AMD counter 1's counter MSR (msr_loop_body.inc). Run once
+// with the vPMU and once with that MSR answered by a constant in user space, for the cost of
+// the vPMU itself.
+#define ACCESS rdmsr
     .code64
-    .globl start
-start:
-    cli
-    mov $0xc0010202, %ecx           // PERF_CTL1 = cycles | USR | OS | EN
-    mov $(0x76 | (1 << 16) | (1 << 17) | (1 << 22)), %eax
-    xor %edx, %edx
-    wrmsr
-    rdtsc
-    shl $32, %rdx
-    or %rax, %rdx
-    mov %rdx, %r12
-    mov $-1, %r11
-    mov $(N / BATCH), %r9d
-3:  rdtsc
-    shl $32, %rdx
-    or %rdx, %rax
-    mov %rax, %r10
-    mov $BATCH, %r8d
-1:  mov $0xc0010203, %ecx
-    rdmsr
-    dec %r8d
-    jnz 1b
-    rdtsc
-    shl $32, %rdx
-    or %rdx, %rax
-    sub %r10, %rax
-    cmp %r11, %rax
-    cmovb %rax, %r11
-    dec %r9d
-    jnz 3b
-    rdtsc
-    shl $32, %rdx
-    or %rdx, %rax
-    sub %r12, %rax
-    call emit
-    mov $N, %rax
-    call emit
-    mov %r11, %rax
-    call emit
-    mov $BATCH, %rax
-    call emit
-    mov $((5 << 2) | (1 << 5)), %al
-    mov $0x600, %dx
-    out %al, %dx
-2:  hlt
-    jmp 2b
-emit:
-    mov $8, %ecx
-    mov $0x2f8, %dx
-1:  out %al, %dx
-    shr $8, %rax
-    dec %ecx
-    jnz 1b
-    ret
+#include "msr_loop_body.inc"
