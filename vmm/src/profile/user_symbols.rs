@@ -196,27 +196,21 @@ impl GuestFiles {
     /// segments. Files of the same name: the first (by path) whose executable segments hold
     /// that offset.
     pub fn resolve_mapping(&mut self, m: &GuestMapping, rip: u64) -> UserFrame {
-        let off = m.file_offset(rip);
-        let mut candidates = self.candidates(&m.name(), m.name_len);
-        candidates.sort();
-        for p in candidates {
-            let Some(e) = self.elf(&p) else { continue };
-            let Some(at) = e.address_of_offset(off) else {
-                continue;
+        let Some(e) = self.mapped_elf(m, m.file_offset(rip)) else {
+            return UserFrame::NoFile {
+                name: m.name(),
+                why: "no ELF file of that name among the guest files with code at that offset",
             };
-            return match e.function_at(at) {
-                Some((_, f)) => UserFrame::Resolved {
-                    object: e.guest_path.clone(),
-                    function: f.to_string(),
-                },
-                None => UserFrame::NoSymbol {
-                    object: e.guest_path.clone(),
-                },
-            };
-        }
-        UserFrame::NoFile {
-            name: m.name(),
-            why: "no ELF file of that name among the guest files with code at that offset",
+        };
+        let at = e.address_of_offset(m.file_offset(rip));
+        match at.and_then(|at| e.function_at(at)) {
+            Some((_, f)) => UserFrame::Resolved {
+                object: e.guest_path.clone(),
+                function: f.to_string(),
+            },
+            None => UserFrame::NoSymbol {
+                object: e.guest_path.clone(),
+            },
         }
     }
 
@@ -227,20 +221,25 @@ impl GuestFiles {
     /// mapping), or no such file.
     pub fn caller_in_mapping(&mut self, m: &GuestMapping, rip: u64, ret: u64) -> Option<String> {
         let (at_rip, at_ret) = (m.file_offset(rip), m.file_offset(ret.wrapping_sub(1)));
+        let e = self.mapped_elf(m, at_rip)?;
+        let seg = e.segment_of_offset(at_rip)?;
+        if e.segment_of_offset(at_ret) != Some(seg) {
+            return None;
+        }
+        let at = e.address_of_offset(at_ret)?;
+        e.function_at(at).map(|(_, f)| f.to_string())
+    }
+
+    /// The ELF file mapping `m` names (a file of that name; several: the first by path) whose
+    /// executable segments hold file offset `off`.
+    fn mapped_elf(&mut self, m: &GuestMapping, off: u64) -> Option<&Elf> {
         let mut candidates = self.candidates(&m.name(), m.name_len);
         candidates.sort();
-        for p in candidates {
-            let Some(e) = self.elf(&p) else { continue };
-            let Some(seg) = e.segment_of_offset(at_rip) else {
-                continue;
-            };
-            if e.segment_of_offset(at_ret) != Some(seg) {
-                return None;
-            }
-            let at = e.address_of_offset(at_ret)?;
-            return e.function_at(at).map(|(_, f)| f.to_string());
-        }
-        None
+        let path = candidates.into_iter().find(|p| {
+            self.elf(p)
+                .is_some_and(|e| e.segment_of_offset(off).is_some())
+        })?;
+        self.elf(&path)
     }
 
     fn elf(&mut self, path: &Path) -> Option<&Elf> {
