@@ -296,11 +296,12 @@ impl<R: Read + Seek> VcpuCursor<R> {
     }
 
     fn go_to(&mut self, at: u64) -> Result<(), ReadError> {
-        let delta = i64::try_from(at.wrapping_sub(self.pos)).unwrap_or(i64::MAX);
-        if at >= self.pos && delta != i64::MAX {
-            self.r.seek_relative(delta).map_err(ReadError::Io)?;
-        } else {
-            self.r.seek(SeekFrom::Start(at)).map_err(ReadError::Io)?;
+        // Forward within reach: keep what the buffer holds; anything else: a real seek.
+        match i64::try_from(at.wrapping_sub(self.pos)) {
+            Ok(d) if at >= self.pos => self.r.seek_relative(d).map_err(ReadError::Io)?,
+            _ => {
+                self.r.seek(SeekFrom::Start(at)).map_err(ReadError::Io)?;
+            }
         }
         self.pos = at;
         Ok(())
