@@ -30,7 +30,8 @@
 //! P3  naming a host-side sample's guest task, executable (or shared library) and call stack (issue 19:
 //!     `vmm::trace::recorder::annotate` over a synthetic guest, `sample_attribution.rs`), in bare
 //!     user-space MSR exits of the same round. Goal (with the sample's own exit): <= 3.
-//!     `-- --p3-only` prints P3's own figure alone (no KVM).
+//!     `-- --p3-only` prints P3's own figure alone (no KVM); `-- --p2-only` P2 alone (five
+//!     rounds after a warm-up, a minute here).
 //! PMI skid: guest instructions between the counter crossing zero and the NMI (a 3-instruction
 //!     loop; guest-image/tiny/asm/pmi_skid64.S), p50/p95, per mode.
 
@@ -250,6 +251,38 @@ fn round(forward: bool) -> Round {
     r
 }
 
+/// `-- --p2-only`: P2 alone (bare RDMSR, bare WRMSR and the PMI guest, alternated for five
+/// rounds): a quick check while working on the PMI path.
+fn p2_only(us: &dyn Fn(f64) -> f64) {
+    let mut p2 = Vec::new();
+    for i in 0..6 {
+        let (bare, bare_write, (inject, msr, _)) = if i % 2 == 0 {
+            (p1(false), bare_write(), pmi_run())
+        } else {
+            let pmi = pmi_run();
+            let w = bare_write();
+            (p1(false), w, pmi)
+        };
+        if i == 0 {
+            continue; // warm-up
+        }
+        println!(
+            "round {i}: signal -> NMI queued {:.1} us, handler's 2 writes {:.1} us, bare RDMSR {:.1} us, bare WRMSR {:.1} us: P2 {:.2} ({:.2} in WRMSR units for the writes)",
+            us(inject),
+            us(msr),
+            us(bare),
+            us(bare_write),
+            (inject + msr) / bare,
+            inject / bare + msr / bare_write
+        );
+        p2.push((inject + msr) / bare);
+    }
+    println!(
+        "P2  = {} bare MSR exits (goal <= 3)",
+        Spread::of(p2).show("")
+    );
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--p3-only") {
         // P3's own figure, without the KVM runs (no ratio): a quick check of the synthetic guest.
@@ -265,6 +298,10 @@ fn main() {
     }
     let khz = tsc_khz();
     let us = |cycles: f64| cycles / khz * 1000.0;
+    if std::env::args().any(|a| a == "--p2-only") {
+        p2_only(&us);
+        return;
+    }
 
     let t0 = std::time::Instant::now();
     round(true);
