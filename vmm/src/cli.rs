@@ -249,7 +249,9 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     /// PMU the guest sees (auto: the host CPU's vendor). intel on a host that is not Intel makes
     /// the whole guest CPU Intel, not only its PMU MSRs: vendor GenuineIntel, family 6 model
     /// 0x6b (a model no Linux lists, so the guest takes its generic Intel paths and its Intel PMU
-    /// driver), Intel-only features hidden, Intel cache/topology leaves. amd keeps the host's CPU.
+    /// driver), Intel-only features hidden, Intel cache/topology leaves. amd on a host that is
+    /// not AMD does the mirror: vendor AuthenticAMD, family 0x19 model 0x11 (an EPYC 9004),
+    /// Intel-only features and cache leaves hidden, so the guest takes its AMD PMU code.
     #[arg(long, value_enum, default_value_t = ModelChoice::Auto)]
     pub pmu_model: ModelChoice,
     /// Where virtual counts come from: soft = perf software task-clock (runs anywhere; only cycle

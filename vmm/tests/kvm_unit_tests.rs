@@ -316,6 +316,18 @@ fn the_recorded_runs_match_their_checked_in_files() {
             63,
         ),
         (
+            "pmu.amd.cpu-switch.soft.intel-host.expected",
+            include_str!("fixtures/kut-pmu.amd.cpu-switch.soft.intel-host.console"),
+            0,
+            63,
+        ),
+        (
+            "pmu.amd.domain-switch.soft.intel-host.expected",
+            include_str!("fixtures/kut-pmu.amd.domain-switch.soft.intel-host.console"),
+            0,
+            63,
+        ),
+        (
             "pmu.intel.cpu-switch.sim.intel-host.expected",
             include_str!("fixtures/kut-pmu.intel.cpu-switch.sim.intel-host.console"),
             14,

@@ -41,7 +41,8 @@ pub enum ModelChoice {
     /// Intel arch perfmon v2; on a host that is not Intel the whole guest CPU becomes a generic
     /// Intel one (GenuineIntel, family 6, a model no kernel lists: `vcpu::identity`).
     Intel,
-    /// AMD counters (the CPU identity stays the host's).
+    /// AMD counters (PerfCtrExtCore, PerfMonV2); on a host that is not AMD the whole guest CPU
+    /// becomes a generic AMD one (AuthenticAMD, family 0x19 model 0x11: `vcpu::identity`).
     Amd,
 }
 

@@ -118,9 +118,12 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .and_then(|v| v.rdpmc_trap)
         .map(|_| Arc::new(gp_trap(fixups.clone())));
     // XBEGIN at guest CPL 0 (host quirks): only test kernels run it (kvm-unit-tests' x86/pmu).
+    // RTM as the guest sees it: these hosts ignore leaf 7 of KVM_SET_CPUID2, so the host's own
+    // table counts even when the guest's identity (an AMD one) leaves RTM out.
     let ud_trap = (quirks.is_some()
         && matches!(guest.code, pmu::setup::GuestCode::Unpatched)
-        && host_quirks::xbegin_abort::offers_rtm(&guest_cpuid))
+        && (host_quirks::xbegin_abort::offers_rtm(&guest_cpuid)
+            || host_quirks::xbegin_abort::offers_rtm(supported.as_slice())))
     .then(|| Arc::new(host_quirks::xbegin_abort::trap(fixups.clone())));
     let shared = VcpuShared {
         mem: mem.clone(),
@@ -727,8 +730,8 @@ fn filter_const_msrs(vm: &VmFd, msrs: &[u32]) -> Result<(), VmError> {
     pmu::setup::install_msr_filter(vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))
 }
 
-/// KVM's supported CPUID, or for `--pmu-model intel` on a host that is not Intel, a whole
-/// Intel CPU identity over it.
+/// KVM's supported CPUID, or for `--pmu-model intel` on a host that is not Intel (`amd` on one
+/// that is not AMD), a whole Intel (AMD) CPU identity over it.
 fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
     match model {
         ModelChoice::Intel if !identity::is_intel(supported) => {
@@ -739,6 +742,15 @@ fn guest_cpuid(model: ModelChoice, supported: &[kvm_cpuid_entry2]) -> Vec<kvm_cp
                 identity::INTEL_BRAND
             );
             identity::intel(supported)
+        }
+        ModelChoice::Amd if !identity::is_amd(supported) => {
+            log::info!(
+                "guest CPU identity: AuthenticAMD family {:#x} model {:#x} (\"{}\"), for --pmu-model amd",
+                identity::AMD_FAMILY,
+                identity::AMD_MODEL,
+                identity::AMD_BRAND
+            );
+            identity::amd(supported)
         }
         _ => supported.to_vec(),
     }

@@ -23,6 +23,9 @@
 
 use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 
+mod amd;
+pub use amd::{amd, is_amd, AMD_BRAND, AMD_FAMILY, AMD_MODEL};
+
 /// CPU family of the Intel identity (P6 family: every arch-perfmon Core/Atom CPU).
 pub const INTEL_FAMILY: u32 = 6;
 /// Model number of the Intel identity: listed nowhere in Linux (6.1's intel-family.h lists
@@ -113,10 +116,10 @@ fn leaf(function: u32, index: u32, regs: [u32; 4], flags: u32) -> kvm_cpuid_entr
     }
 }
 
-/// The brand string as the 12 registers of 0x80000002-4.
-fn brand_regs() -> [u32; 12] {
+/// A brand string as the 12 registers of 0x80000002-4 (NUL-padded, at most 47 bytes kept).
+fn brand_regs(brand: &str) -> [u32; 12] {
     let mut bytes = [0u8; 48];
-    let b = INTEL_BRAND.as_bytes();
+    let b = brand.as_bytes();
     bytes[..b.len().min(47)].copy_from_slice(&b[..b.len().min(47)]);
     let mut regs = [0u32; 12];
     for (r, chunk) in regs.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -147,7 +150,7 @@ pub fn intel(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
                 .find(|e| e.function == AMD_CACHE_LEAF && e.index == i && e.eax & 0x1f != 0)
         })
         .collect();
-    let brand = brand_regs();
+    let brand = brand_regs(INTEL_BRAND);
 
     let mut out = Vec::with_capacity(host.len() + 8);
     for e in host {
@@ -230,6 +233,41 @@ pub(crate) mod tests_support {
 
     pub fn entry(function: u32, index: u32, regs: [u32; 4]) -> kvm_cpuid_entry2 {
         leaf(function, index, regs, 0)
+    }
+
+    /// An Intel Xeon build host as kvm_pvm reports it (KVM_GET_SUPPORTED_CPUID, abridged: the
+    /// zero leaves 3, 5, 8-0x24 but 0xa and 0xb left out; 0x80000002-4 are zero in KVM's table).
+    pub fn intel_host() -> Vec<kvm_cpuid_entry2> {
+        vec![
+            entry(0, 0, [0x24, 0x756e_6547, 0x6c65_746e, 0x4965_6e69]),
+            entry(1, 0, [0x000a_0671, 0x0002_0800, 0x8120_2000, 0x0f8b_fbff]),
+            entry(2, 0, [0x00fe_ff01, 0xf0, 0, 0]),
+            entry(4, 0, [0x0400_0121, 0x02c0_003f, 0x3f, 0]),
+            entry(4, 1, [0x0400_0122, 0x03c0_003f, 0x3f, 0]),
+            entry(4, 2, [0x0400_0143, 0x03c0_003f, 0x7ff, 0]),
+            entry(4, 3, [0x0400_4163, 0x03c0_003f, 0x0007_7fff, 0]),
+            entry(4, 4, [0; 4]),
+            entry(6, 0, [4, 0, 0, 0]),
+            entry(7, 0, [2, 0x0180_2852, 0x1a01_0104, 0x2001_0000]),
+            entry(0xa, 0, [0; 4]),
+            entry(0xb, 0, [0; 4]),
+            entry(0xd, 0, [0xe7, 0xa80, 0xa80, 0]),
+            entry(
+                0x4000_0000,
+                0,
+                [0x4000_0001, 0x4b4d_564b, 0x564b_4d56, 0x4d],
+            ),
+            entry(0x4000_0001, 0, [0x0100_7efb, 0, 0, 0]),
+            entry(0x8000_0000, 0, [0x8000_0008, 0, 0, 0]),
+            entry(0x8000_0001, 0, [0, 0, 0x101, 0x2010_0800]),
+            entry(0x8000_0002, 0, [0; 4]),
+            entry(0x8000_0003, 0, [0; 4]),
+            entry(0x8000_0004, 0, [0; 4]),
+            entry(0x8000_0005, 0, [0; 4]),
+            entry(0x8000_0006, 0, [0, 0, 0x0800_7040, 0]),
+            entry(0x8000_0007, 0, [0, 0, 0, 0x100]),
+            entry(0x8000_0008, 0, [0x3930, 0, 0, 0]),
+        ]
     }
 
     /// This project's AMD EPYC build host as kvm_pvm reports it (KVM_GET_SUPPORTED_CPUID,
