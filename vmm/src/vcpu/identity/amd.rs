@@ -28,7 +28,7 @@
 
 use kvm_bindings::kvm_cpuid_entry2;
 
-use super::{brand_regs, leaf, LEAF1_ECX_HIDDEN, LEAF1_EDX_HIDDEN};
+use super::{brand_regs, leaf, set_vendor_and_signature};
 
 /// CPU family of the AMD identity (Zen 3/4: base family 0xF + extended family 0xA).
 pub const AMD_FAMILY: u32 = 0x19;
@@ -88,13 +88,8 @@ pub fn amd(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
     let mut out = Vec::with_capacity(host.len() + 4);
     for e in host {
         let mut e = *e;
+        set_vendor_and_signature(&mut e, AUTHENTIC_AMD, amd_signature());
         match e.function {
-            0 => [e.ebx, e.edx, e.ecx] = AUTHENTIC_AMD,
-            1 => {
-                e.eax = amd_signature();
-                e.ecx &= !LEAF1_ECX_HIDDEN;
-                e.edx &= !LEAF1_EDX_HIDDEN;
-            }
             2 | 4 => continue,
             7 if e.index == 0 => e.ebx &= !LEAF7_EBX_TSX,
             0x8000_0008 => e.ebx |= EXT8_EBX_XSAVEERPTR,
@@ -135,7 +130,7 @@ pub fn amd(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
 #[cfg(test)]
 mod tests {
     use super::super::tests_support::{entry, intel_host};
-    use super::super::{intel, is_intel};
+    use super::super::{intel, is_intel, LEAF1_ECX_HIDDEN, LEAF1_EDX_HIDDEN};
     use super::*;
 
     fn find(t: &[kvm_cpuid_entry2], f: u32, i: u32) -> Option<&kvm_cpuid_entry2> {

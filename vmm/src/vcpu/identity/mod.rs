@@ -128,6 +128,21 @@ fn brand_regs(brand: &str) -> [u32; 12] {
     regs
 }
 
+/// Leaves 0 and 1 of an identity: the vendor string (EBX, EDX, ECX), the signature, and CPUID.1
+/// without the Intel-only features nothing here backs (both identities hide the same list).
+/// Other leaves are left alone.
+fn set_vendor_and_signature(e: &mut kvm_cpuid_entry2, vendor: [u32; 3], signature: u32) {
+    match e.function {
+        0 => [e.ebx, e.edx, e.ecx] = vendor,
+        1 => {
+            e.eax = signature;
+            e.ecx &= !LEAF1_ECX_HIDDEN;
+            e.edx &= !LEAF1_EDX_HIDDEN;
+        }
+        _ => {}
+    }
+}
+
 /// KVM's supported table `host` as a generic Intel arch-perfmon CPU (see the module docs).
 /// A table that already says GenuineIntel is returned unchanged: the guest keeps the host's
 /// own Intel identity.
@@ -155,13 +170,8 @@ pub fn intel(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
     let mut out = Vec::with_capacity(host.len() + 8);
     for e in host {
         let mut e = *e;
+        set_vendor_and_signature(&mut e, GENUINE_INTEL, intel_signature());
         match e.function {
-            0 => [e.ebx, e.edx, e.ecx] = GENUINE_INTEL,
-            1 => {
-                e.eax = intel_signature();
-                e.ecx &= !LEAF1_ECX_HIDDEN;
-                e.edx &= !LEAF1_EDX_HIDDEN;
-            }
             // Added below.
             2 | 4 | 0xb => continue,
             0x8000_0000 => {
