@@ -8,8 +8,9 @@
 #
 # Usage: scripts/kvm-unit-tests.sh [MODEL:VPMU:BACKEND ...]
 #   default: amd:cpu-switch:soft intel:cpu-switch:soft amd:domain-switch:soft
-#            intel:domain-switch:soft intel:cpu-switch:sim intel:domain-switch:sim, and where the
-#            host has a PMU (perf stat -e instructions counts) amd:cpu-switch:hw intel:domain-switch:hw
+#            intel:domain-switch:soft intel:cpu-switch:sim intel:domain-switch:sim
+#            amd:cpu-switch:sim amd:domain-switch:sim, and where the host has a PMU
+#            (perf stat -e instructions counts) amd:cpu-switch:hw intel:domain-switch:hw
 #   (scripts/test.sh boots the AMD model in cpu-switch; this runs them all)
 #   MODEL amd|intel (--pmu-model), VPMU cpu-switch|domain-switch (--vpmu), BACKEND soft|hw|sim
 #   (--vpmu-backend; hw needs a host PMU and VT-x/SVM; sim is the hw backend's code over the
@@ -25,7 +26,8 @@ say() { printf '\n[kvm-unit-tests] %s\n' "$*"; }
 OUT=${OUT:-kvm-unit-tests-results}
 if [ $# -eq 0 ]; then
 	set -- amd:cpu-switch:soft intel:cpu-switch:soft amd:domain-switch:soft \
-		intel:domain-switch:soft intel:cpu-switch:sim intel:domain-switch:sim
+		intel:domain-switch:soft intel:cpu-switch:sim intel:domain-switch:sim \
+		amd:cpu-switch:sim amd:domain-switch:sim
 	if perf stat -x, -e instructions true 2>&1 | grep -q '^[0-9]'; then
 		set -- "$@" amd:cpu-switch:hw intel:domain-switch:hw
 	else

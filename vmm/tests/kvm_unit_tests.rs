@@ -297,8 +297,9 @@ fn checked_in(name: &str) -> (Vec<Expected>, String) {
 }
 
 /// Every recorded console with its expected file, how many of its lines are VARIES (only the
-/// simulated host PMU has chance results: overflow: status-0..4, irq-1, irq-3, in each of its
-/// two rounds) and how it ends: the soft backend's runs abort at measure_for_overflow's assert
+/// simulated host PMU has chance results: overflow: status-N and the odd irq-N, in each of its
+/// two rounds: Intel 4 GP + 1 fixed counter twice, AMD 6 PerfCtrExtCore then 4 K7 counters) and
+/// how it ends: the soft backend's runs abort at measure_for_overflow's assert
 /// (63), the simulator's run to the end (1: some sub-tests failed).
 #[test]
 fn the_recorded_runs_match_their_checked_in_files() {
@@ -337,6 +338,18 @@ fn the_recorded_runs_match_their_checked_in_files() {
             "pmu.intel.domain-switch.sim.intel-host.expected",
             include_str!("fixtures/kut-pmu.intel.domain-switch.sim.intel-host.console"),
             14,
+            1,
+        ),
+        (
+            "pmu.amd.cpu-switch.sim.intel-host.expected",
+            include_str!("fixtures/kut-pmu.amd.cpu-switch.sim.intel-host.console"),
+            15,
+            1,
+        ),
+        (
+            "pmu.amd.domain-switch.sim.intel-host.expected",
+            include_str!("fixtures/kut-pmu.amd.domain-switch.sim.intel-host.console"),
+            15,
             1,
         ),
     ];
