@@ -31,7 +31,7 @@
 //!     `vmm::trace::recorder::annotate` over a synthetic guest, `sample_attribution.rs`), in bare
 //!     user-space MSR exits of the same round. Goal (with the sample's own exit): <= 3.
 //!     `-- --p3-only` prints P3's own figure alone (no KVM); `-- --p2-only` P2 alone (five
-//!     rounds after a warm-up, a minute here).
+//!     rounds after a warm-up, a minute here), `-- --p0-only` P0 alone (nine rounds).
 //! PMI skid: guest instructions between the counter crossing zero and the NMI (a 3-instruction
 //!     loop; guest-image/tiny/asm/pmi_skid64.S), p50/p95, per mode.
 
@@ -251,6 +251,43 @@ fn round(forward: bool) -> Round {
     r
 }
 
+/// `-- --p0-only`: P0 alone (off, cpu-switch, domain-switch, alternated for nine rounds after a
+/// warm-up; a quick check while working on the exit path).
+fn p0_only(us: &dyn Fn(f64) -> f64) {
+    let modes = [
+        VpmuSetting::Off,
+        VpmuSetting::CpuSwitch,
+        VpmuSetting::DomainSwitch,
+    ];
+    let (mut cpu, mut dom) = (Vec::new(), Vec::new());
+    for i in 0..10 {
+        let mut t = [0.0; 3];
+        let order: Vec<usize> = if i % 2 == 0 {
+            vec![0, 1, 2]
+        } else {
+            vec![2, 1, 0]
+        };
+        for k in order {
+            t[k] = p0(modes[k]);
+        }
+        if i == 0 {
+            continue; // warm-up
+        }
+        println!(
+            "round {i}: off {:.2} us, cpu-switch {:.2} us ({:.3}x), domain-switch {:.2} us ({:.3}x)",
+            us(t[0]),
+            us(t[1]),
+            t[1] / t[0],
+            us(t[2]),
+            t[2] / t[0]
+        );
+        cpu.push(t[1] / t[0]);
+        dom.push(t[2] / t[0]);
+    }
+    println!("P0  cpu-switch / off = {}", Spread::of(cpu).show("x"));
+    println!("P0  domain-switch / off = {}", Spread::of(dom).show("x"));
+}
+
 /// `-- --p2-only`: P2 alone (bare RDMSR, bare WRMSR and the PMI guest, alternated for five
 /// rounds): a quick check while working on the PMI path.
 fn p2_only(us: &dyn Fn(f64) -> f64) {
@@ -298,6 +335,10 @@ fn main() {
     }
     let khz = tsc_khz();
     let us = |cycles: f64| cycles / khz * 1000.0;
+    if std::env::args().any(|a| a == "--p0-only") {
+        p0_only(&us);
+        return;
+    }
     if std::env::args().any(|a| a == "--p2-only") {
         p2_only(&us);
         return;
