@@ -61,9 +61,16 @@ impl CounterId {
 
     /// The ids whose bits are set in `bitmap`, lowest first.
     pub fn iter_bits(bitmap: u64) -> impl Iterator<Item = CounterId> {
-        (0..64u8)
-            .filter(move |b| bitmap & (1 << b) != 0)
-            .map(CounterId)
+        // One step per set bit (lowest first), not 64: the vCPU loop asks for the overflows
+        // after every exit, nearly always with an empty bitmap.
+        let mut rest = bitmap;
+        std::iter::from_fn(move || {
+            (rest != 0).then(|| {
+                let bit = rest.trailing_zeros() as u8;
+                rest &= rest - 1;
+                CounterId(bit)
+            })
+        })
     }
 }
 
@@ -221,6 +228,10 @@ mod tests {
             ids,
             [CounterId::gp(0), CounterId::gp(2), CounterId::fixed(1)]
         );
+        assert_eq!(CounterId::iter_bits(0).count(), 0);
+        let ends: Vec<u8> = CounterId::iter_bits(1 | 1 << 63).map(|c| c.bit()).collect();
+        assert_eq!(ends, [0, 63]);
+        assert_eq!(CounterId::iter_bits(u64::MAX).count(), 64);
         assert_eq!(CounterId::fixed(1).to_string(), "fixed1");
     }
 

@@ -226,11 +226,8 @@ impl CounterCore {
     /// that counts, one `stop` for a live one that does not, nothing for the rest (KVM's
     /// `kvm_pmu_handle_event` before VM entry). Cheap when nothing is dirty.
     pub fn reprogram_dirty(&mut self) {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        while dirty != 0 {
-            let bit = dirty.trailing_zeros() as u8;
-            dirty &= dirty - 1;
-            if let Some(s) = self.slot(CounterId::from_bit(bit)) {
+        for id in CounterId::iter_bits(std::mem::take(&mut self.dirty)) {
+            if let Some(s) = self.slot(id) {
                 let c = &self.counters[s];
                 let verdict = self.verdict(c, &c.ctl);
                 self.apply(s, verdict);
