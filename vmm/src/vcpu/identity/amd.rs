@@ -133,9 +133,7 @@ mod tests {
     use super::super::{intel, is_intel, LEAF1_ECX_HIDDEN, LEAF1_EDX_HIDDEN};
     use super::*;
 
-    fn find(t: &[kvm_cpuid_entry2], f: u32, i: u32) -> Option<&kvm_cpuid_entry2> {
-        t.iter().find(|e| e.function == f && e.index == i)
-    }
+    use crate::vcpu::cpuid::find;
 
     fn string(regs: &[u32]) -> String {
         regs.iter()

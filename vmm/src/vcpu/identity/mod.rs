@@ -340,9 +340,7 @@ mod tests {
 
     use super::tests_support::amd_host;
 
-    fn find(t: &[kvm_cpuid_entry2], f: u32, i: u32) -> Option<&kvm_cpuid_entry2> {
-        t.iter().find(|e| e.function == f && e.index == i)
-    }
+    use crate::vcpu::cpuid::find;
 
     fn vendor(t: &[kvm_cpuid_entry2]) -> String {
         let e = find(t, 0, 0).unwrap();
