@@ -156,15 +156,19 @@ fn host_profile_follows_the_accounting_mode() {
     let (c_dom, io_dom, _, _) = profile_run(ProfileClock::DomainSwitch);
     assert!(c_cpu > 20 && c_dom > 20, "too few samples to judge");
     let share = |io: u64, c: u64| io as f64 / (io + c) as f64;
-    // 480 port writes x 300 us of VMM work: domain-switch charges it to io_heavy, cpu-switch
-    // does not.
+    // 480 port writes x 300 us of VMM work (~290 samples at 2000 Hz): domain-switch charges it
+    // to io_heavy, cpu-switch does not. What cpu-switch does charge io_heavy is its own
+    // emulated instructions and the part of each exit spent inside KVM_RUN (13-18 samples on a
+    // quiet machine), which the host's load can inflate: one CI run here saw 59. So the bar
+    // is on the VMM's work itself: cpu-switch must not give io_heavy half of what
+    // domain-switch gives it (a gate that charged the VMM's work would give it as much).
     assert!(
         share(io_dom, c_dom) > 0.3,
         "domain-switch: io_heavy should get a large share ({io_dom} vs {c_dom})"
     );
     assert!(
-        share(io_dom, c_dom) > 3.0 * share(io_cpu, c_cpu),
-        "io_heavy share: domain-switch {io_dom}/{c_dom} vs cpu-switch {io_cpu}/{c_cpu}"
+        2 * io_cpu < io_dom,
+        "io_heavy samples: domain-switch {io_dom} (compute {c_dom}) vs cpu-switch {io_cpu} (compute {c_cpu})"
     );
 }
 
