@@ -28,7 +28,7 @@
 
 use kvm_bindings::kvm_cpuid_entry2;
 
-use super::{brand_regs, leaf, set_vendor_and_signature};
+use super::{brand_regs, has_vendor, leaf, set_vendor_and_signature};
 
 /// CPU family of the AMD identity (Zen 3/4: base family 0xF + extended family 0xA).
 pub const AMD_FAMILY: u32 = 0x19;
@@ -64,10 +64,7 @@ pub const fn amd_signature() -> u32 {
 
 /// Whether a CPUID table says AuthenticAMD.
 pub fn is_amd(table: &[kvm_cpuid_entry2]) -> bool {
-    table
-        .iter()
-        .find(|e| e.function == 0 && e.index == 0)
-        .is_some_and(|e| [e.ebx, e.edx, e.ecx] == AUTHENTIC_AMD)
+    has_vendor(table, AUTHENTIC_AMD)
 }
 
 /// KVM's supported table `host` as a generic family-0x19 AMD CPU (see the module docs). A

@@ -97,10 +97,15 @@ pub const fn intel_signature() -> u32 {
 
 /// Whether a CPUID table says GenuineIntel.
 pub fn is_intel(table: &[kvm_cpuid_entry2]) -> bool {
+    has_vendor(table, GENUINE_INTEL)
+}
+
+/// Whether leaf 0 of a CPUID table holds `vendor` (EBX, EDX, ECX).
+fn has_vendor(table: &[kvm_cpuid_entry2], vendor: [u32; 3]) -> bool {
     table
         .iter()
         .find(|e| e.function == 0 && e.index == 0)
-        .is_some_and(|e| [e.ebx, e.edx, e.ecx] == GENUINE_INTEL)
+        .is_some_and(|e| [e.ebx, e.edx, e.ecx] == vendor)
 }
 
 fn leaf(function: u32, index: u32, regs: [u32; 4], flags: u32) -> kvm_cpuid_entry2 {
