@@ -119,11 +119,11 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .map(|_| Arc::new(gp_trap(fixups.clone())));
     // XBEGIN at guest CPL 0 (host quirks): only test kernels run it (kvm-unit-tests' x86/pmu).
     // RTM as the guest sees it: these hosts ignore leaf 7 of KVM_SET_CPUID2, so the host's own
-    // table counts even when the guest's identity (an AMD one) leaves RTM out.
+    // table decides, even when the guest's identity (an AMD one) leaves RTM out (no identity
+    // adds it).
     let ud_trap = (quirks.is_some()
         && matches!(guest.code, pmu::setup::GuestCode::Unpatched)
-        && (host_quirks::xbegin_abort::offers_rtm(&guest_cpuid)
-            || host_quirks::xbegin_abort::offers_rtm(supported.as_slice())))
+        && host_quirks::xbegin_abort::offers_rtm(supported.as_slice()))
     .then(|| Arc::new(host_quirks::xbegin_abort::trap(fixups.clone())));
     let shared = VcpuShared {
         mem: mem.clone(),
