@@ -196,13 +196,14 @@ impl GuestFiles {
     /// segments. Files of the same name: the first (by path) whose executable segments hold
     /// that offset.
     pub fn resolve_mapping(&mut self, m: &GuestMapping, rip: u64) -> UserFrame {
-        let Some(e) = self.mapped_elf(m, m.file_offset(rip)) else {
+        let off = m.file_offset(rip);
+        let Some(e) = self.mapped_elf(m, off) else {
             return UserFrame::NoFile {
                 name: m.name(),
                 why: "no ELF file of that name among the guest files with code at that offset",
             };
         };
-        let at = e.address_of_offset(m.file_offset(rip));
+        let at = e.address_of_offset(off);
         match at.and_then(|at| e.function_at(at)) {
             Some((_, f)) => UserFrame::Resolved {
                 object: e.guest_path.clone(),
