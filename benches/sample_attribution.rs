@@ -95,13 +95,18 @@ fn layout() -> TaskLayout {
 }
 
 const USER_RBP: u64 = 0x7ffc_0000_1000;
+/// The library sample's stack: its innermost caller in a second library (libb).
+const LIB_RBP: u64 = 0x7ffc_0000_2000;
 /// A RIP in the executable's code, and one in a shared library (libc's text mapping).
 const EXE_RIP: u64 = 0x40_1100;
 const LIB_RIP: u64 = 0x7f00_0000_5123;
+/// A return address in libb's text.
+const LIBB_RET: u64 = 0x7e00_0000_2345;
 const KERNEL_RBP: u64 = 0xffff_c900_0001_3000;
 
 /// The task's memory map as a two-level 6.1 maple tree (an arange_64 root over two leaves),
-/// the shape a small process has: the executable, then libc's text at LIB_RIP's page.
+/// the shape a small process has: the executable, libb's text at LIBB_RET's page, then libc's
+/// text at LIB_RIP's page.
 fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
     let m = l
         .maps
@@ -112,13 +117,15 @@ fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
         DIRECT_MAP + 0x80_0100,
         DIRECT_MAP + 0x80_0200,
     );
-    let (vma_exe, vma_lib, file, dentry, name) = (
+    let (vma_exe, vma_lib, vma_libb, file, dentry, name) = (
         DIRECT_MAP + 0x90_0000,
         DIRECT_MAP + 0x90_0100,
+        DIRECT_MAP + 0x90_0200,
         DIRECT_MAP + 0xa0_0000,
         DIRECT_MAP + 0xa1_0000,
         DIRECT_MAP + 0xa2_0000,
     );
+    let (file_b, dentry_b, name_b) = (file + 0x100, dentry + 0x100, name + 0x100);
     g.put_u64(mm + m.mm_root, root | (3 << 3) | 4 | 2);
     g.put_u64(root, (mm + 64) | 1);
     g.put_u64(root + m.arange.pivot, 0x7fff_0000_0000);
@@ -126,9 +133,12 @@ fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
     g.put_u64(root + m.arange.slot + 8, high | (1 << 3) | 4);
     g.put(root + m.arange.meta, &[1]);
     let lib = LIB_RIP & !0xfff_ffff;
+    let libb = LIBB_RET & !0xfff_ffff;
     for (i, (pivot, slot)) in [
         (0x40_0fffu64, 0u64),
         (0x4b_1fff, vma_exe),
+        (libb - 1, 0),
+        (libb + 0xf_ffff, vma_libb),
         (lib - 1, 0),
         (lib + 0x1ff_ffff, vma_lib),
     ]
@@ -138,11 +148,12 @@ fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
         g.put_u64(low + m.range.pivot + 8 * i as u64, pivot);
         g.put_u64(low + m.range.slot + 8 * i as u64, slot);
     }
-    g.put(low + m.range.meta, &[4]);
+    g.put(low + m.range.meta, &[6]);
     g.put_u64(high, root | (3 << 3));
     for (vma, start, end, f) in [
         (vma_exe, 0x40_1000u64, 0x4b_2000u64, 0u64),
         (vma_lib, lib, lib + 0x200_0000, file),
+        (vma_libb, libb, libb + 0x10_0000, file_b),
     ] {
         g.put_u64(vma + m.vma_start, start);
         g.put_u64(vma + m.vma_end, end);
@@ -152,6 +163,9 @@ fn maple_tree(g: &mut Guest, l: &TaskLayout, mm: u64) {
     g.put_u64(file + l.file_dentry, dentry);
     g.put_u64(dentry + l.dentry_name, name);
     g.put(name, b"libc.so.6\0");
+    g.put_u64(file_b + l.file_dentry, dentry_b);
+    g.put_u64(dentry_b + l.dentry_name, name_b);
+    g.put(name_b, b"libb.so\0");
 }
 
 /// The synthetic guest and a vCPU whose registers point into it.
@@ -181,7 +195,8 @@ fn guest(l: &TaskLayout) -> FakeVcpu {
     g.put(name, b"cpu_split\0");
     maple_tree(&mut g, l, mm);
     for (base, ret, n) in [
-        (USER_RBP, 0x40_1000u64, 6u64),
+        (USER_RBP, 0x40_1010u64, 6u64),
+        (LIB_RBP, 0x40_1010u64, 6u64),
         (KERNEL_RBP, 0xffff_ffff_8100_0000, 10),
     ] {
         for i in 0..n {
@@ -191,6 +206,9 @@ fn guest(l: &TaskLayout) -> FakeVcpu {
             g.put_u64(fp + 8, ret + 0x10 * i);
         }
     }
+    g.put_u64(LIB_RBP + 8, LIBB_RET);
+    g.put_u64(LIB_RBP - 0x20, LIBB_RET); // [rsp]
+    g.put_u64(LIB_RBP - 0x18, 0);
     g.put_u64(USER_RBP - 0x20, 0x40_1234); // [rsp]
     g.put_u64(USER_RBP - 0x18, 0);
     let mut v = FakeVcpu::new(g.mem);
@@ -202,8 +220,8 @@ fn guest(l: &TaskLayout) -> FakeVcpu {
 }
 
 /// Nanoseconds per `annotate` of a user-space sample in the executable, of one in a shared
-/// library (the memory map's maple tree walked too), and of a kernel sample (each the fastest
-/// of 20 batches of 2000).
+/// library called from another library (the memory map's maple tree walked twice: the RIP's
+/// mapping and its caller's), and of a kernel sample (each the fastest of 20 batches of 2000).
 pub fn measure() -> (f64, f64, f64) {
     let l = Arc::new(layout());
     let mut v = guest(&l);
@@ -223,7 +241,7 @@ pub fn measure() -> (f64, f64, f64) {
         (best, records)
     };
     let (user, user_records) = time(3, EXE_RIP, USER_RBP, USER_RBP - 0x20);
-    let (lib, lib_records) = time(3, LIB_RIP, USER_RBP, USER_RBP - 0x20);
+    let (lib, lib_records) = time(3, LIB_RIP, LIB_RBP, LIB_RBP - 0x20);
     let (kernel, kernel_records) = time(0, 0xffff_ffff_8100_0000, KERNEL_RBP, KERNEL_RBP - 0x20);
     // task + exe + stack top + 2 frame records (6 frames); the same + a resolved mapping;
     // task + 4 frame records (10 frames).
@@ -236,6 +254,11 @@ pub fn measure() -> (f64, f64, f64) {
         matches!(lib_records[2], vmm::trace::format::Record::Mapping(Ok(m)) if m.name() == "libc.so.6"),
         "the library sample's mapping did not resolve: {:?}",
         lib_records[2]
+    );
+    assert!(
+        matches!(lib_records.last(), Some(vmm::trace::format::Record::CallerMapping(m)) if m.name() == "libb.so"),
+        "the library sample's caller in libb did not resolve: {:?}",
+        lib_records.last()
     );
     (user, lib, kernel)
 }

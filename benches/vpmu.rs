@@ -325,7 +325,7 @@ fn main() {
         // P3's own figure, without the KVM runs (no ratio): a quick check of the synthetic guest.
         let (user, lib, kernel) = sample_attribution::measure();
         println!(
-            "P3  user sample {user:.0} ns, in a shared library {lib:.0} ns, kernel sample {kernel:.0} ns (no bare exit measured)"
+            "P3  user sample {user:.0} ns, in a shared library called from another {lib:.0} ns, kernel sample {kernel:.0} ns (no bare exit measured)"
         );
         return;
     }
@@ -412,7 +412,7 @@ fn main() {
     );
 
     println!(
-        "P3  naming a host-side sample's guest task, executable and call stack (issue 19; synthetic guest, real page walk): medians user sample {:.2} us (6 frames), in a shared library {:.2} us (+ the maple tree), kernel sample {:.2} us (10 frames)",
+        "P3  naming a host-side sample's guest task, executable and call stack (issue 19; synthetic guest, real page walk): medians user sample {:.2} us (6 frames), in a shared library called from another {:.2} us (+ two maple-tree lookups), kernel sample {:.2} us (10 frames)",
         abs_us(&|r| r.attr_user),
         abs_us(&|r| r.attr_lib),
         abs_us(&|r| r.attr_kernel)

@@ -94,15 +94,19 @@ pub fn samples(
                 let leaf_caller = notes
                     .stack_top
                     .and_then(|top| f.frameless_caller(e, rip, top));
-                let library = match &notes.mapping {
+                // The files mapped at the sample's addresses: the RIP's, then its callers'.
+                let mapped: Vec<&GuestMapping> = match &notes.mapping {
                     Some(Ok(m)) if !m.anonymous() => Some(m),
                     _ => None,
-                };
+                }
+                .into_iter()
+                .chain(&notes.caller_mappings)
+                .collect();
                 leaf_caller
                     .iter()
                     .chain(&notes.frames)
                     .rev()
-                    .map(|&ret| caller(f, e, library.map(|m| (m, rip)), ret))
+                    .map(|&ret| caller(f, e, &mapped, ret))
                     .collect()
             }
             _ => Vec::new(),
@@ -202,19 +206,19 @@ pub fn kernel_callers(frames: &[u64], syms: Option<&SymbolTable>) -> Vec<String>
 
 /// A return address's function (looked up at `ret - 1`: the call instruction, which a
 /// tail-position call would otherwise put in the next function): in the executable, else in
-/// `library` (the sampled RIP's mapping, and that RIP) when it lies in the same segment; else
-/// its address.
-fn caller(
-    files: &mut GuestFiles,
-    exe: &GuestExe,
-    library: Option<(&GuestMapping, u64)>,
-    ret: u64,
-) -> String {
+/// the recorded mapping holding it (`mapped`: the RIP's and the callers' in other libraries)
+/// by that file's symbols, else its address.
+fn caller(files: &mut GuestFiles, exe: &GuestExe, mapped: &[&GuestMapping], ret: u64) -> String {
     if let UserFrame::Resolved { function, .. } = files.resolve(exe, ret.wrapping_sub(1)) {
         return function;
     }
-    library
-        .and_then(|(m, rip)| files.caller_in_mapping(m, rip, ret))
+    // Mappings do not overlap: the one holding the call, if recorded, starts closest below it.
+    let at = ret.wrapping_sub(1);
+    mapped
+        .iter()
+        .filter(|m| m.vm_start <= at)
+        .max_by_key(|m| m.vm_start)
+        .and_then(|m| files.caller_in_mapping(m, ret))
         .unwrap_or_else(|| format!("[{ret:#x}]"))
 }
 
@@ -455,6 +459,103 @@ mod tests {
         assert_eq!(j["schema"], "vpmu-profile/1");
         assert_eq!(j["samples"], 5);
         assert_eq!(j["rows"][0]["process"], "cpu_split[42]");
+    }
+
+    /// A text function of this test binary (size > 16) and where a library mapping of it at
+    /// `vm_start` puts it: (address + 4, name), and the mapping's page offset.
+    fn function_in_mapping(nth: usize, vm_start: u64) -> (u64, u32) {
+        use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+        let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let f = object::File::parse(&*bytes).unwrap();
+        let seg = f
+            .segments()
+            .find(|s| {
+                let flags = s.flags();
+                matches!(flags, object::SegmentFlags::Elf { p_flags } if p_flags & 1 != 0)
+            })
+            .unwrap();
+        let (p_offset, _) = seg.file_range();
+        let sym = f
+            .symbols()
+            .filter(|s| {
+                s.kind() == SymbolKind::Text
+                    && s.size() > 16
+                    && (seg.address()..seg.address() + seg.size()).contains(&s.address())
+            })
+            .nth(nth)
+            .unwrap();
+        let pgoff = p_offset >> 12;
+        let addr = vm_start + (sym.address() + 4 - seg.address() + p_offset) - (pgoff << 12);
+        (addr, pgoff as u32)
+    }
+
+    #[test]
+    fn callers_in_another_library_are_named_with_that_librarys_mapping() {
+        use crate::profile::user_symbols::exe_name_bytes;
+        // The test binary stands in for two libraries and the executable.
+        let me = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(&me, lib.join("liba.so")).unwrap();
+        std::fs::copy(&me, lib.join("libb.so")).unwrap();
+        let mut files = GuestFiles::open(dir.path()).unwrap();
+        let (a_start, b_start) = (0x7f00_0000_0000u64, 0x7e00_0000_0000u64);
+        let (rip, pgoff) = function_in_mapping(0, a_start);
+        let (ret_b, _) = function_in_mapping(1, b_start);
+        let mapping = |name: &str, vm_start| {
+            let (name, name_len) = exe_name_bytes(name);
+            GuestMapping {
+                name,
+                name_len,
+                vm_start,
+                pgoff,
+            }
+        };
+        let (liba, libb) = (mapping("liba.so", a_start), mapping("libb.so", b_start));
+        let want_b = match files.resolve_mapping(&libb, ret_b - 1) {
+            UserFrame::Resolved { function, .. } => function,
+            other => panic!("{other:?}"),
+        };
+        let (name, name_len) = exe_name_bytes("prog");
+        let exe = GuestExe {
+            name,
+            name_len,
+            start_code: 0x40_1000,
+            code_size: 0x1000,
+        };
+        let trace = |caller_mapping: bool| {
+            let mut records = vec![
+                sample(rip, 3, false),
+                task("prog", 9),
+                Record::Exe(Ok(exe)),
+                Record::Mapping(Ok(liba)),
+                Record::CallFrames {
+                    count: 2,
+                    addrs: [ret_b, 0x40_1100, 0],
+                },
+            ];
+            if caller_mapping {
+                records.push(Record::CallerMapping(libb));
+            }
+            let mut t = trace();
+            t.vcpus[0].records = records;
+            t
+        };
+        let callers = |t: &Trace, files: &mut GuestFiles| {
+            let s = samples(t, None, None, Some(files)).unwrap();
+            s.into_keys().next().unwrap().callers
+        };
+        // Outermost first: the executable's frame (no such file here: its address), then libb.
+        assert_eq!(
+            callers(&trace(true), &mut files),
+            ["[0x401100]".to_string(), want_b]
+        );
+        // Without libb's record its frame is an address, never a guess from liba.
+        assert_eq!(
+            callers(&trace(false), &mut files),
+            ["[0x401100]".to_string(), format!("[{ret_b:#x}]")]
+        );
     }
 
     #[test]

@@ -215,20 +215,22 @@ impl GuestFiles {
         }
     }
 
-    /// The function at return address `ret` of a sample whose RIP `rip` lies in mapping `m`,
-    /// when `ret` lies in the same executable segment of that file as `rip` (so in the same
-    /// mapping: a VMA maps one segment contiguously): a caller inside the sampled library.
-    /// None for an address elsewhere (another library: the sample records only its RIP's
-    /// mapping), or no such file.
-    pub fn caller_in_mapping(&mut self, m: &GuestMapping, rip: u64, ret: u64) -> Option<String> {
-        let (at_rip, at_ret) = (m.file_offset(rip), m.file_offset(ret.wrapping_sub(1)));
-        let e = self.mapped_elf(m, at_rip)?;
-        let seg = e.segment_of_offset(at_rip)?;
-        if e.segment_of_offset(at_ret) != Some(seg) {
-            return None;
-        }
-        let at = e.address_of_offset(at_ret)?;
-        e.function_at(at).map(|(_, f)| f.to_string())
+    /// The caller at return address `ret` in the file mapping `m` names (the sample recorded
+    /// `m` as the mapping holding `ret`: its RIP's, or a caller's in another library): its
+    /// function, or `[file+offset]` where the file has no symbol (a stripped library's static
+    /// function). None when the call's offset in that file lies in no executable segment (so
+    /// not in this mapping: a VMA maps one segment contiguously) or no such file is found.
+    pub fn caller_in_mapping(&mut self, m: &GuestMapping, ret: u64) -> Option<String> {
+        let off = m.file_offset(ret.wrapping_sub(1));
+        let e = self.mapped_elf(m, off)?;
+        let at = e.address_of_offset(off)?;
+        Some(match e.function_at(at) {
+            Some((_, f)) => f.to_string(),
+            None => {
+                let file = e.guest_path.rsplit('/').next().unwrap_or(&e.guest_path);
+                format!("[{file}+{off:#x}]")
+            }
+        })
     }
 
     /// The ELF file mapping `m` names (a file of that name; several: the first by path) whose
@@ -504,8 +506,8 @@ mod tests {
                 function: name
             }
         );
-        // A return address into the same segment is a caller in the library; one outside it
-        // (another mapping) is not resolved here.
+        // A return address into the library's executable segment is a caller in it; one
+        // outside (another mapping) is not resolved through this one.
         let (f2, _, name2) = elf
             .functions
             .iter()
@@ -513,8 +515,17 @@ mod tests {
             .cloned()
             .expect("a second function");
         let ret = vm_start + (f2 + 4 - p_vaddr + p_offset) - (pgoff << 12);
-        assert_eq!(files.caller_in_mapping(&m, rip, ret), Some(name2));
-        assert_eq!(files.caller_in_mapping(&m, rip, vm_start - (1 << 30)), None);
+        assert_eq!(files.caller_in_mapping(&m, ret), Some(name2));
+        assert_eq!(files.caller_in_mapping(&m, vm_start - (1 << 30)), None);
+        // In the segment but before its first function: the file and offset.
+        let before = vm_start + (p_offset - (pgoff << 12)) + 1;
+        let first = elf.functions.iter().map(|f| f.0).min().unwrap();
+        if first > p_vaddr {
+            assert_eq!(
+                files.caller_in_mapping(&m, before),
+                Some(format!("[libprog.so.1+{:#x}]", p_offset))
+            );
+        }
         // An offset no executable segment holds, and a name no file has.
         assert!(matches!(
             files.resolve_mapping(&m, vm_start - (1 << 40)),

@@ -133,6 +133,9 @@ pub enum Record {
     UserStackTop([u64; 2]),
     /// The mapping a user RIP outside the executable's code lies in (after the exe record).
     Mapping(Result<GuestMapping, Unresolved>),
+    /// A file mapped at one of the user stack's return addresses that neither the executable's
+    /// code nor the RIP's mapping holds: a caller in another library (after the frames).
+    CallerMapping(GuestMapping),
 }
 
 impl Record {
@@ -146,6 +149,7 @@ impl Record {
                 | Record::CallFrames { .. }
                 | Record::UserStackTop(_)
                 | Record::Mapping(_)
+                | Record::CallerMapping(_)
         )
     }
 
@@ -159,7 +163,8 @@ impl Record {
             | Record::Exe(_)
             | Record::CallFrames { .. }
             | Record::UserStackTop(_)
-            | Record::Mapping(_) => 0,
+            | Record::Mapping(_)
+            | Record::CallerMapping(_) => 0,
         }
     }
 
@@ -194,9 +199,10 @@ impl Record {
         }))
     }
 
-    fn encode_mapping(m: &Result<GuestMapping, Unresolved>, out: &mut [u8; RECORD_SIZE]) {
+    /// Kind 8 (the RIP's mapping) or 9 (a caller's): the same fields.
+    fn encode_mapping(kind: u8, m: &Result<GuestMapping, Unresolved>, out: &mut [u8; RECORD_SIZE]) {
         out.fill(0);
-        out[0] = 8;
+        out[0] = kind;
         match m {
             Ok(m) => {
                 out[2] = m.name_len;
@@ -265,7 +271,8 @@ impl Record {
         let (kind, ev, cpl, addr, a, b) = match *self {
             Record::Task { cr3, ref task } => return Self::encode_task(cr3, task, out),
             Record::Exe(ref exe) => return Self::encode_exe(exe, out),
-            Record::Mapping(ref m) => return Self::encode_mapping(m, out),
+            Record::Mapping(ref m) => return Self::encode_mapping(8, m, out),
+            Record::CallerMapping(m) => return Self::encode_mapping(9, &Ok(m), out),
             Record::UserStackTop(words) => {
                 out.fill(0);
                 out[0] = 7;
@@ -328,6 +335,12 @@ impl Record {
             4 => return Self::decode_task(b),
             5 => return Self::decode_exe(b),
             8 => return Self::decode_mapping(b),
+            9 => {
+                return match Self::decode_mapping(b)? {
+                    Record::Mapping(Ok(m)) => Ok(Record::CallerMapping(m)),
+                    _ => Err(format!("caller mapping record with status {}", b[1])),
+                }
+            }
             7 => return Ok(Record::UserStackTop([u64_at(b, 8), u64_at(b, 16)])),
             6 => {
                 if !(1..=3).contains(&b[1]) {
@@ -741,6 +754,12 @@ mod tests {
             Record::Mapping(Err(Unresolved::BadValue(
                 crate::profile::guest_task::Step::Mapping,
             ))),
+            Record::CallerMapping(GuestMapping {
+                name: *b"libstdc++.so.6.0",
+                name_len: 19,
+                vm_start: 0x7f00_1000_0000,
+                pgoff: 0x9a,
+            }),
             Record::Exe(Err(Unresolved::NotMapped(
                 crate::profile::guest_task::Step::Executable,
             ))),
@@ -845,7 +864,7 @@ mod tests {
         let mut b = [0u8; RECORD_SIZE];
         records()[2].encode(&mut b);
         let cases: [(usize, u8, &str); 3] = [
-            (0, 9, "unknown record kind"),
+            (0, 10, "unknown record kind"),
             (1, 99, "unknown exit reason"),
             (3, 5, "CPL 5"),
         ];

@@ -364,6 +364,9 @@ pub struct Notes {
     pub exe: Option<Result<GuestExe, Unresolved>>,
     /// The mapping of a user RIP outside the executable's code.
     pub mapping: Option<Result<GuestMapping, Unresolved>>,
+    /// Files mapped at return addresses in other libraries (neither the executable nor the
+    /// RIP's mapping).
+    pub caller_mappings: Vec<GuestMapping>,
     /// Return addresses, innermost first.
     pub frames: Vec<u64>,
     pub stack_top: Option<[u64; 2]>,
@@ -376,6 +379,7 @@ impl Notes {
             Record::Task { task, .. } => self.task = Some(*task),
             Record::Exe(e) => self.exe = Some(*e),
             Record::Mapping(m) => self.mapping = Some(*m),
+            Record::CallerMapping(m) => self.caller_mappings.push(*m),
             Record::CallFrames { count, addrs } => self
                 .frames
                 .extend_from_slice(&addrs[..usize::from(*count).min(3)]),

@@ -306,7 +306,8 @@ impl Drop for VcpuRecorder {
 /// The records that follow a sample when the run knows the guest's task layout: the task; for a
 /// user-space sample of a task with an mm, its executable, the mapping of a RIP outside the
 /// executable's code, and, when the executable was read, the user stack's return addresses by
-/// frame pointers (three per record). `rip` is the sample's, which the caller already read.
+/// frame pointers (three per record) and the mappings of those in other libraries (one record
+/// each). `rip` is the sample's, which the caller already read.
 pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, rip: u64, cpl: u8) -> Vec<Record> {
     let cr3 = cpu.sregs().map(|s| s.cr3 & !0xfff).unwrap_or(0);
     if cpl != 3 {
@@ -323,15 +324,18 @@ pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, rip: u64, cpl: u8)
         }
         return out;
     }
-    let (task, exe, mapping) = match r.current_user(cpu, rip) {
-        Ok((t, exe, mapping)) => (Ok(t), exe, mapping),
-        Err(u) => (Err(u), None, None),
+    let mut view = match r.current_user(cpu, rip) {
+        Ok(view) => view,
+        Err(u) => return vec![Record::Task { cr3, task: Err(u) }],
     };
-    let mut out = vec![Record::Task { cr3, task }];
-    if let Some(exe) = exe {
+    let mut out = vec![Record::Task {
+        cr3,
+        task: Ok(view.task),
+    }];
+    if let Some(exe) = view.exe {
         let walk = exe.is_ok();
         out.push(Record::Exe(exe));
-        out.extend(mapping.map(Record::Mapping));
+        out.extend(view.mapping.map(Record::Mapping));
         if walk {
             let (rbp, rsp) = cpu.regs().map(|r| (r.rbp, r.rsp)).unwrap_or((0, 0));
             let mut top = [0u8; 16];
@@ -343,7 +347,10 @@ pub fn annotate(r: &mut TaskReader, cpu: &mut dyn VcpuAccess, rip: u64, cpl: u8)
                     u64::from_le_bytes(top[8..].try_into().unwrap()),
                 ]));
             }
-            out.extend(frames(call_stack::walk(cpu, rbp, call_stack::Space::User)));
+            let stack = call_stack::walk(cpu, rbp, call_stack::Space::User);
+            let callers = r.caller_mappings(cpu, &mut view, &stack);
+            out.extend(frames(stack));
+            out.extend(callers.into_iter().map(Record::CallerMapping));
         }
     }
     out

@@ -126,7 +126,8 @@ pub fn intervals(t: &dyn Records, secs: f64) -> Result<Vec<Interval>, FormatErro
             | Record::Exe(_)
             | Record::CallFrames { .. }
             | Record::UserStackTop(_)
-            | Record::Mapping(_) => {}
+            | Record::Mapping(_)
+            | Record::CallerMapping(_) => {}
             Record::Clock { tsc, thread_cpu_ns } => {
                 if let Some((x, e, c)) = open.take() {
                     if e == tsc && tsc > x {

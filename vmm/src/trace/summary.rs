@@ -21,6 +21,7 @@ use hdrhistogram::Histogram;
 use super::format::FormatError;
 use super::format::{ExitEvent, Reason, Record};
 use super::read::{Records, VcpuEnd};
+use crate::profile::guest_task::maps::GuestMapping;
 
 /// Count, total and percentiles of one kind of exit's VMM time, in bounded memory: the values
 /// themselves while there are few (exact percentiles), then a histogram with 3 significant
@@ -213,7 +214,8 @@ pub fn summarize(t: &dyn Records) -> Result<Summary, FormatError> {
             | Record::Exe(_)
             | Record::CallFrames { .. }
             | Record::UserStackTop(_)
-            | Record::Mapping(_) => {}
+            | Record::Mapping(_)
+            | Record::CallerMapping(_) => {}
             Record::Clock { tsc, thread_cpu_ns } => {
                 p.first_clock.get_or_insert((tsc, thread_cpu_ns));
                 if let Some((_, cpu0, d)) = p.open.take().filter(|o| o.0 == tsc) {
@@ -628,16 +630,15 @@ pub fn dump(t: &dyn Records, out: &mut dyn std::io::Write) -> Result<(), DumpErr
                 "{:.9} vcpu{v} mapping {}",
                 secs(tsc),
                 match m {
-                    Ok(m) if m.anonymous() => format!("anonymous vm_start={:#x}", m.vm_start),
-                    Ok(m) => format!(
-                        "name={:?}{} vm_start={:#x} pgoff={:#x}",
-                        m.name(),
-                        if m.truncated() { " (truncated)" } else { "" },
-                        m.vm_start,
-                        m.pgoff
-                    ),
+                    Ok(m) => describe_mapping(m),
                     Err(u) => format!("unresolved ({})", u.describe()),
                 }
+            )?,
+            Record::CallerMapping(m) => writeln!(
+                out,
+                "{:.9} vcpu{v} caller mapping {}",
+                secs(tsc),
+                describe_mapping(m)
             )?,
             Record::Exe(exe) => writeln!(
                 out,
@@ -665,6 +666,20 @@ pub fn dump(t: &dyn Records, out: &mut dyn std::io::Write) -> Result<(), DumpErr
         )?;
     }
     Ok(())
+}
+
+/// A mapping record's fields, as `--dump` prints them.
+fn describe_mapping(m: &GuestMapping) -> String {
+    if m.anonymous() {
+        return format!("anonymous vm_start={:#x}", m.vm_start);
+    }
+    format!(
+        "name={:?}{} vm_start={:#x} pgoff={:#x}",
+        m.name(),
+        if m.truncated() { " (truncated)" } else { "" },
+        m.vm_start,
+        m.pgoff
+    )
 }
 
 #[cfg(test)]

@@ -58,15 +58,18 @@ pub const LEAF_HIGH: u64 = 0xffff_8880_0600_0200;
 pub const VMA_EXE: u64 = 0xffff_8880_0700_0000;
 pub const VMA_LIBC: u64 = 0xffff_8880_0700_0100;
 pub const VMA_ANON: u64 = 0xffff_8880_0700_0200;
+pub const VMA_LIBB: u64 = 0xffff_8880_0700_0300;
 pub const LIBC_START: u64 = 0x7f00_0000_1000;
+pub const LIBB_START: u64 = 0x7e00_0000_1000;
 pub const ANON_START: u64 = 0x7fff_0000_1000;
 
 /// A two-level maple tree as 6.1 builds one for a small process, at `mm` (node pointers as
 /// `mt_mk_node` makes them: type in bits 3-6 and MAPLE_ENODE_NULL, bit 2): an arange_64 root
-/// whose two leaves hold the VMAs [0x401000, 0x4b2000) (the executable), [LIBC_START,
-/// +0x1f000) (a file at page offset 0x26: `libc_file`) and [ANON_START, +0x20000) (anonymous),
-/// with gaps (empty slots) between them.
-pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64) {
+/// whose two leaves hold the VMAs [0x401000, 0x4b2000) (the executable), [LIBB_START,
+/// +0x10000) (a second library's text at page offset 1: `libb_file`), [LIBC_START, +0x1f000)
+/// (a file at page offset 0x26: `libc_file`) and [ANON_START, +0x20000) (anonymous), with gaps
+/// (empty slots) between them.
+pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64, libb_file: u64) {
     let (mt_root, r_piv, r_slot, r_meta, a_piv, a_slot, a_meta) = (72, 8, 128, 248, 8, 80, 240);
     m.put_u64(mm + mt_root, ROOT_NODE | (3 << 3) | 4 | 2);
     // Root: two slots split at 0x7fff_0000_0000; parent = the tree (| 1), not itself.
@@ -75,11 +78,13 @@ pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64) {
     m.put_u64(ROOT_NODE + a_slot, LEAF_LOW | (1 << 3) | 4);
     m.put_u64(ROOT_NODE + a_slot + 8, LEAF_HIGH | (1 << 3) | 4);
     m.put(ROOT_NODE + a_meta, &[1]);
-    // Low leaf: gap, exe, gap, libc, gap (to the node's max).
+    // Low leaf: gap, exe, gap, libb, gap, libc, gap (to the node's max).
     m.put_u64(LEAF_LOW, ROOT_NODE | (3 << 3));
     let low = [
         (0x40_0fff, 0),
         (0x4b_1fff, VMA_EXE),
+        (LIBB_START - 1, 0),
+        (LIBB_START + 0xffff, VMA_LIBB),
         (LIBC_START - 1, 0),
         (LIBC_START + 0x1_efff, VMA_LIBC),
     ];
@@ -87,7 +92,7 @@ pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64) {
         m.put_u64(LEAF_LOW + r_piv + 8 * i as u64, *pivot);
         m.put_u64(LEAF_LOW + r_slot + 8 * i as u64, *vma);
     }
-    m.put(LEAF_LOW + r_meta, &[4]);
+    m.put(LEAF_LOW + r_meta, &[6]);
     // High leaf: anonymous memory, then a gap to the end.
     m.put_u64(LEAF_HIGH, ROOT_NODE | (3 << 3));
     m.put_u64(LEAF_HIGH + r_piv, ANON_START + 0x1_ffff);
@@ -95,6 +100,7 @@ pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64) {
     m.put(LEAF_HIGH + r_meta, &[1]);
     for (vma, start, len, file, pgoff) in [
         (VMA_EXE, 0x40_1000u64, 0xb_1000u64, 0u64, 1u64),
+        (VMA_LIBB, LIBB_START, 0x1_0000, libb_file, 1),
         (VMA_LIBC, LIBC_START, 0x1_f000, libc_file, 0x26),
         (VMA_ANON, ANON_START, 0x2_0000, 0, ANON_START >> 12),
     ] {

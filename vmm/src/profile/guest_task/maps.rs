@@ -195,14 +195,15 @@ pub fn vma_at<M: GuestRead + ?Sized>(
 }
 
 /// The mapping of `mm` that holds user address `rip`: its VMA's start, file offset and file
-/// name (`file_name` reads a `struct file`'s name as the executable's is read).
+/// name (`file_name` reads a `struct file`'s name as the executable's is read), and the VMA's
+/// end (what a later lookup for another address of the same sample can skip).
 pub fn mapping_at<M: GuestRead + ?Sized>(
     mem: &mut M,
     l: &MapLayout,
     mm: u64,
     rip: u64,
     file_name: &dyn Fn(&mut M, u64) -> Result<FileName, Unresolved>,
-) -> Result<GuestMapping, Unresolved> {
+) -> Result<(GuestMapping, u64), Unresolved> {
     let vma = vma_at(mem, l, mm, rip)?.ok_or(Unresolved::BadValue(STEP))?;
     if !kernel_pointer(vma, 8) || vma.checked_add(1 << 16).is_none() {
         return Err(Unresolved::BadPointer(STEP));
@@ -219,12 +220,13 @@ pub fn mapping_at<M: GuestRead + ?Sized>(
         f if kernel_pointer(f, 8) && f.checked_add(1 << 16).is_some() => file_name(mem, f)?,
         _ => return Err(Unresolved::BadPointer(STEP)),
     };
-    Ok(GuestMapping {
+    let mapping = GuestMapping {
         name,
         name_len,
         vm_start: start,
         pgoff: u32::try_from(pgoff).unwrap_or(u32::MAX),
-    })
+    };
+    Ok((mapping, end))
 }
 
 fn u64_in(b: &[u8], at: usize) -> u64 {
@@ -263,29 +265,33 @@ mod tests {
     fn the_vma_of_an_address_is_found_as_mtree_load_finds_it() {
         let l = layout();
         let mut m = Mem::default();
-        maple_tree(&mut m, MM, LIBC_FILE);
+        maple_tree(&mut m, MM, LIBC_FILE, LIBC_FILE + 0x100);
         let at = |m: &mut Mem, a| vma_at(m, &l, MM, a).unwrap();
         assert_eq!(at(&mut m, 0x40_1000), Some(VMA_EXE));
         assert_eq!(at(&mut m, 0x4b_1fff), Some(VMA_EXE));
         assert_eq!(at(&mut m, LIBC_START + 0x5123), Some(VMA_LIBC));
+        assert_eq!(at(&mut m, LIBB_START + 0xfff8), Some(VMA_LIBB));
         assert_eq!(at(&mut m, ANON_START + 0x1_fff0), Some(VMA_ANON));
         // Gaps: below the executable, between mappings, past the last one.
         for gap in [
             0x1000,
             0x4b_2000,
+            LIBB_START - 1,
+            LIBB_START + 0x1_0000,
             LIBC_START - 1,
             0x7ffe_0000_0000,
             u64::MAX,
         ] {
             assert_eq!(at(&mut m, gap), None, "{gap:#x}");
         }
-        let libc = mapping_at(&mut m, &l, MM, LIBC_START + 0x5123, &name_of).unwrap();
+        let (libc, end) = mapping_at(&mut m, &l, MM, LIBC_START + 0x5123, &name_of).unwrap();
+        assert_eq!(end, LIBC_START + 0x1_f000);
         assert_eq!(
             (libc.name(), libc.vm_start, libc.pgoff, libc.anonymous()),
             ("libc.so.6".into(), LIBC_START, 0x26, false)
         );
         assert_eq!(libc.file_offset(LIBC_START + 0x5123), 0x26_000 + 0x5123);
-        let anon = mapping_at(&mut m, &l, MM, ANON_START + 8, &name_of).unwrap();
+        let (anon, _) = mapping_at(&mut m, &l, MM, ANON_START + 8, &name_of).unwrap();
         assert!(anon.anonymous());
         // An address in no mapping is a reason, not a guess.
         assert_eq!(
@@ -302,7 +308,7 @@ mod tests {
         let l = layout();
         let fresh = || {
             let mut m = Mem::default();
-            maple_tree(&mut m, MM, LIBC_FILE);
+            maple_tree(&mut m, MM, LIBC_FILE, LIBC_FILE + 0x100);
             m
         };
         let walk = |m: &mut Mem| vma_at(m, &l, MM, LIBC_START + 8);

@@ -381,6 +381,37 @@ pub(super) fn kernel_pointer(p: u64, align: u64) -> bool {
     p >= KERNEL_HALF && p.is_multiple_of(align)
 }
 
+/// Most memory-map lookups for one sample (the RIP's and its callers'): each walks the maple
+/// tree (2-4 nodes of 256 bytes here) and reads a VMA and its file's name.
+pub const MAX_MAP_LOOKUPS: u8 = 4;
+
+/// What [`TaskReader::current_user`] found of a task: the task, its executable (None: a kernel
+/// thread or a task without mm) and the mapping of a RIP outside the executable's code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserView {
+    pub task: GuestTask,
+    pub exe: Option<Result<GuestExe, Unresolved>>,
+    pub mapping: Option<Result<GuestMapping, Unresolved>>,
+    /// For callers' lookups (None: no executable, or a layout without the memory map).
+    lookups: Option<MapLookups>,
+}
+
+/// The memory map a sample's lookups search and what they have already covered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MapLookups {
+    mm: u64,
+    /// User address ranges already named: the executable's code, mappings found.
+    known: Vec<std::ops::Range<u64>>,
+    /// Lookups this sample may still make.
+    left: u8,
+}
+
+impl MapLookups {
+    fn is_known(&self, addr: u64) -> bool {
+        self.known.iter().any(|r| r.contains(&addr))
+    }
+}
+
 impl TaskReader {
     pub fn new(layout: std::sync::Arc<TaskLayout>, cpu: u32) -> TaskReader {
         TaskReader {
@@ -496,42 +527,85 @@ impl TaskReader {
 
     /// The running task; for a user task also its executable, and, when `rip` lies outside the
     /// executable's code and the layout describes the memory map, the mapping holding `rip`.
-    #[allow(clippy::type_complexity)]
     pub fn current_user<M: GuestRead + ?Sized>(
         &mut self,
         mem: &mut M,
         rip: u64,
-    ) -> Result<
-        (
-            GuestTask,
-            Option<Result<GuestExe, Unresolved>>,
-            Option<Result<GuestMapping, Unresolved>>,
-        ),
-        Unresolved,
-    > {
+    ) -> Result<UserView, Unresolved> {
         let (task, at) = self.current_at(mem)?;
+        let mut view = UserView {
+            task,
+            exe: None,
+            mapping: None,
+            lookups: None,
+        };
         if task.kernel_thread {
-            return Ok((task, None, None));
+            return Ok(view);
         }
         let exe = self.exe(mem, at);
-        // A user address outside the executable's code (a CPL 3 sample can also stand at a
-        // kernel address: the host's SYSCALL relay enters the kernel's entry code in user mode),
-        // looked up in the memory map of the mm the executable was read from.
-        let outside_in = match &exe {
-            Some(Ok((e, mm)))
-                if rip < USER_TOP && rip.wrapping_sub(e.start_code) >= u64::from(e.code_size) =>
-            {
-                Some(*mm)
+        if let (Some(maps), Some(Ok((e, mm)))) = (&self.layout.maps, &exe) {
+            let code = e.start_code..e.start_code.saturating_add(u64::from(e.code_size));
+            let mut lookups = MapLookups {
+                mm: *mm,
+                known: vec![code],
+                left: MAX_MAP_LOOKUPS,
+            };
+            // A user address outside the executable's code (a CPL 3 sample can also stand at
+            // a kernel address: the host's SYSCALL relay enters the kernel's entry code in
+            // user mode), looked up in the memory map of the mm the executable was read from.
+            if rip < USER_TOP && !lookups.is_known(rip) {
+                lookups.left -= 1;
+                let found = mapping_at(mem, maps, *mm, rip, &|m: &mut M, f| {
+                    self.file_name(m, f, Step::Mapping)
+                });
+                view.mapping = Some(found.map(|(mapping, end)| {
+                    lookups.known.push(mapping.vm_start..end);
+                    mapping
+                }));
             }
-            _ => None,
+            view.lookups = Some(lookups);
+        }
+        view.exe = exe.map(|r| r.map(|(e, _)| e));
+        Ok(view)
+    }
+
+    /// The files mapped at a user sample's return addresses `frames` that neither the
+    /// executable's code nor the RIP's mapping holds: callers in other shared libraries. At most
+    /// [`MAX_MAP_LOOKUPS`] lookups a sample (the RIP's included), each address's VMA searched
+    /// once; an address in no mapping, anonymous memory or a lookup that fails names nothing
+    /// (its frame shows as an address).
+    pub fn caller_mappings<M: GuestRead + ?Sized>(
+        &self,
+        mem: &mut M,
+        view: &mut UserView,
+        frames: &[u64],
+    ) -> Vec<GuestMapping> {
+        let (Some(maps), Some(lookups)) = (&self.layout.maps, &mut view.lookups) else {
+            return Vec::new();
         };
-        let mapping = match (&self.layout.maps, outside_in) {
-            (Some(maps), Some(mm)) => Some(mapping_at(mem, maps, mm, rip, &|m: &mut M, f| {
+        let mut found = Vec::new();
+        for &ret in frames {
+            // The call instruction's last byte: a return address may be the first byte past
+            // its function's mapping.
+            let at = ret.wrapping_sub(1);
+            if lookups.left == 0 {
+                break;
+            }
+            if at >= USER_TOP || lookups.is_known(at) {
+                continue;
+            }
+            lookups.left -= 1;
+            let Ok((mapping, end)) = mapping_at(mem, maps, lookups.mm, at, &|m: &mut M, f| {
                 self.file_name(m, f, Step::Mapping)
-            })),
-            _ => None,
-        };
-        Ok((task, exe.map(|r| r.map(|(e, _)| e)), mapping))
+            }) else {
+                continue;
+            };
+            lookups.known.push(mapping.vm_start..end);
+            if !mapping.anonymous() {
+                found.push(mapping);
+            }
+        }
+        found
     }
 
     fn current_at<M: GuestRead + ?Sized>(
@@ -806,28 +880,39 @@ mod tests {
         assert_eq!(r.current_with_exe(&mut m).unwrap().1, None);
     }
 
+    /// A guest with the executable "perf", libc.so.6 and libb.so mapped (fake::maple_tree).
+    fn guest_with_libraries(l: &TaskLayout) -> Mem {
+        let mut m = user_guest(l, b"perf");
+        let libs = [(0x100, "libc.so.6"), (0x200, "libb.so")];
+        for (off, name) in libs {
+            let (file, dentry, at) = (FILE + off, DENTRY + off, NAME + 0x10 * off);
+            m.put(file + l.file_dentry, &dentry.to_le_bytes());
+            m.put(dentry + l.dentry_name, &at.to_le_bytes());
+            m.put(at, format!("{name}\0").as_bytes());
+        }
+        crate::profile::guest_task::fake::maple_tree(&mut m, MM, FILE + 0x100, FILE + 0x200);
+        m
+    }
+
     #[test]
     fn a_rip_outside_the_executable_names_its_mapping() {
-        use crate::profile::guest_task::fake::{maple_tree, LIBC_START, MAP_LAYOUT_LINES};
+        use crate::profile::guest_task::fake::{LIBC_START, MAP_LAYOUT_LINES};
         let l = Arc::new(TaskLayout::parse(&format!("{LAYOUT}{MAP_LAYOUT_LINES}")).unwrap());
-        let mut m = user_guest(&l, b"perf");
-        // libc's struct file, dentry and name.
-        let (file, dentry, name) = (FILE + 0x100, DENTRY + 0x100, NAME + 0x1000);
-        maple_tree(&mut m, MM, file);
-        m.put(file + l.file_dentry, &dentry.to_le_bytes());
-        m.put(dentry + l.dentry_name, &name.to_le_bytes());
-        m.put(name, b"libc.so.6\0");
+        let mut m = guest_with_libraries(&l);
         let mut r = TaskReader::new(l.clone(), 1);
-        let (_, exe, mapping) = r.current_user(&mut m, LIBC_START + 0x40).unwrap();
-        assert_eq!(exe.unwrap().unwrap().name(), "perf");
-        let lib = mapping.expect("outside the executable").unwrap();
+        let view = r.current_user(&mut m, LIBC_START + 0x40).unwrap();
+        assert_eq!(view.exe.unwrap().unwrap().name(), "perf");
+        let lib = view.mapping.expect("outside the executable").unwrap();
         assert_eq!((lib.name(), lib.vm_start), ("libc.so.6".into(), LIBC_START));
         // Inside the executable's code: no mapping is read.
-        assert_eq!(r.current_user(&mut m, 0x40_2000).unwrap().2, None);
+        assert_eq!(r.current_user(&mut m, 0x40_2000).unwrap().mapping, None);
         // A layout from an older build (no map lines): none either.
         let old = Arc::new(TaskLayout::parse(LAYOUT).unwrap());
         let mut r = TaskReader::new(old, 1);
-        assert_eq!(r.current_user(&mut m, LIBC_START + 0x40).unwrap().2, None);
+        assert_eq!(
+            r.current_user(&mut m, LIBC_START + 0x40).unwrap().mapping,
+            None
+        );
         // A hostile mm pointer swapped in between: a reason.
         let mut r = TaskReader::new(l.clone(), 1);
         let mut m2 = user_guest(&l, b"perf");
@@ -836,9 +921,71 @@ mod tests {
             &0x7000u64.to_le_bytes(),
         );
         assert_eq!(
-            r.current_user(&mut m2, LIBC_START).unwrap().2,
+            r.current_user(&mut m2, LIBC_START).unwrap().mapping,
             Some(Err(Unresolved::BadValue(Step::Mapping)))
         );
+    }
+
+    #[test]
+    fn callers_in_other_libraries_name_their_mappings_each_looked_up_once() {
+        use crate::profile::guest_task::fake::MAP_LAYOUT_LINES;
+        use crate::profile::guest_task::fake::{ANON_START, LIBB_START, LIBC_START};
+        let l = Arc::new(TaskLayout::parse(&format!("{LAYOUT}{MAP_LAYOUT_LINES}")).unwrap());
+        let mut m = guest_with_libraries(&l);
+        let mut r = TaskReader::new(l.clone(), 1);
+        let names = |v: Vec<GuestMapping>| v.iter().map(|m| m.name()).collect::<Vec<_>>();
+        // A sample in libc: its callers in libc and the executable need no lookup; two in libb
+        // (one a return address just past libb's end: its call lies inside) name libb once;
+        // anonymous memory and an unmapped address name nothing.
+        let mut view = r.current_user(&mut m, LIBC_START + 0x40).unwrap();
+        let frames = [
+            LIBC_START + 0x800,
+            LIBB_START + 0x123,
+            0x40_2000,
+            LIBB_START + 0x1_0000,
+            ANON_START + 0x10,
+            0x1000,
+        ];
+        assert_eq!(
+            names(r.caller_mappings(&mut m, &mut view, &frames)),
+            ["libb.so"]
+        );
+        // A sample in the executable: libc and libb, in the order of the stack.
+        let mut view = r.current_user(&mut m, 0x40_2000).unwrap();
+        let frames = [
+            LIBB_START + 0x123,
+            0x40_3000,
+            LIBC_START + 0x99,
+            LIBB_START + 8,
+        ];
+        assert_eq!(
+            names(r.caller_mappings(&mut m, &mut view, &frames)),
+            ["libb.so", "libc.so.6"]
+        );
+        // At most MAX_MAP_LOOKUPS a sample, the RIP's included: a stack of unmapped addresses
+        // (each a lookup that finds nothing) stops the search before libb.
+        let mut view = r.current_user(&mut m, LIBC_START + 0x40).unwrap();
+        let frames = [0x1000, 0x2000, 0x3000, LIBB_START + 0x123];
+        assert!(r.caller_mappings(&mut m, &mut view, &frames).is_empty());
+        // Kernel addresses are never looked up; a hostile tree names nothing.
+        let mut view = r.current_user(&mut m, 0x40_2000).unwrap();
+        assert!(r
+            .caller_mappings(&mut m, &mut view, &[0xffff_ffff_8100_0000])
+            .is_empty());
+        m.put(
+            MM + l.maps.as_ref().unwrap().mm_root,
+            &0x7000u64.to_le_bytes(),
+        );
+        assert!(r
+            .caller_mappings(&mut m, &mut view, &[LIBB_START + 0x123])
+            .is_empty());
+        // No executable (a kernel thread): no lookups.
+        let mut kthread = guest_with_libraries(&l);
+        kthread.put(TASK + l.task_flags, &0x0020_0000u32.to_le_bytes());
+        let mut view = r.current_user(&mut kthread, 0x40_2000).unwrap();
+        assert!(r
+            .caller_mappings(&mut kthread, &mut view, &[LIBB_START + 0x123])
+            .is_empty());
     }
 
     /// Maps `va` to `pa` under the top-level table at `root` (4-level, 4 KiB pages; tables
