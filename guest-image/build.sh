@@ -597,6 +597,23 @@ build_workloads() {
 	done
 }
 
+# build_lib_chain BIN LIB: lib_chain (dynamic, no libc: only ld.so) into BIN and its two
+# libraries into LIB (ld.so's default directory, where perf's libraries are), frame pointers in
+# every function and no tail calls, symbols kept.
+build_lib_chain() {
+	local bin=$1 lib=$2 src=$WORKLOADS/lib_chain
+	local flags=(-O2 -g -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer
+		-fno-optimize-sibling-calls -fno-stack-protector -ffreestanding
+		-fno-tree-loop-distribute-patterns -nostdlib -Wall -Wextra -Werror)
+	mkdir -p "$lib"
+	gcc "${flags[@]}" -shared -fPIC -o "$lib/libchain_b.so" "$src/libchain_b.c" &&
+		gcc "${flags[@]}" -shared -fPIC -o "$lib/libchain_a.so" "$src/libchain_a.c" \
+			-L"$lib" -lchain_b &&
+		gcc "${flags[@]}" -o "$bin/lib_chain" "$src/lib_chain.c" -L"$lib" \
+			-Wl,-rpath-link="$lib" -lchain_a ||
+		die "compiling lib_chain failed"
+}
+
 # initramfs_root ROOT: busybox-static with all applet links, /init, and the experiment library.
 initramfs_root() {
 	local root=$1 app
@@ -636,8 +653,9 @@ default_root() {
 	initramfs_root "$1"
 	cp -a "$PERF_DIR/root/." "$1/"
 	cp -a "$OPROFILE_DIR/root/." "$1/"
-	say "compiling workloads (${WORKLOAD_NAMES[*]})"
+	say "compiling workloads (${WORKLOAD_NAMES[*]} lib_chain)"
 	build_workloads "$1/usr/bin"
+	build_lib_chain "$1/usr/bin" "$1/lib/x86_64-linux-gnu"
 }
 
 # default_root_inputs: the cache-key inputs of default_root's contents.
@@ -645,7 +663,8 @@ default_root_inputs() {
 	printf '%s\n' "$(pkg_version busybox-static)" "$(cat "$INIT_SCRIPT" "$EXPERIMENTS")" \
 		"${OPROFILE_DIR##*/} ${PERF_DIR##*/}" \
 		"$(for w in "${WORKLOAD_NAMES[@]}"; do cat "$WORKLOADS/$w.c"; done)" "$(pkg_version libc6-dev)" \
-		"$(declare -f default_root initramfs_root build_workloads)"
+		"$(cat "$WORKLOADS"/lib_chain/*.c)" "$(pkg_version gcc)" \
+		"$(declare -f default_root initramfs_root build_workloads build_lib_chain)"
 }
 
 # The default initramfs: busybox, /init, perf + libraries, OProfile, workloads.

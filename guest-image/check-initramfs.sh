@@ -38,7 +38,7 @@ say "$CPIO: $((size / 1048576)) MB ($size bytes)"
 
 # Every program: static, or each DT_NEEDED library is in the tree (what ldd would say).
 PROGRAMS=(bin/busybox usr/bin/perf usr/bin/operf usr/bin/ocount usr/bin/opreport usr/bin/ophelp
-	usr/bin/cpu_split usr/bin/syscall_heavy usr/bin/io_heavy usr/bin/vector_regs)
+	usr/bin/cpu_split usr/bin/syscall_heavy usr/bin/io_heavy usr/bin/vector_regs usr/bin/lib_chain)
 for p in "${PROGRAMS[@]}"; do
 	[ -x "$ROOT/$p" ] || die "/$p missing"
 	interp=$(readelf -l "$ROOT/$p" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p')
@@ -70,6 +70,7 @@ for w in cpu_split syscall_heavy io_heavy vector_regs; do
 	nm "$ROOT/usr/bin/$w" | grep ' main$' >/dev/null || die "$w has no symbols"
 done
 nm "$ROOT/usr/bin/cpu_split" | grep ' T hot_75$' >/dev/null || die "cpu_split: no hot_75 symbol"
+nm "$ROOT/lib/x86_64-linux-gnu/libchain_b.so" | grep ' T b_spin$' >/dev/null || die "libchain_b.so: no b_spin symbol"
 
 # The programs start (chroot: the image's own ld.so and libraries, nothing from the host).
 in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/bin:/bin:/usr/sbin:/sbin HOME=/root "$@"; }
@@ -80,6 +81,7 @@ out=$(in_root ocount --help 2>&1 || true)
 say "chroot: ocount --help: $out"
 case "$out" in *"not found"* | *"error while loading"*) die "ocount does not start" ;; esac
 say "chroot: $(in_root cpu_split 20)"
+say "chroot: $(in_root lib_chain 20)"
 say "chroot: $(in_root syscall_heavy 1000)"
 say "chroot: $(in_root io_heavy file 1 | tr '\n' ' ')"
 

@@ -3,7 +3,7 @@
 # place of the serial port.
 #
 # vpmu_run_experiments LIST [MODES]
-#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs):
+#   LIST: comma-separated experiments, or `all` (= perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs,lib-chain):
 #     perf-stat    perf stat -e $VPMU_STAT_EVENTS on cpu_split, syscall_heavy, io_heavy (CSV)
 #     perf-record  perf record -e $VPMU_EVENT on cpu_split + perf report --stdio
 #     perf-record-io  the same on io_heavy
@@ -11,6 +11,8 @@
 #     operf        operf on cpu_split + opreport (images) + opreport -l (symbols of cpu_split)
 #     vector-regs  vector_regs (does the kernel keep each process's ymm registers?) beside a
 #                  loop of busybox pipelines: exits 1 if a register changed
+#     lib-chain    lib_chain on its own (no profiler in the guest): work two shared libraries
+#                  deep, for the host-side profile's call stacks across libraries (--host-profile)
 #     workloads    the three workloads on their own, timed (no profiler)
 #     compare-perf      for `vpmu-vmm compare --profiler perf`: perf record -a (the whole
 #                       system, e.g. the kernel answering the VMM's packets) for $VPMU_SECS s, and
@@ -74,9 +76,12 @@ VPMU_SYSCALL_ITERS=${VPMU_SYSCALL_ITERS:-5000}
 VPMU_IO_ARGS=${VPMU_IO_ARGS:-all 4}
 VPMU_OP_EVENT=${VPMU_OP_EVENT:-CPU_CLK_UNHALTED}
 VPMU_VECTOR_ITERS=${VPMU_VECTOR_ITERS:-2000}
+#   VPMU_CHAIN_ROUNDS: lib_chain rounds (1M loop iterations each, ~1 ms natively; user code runs
+#     natively on every host, so ~1000 host-side samples at 1 kHz).
+VPMU_CHAIN_ROUNDS=${VPMU_CHAIN_ROUNDS:-1000}
 VPMU_MODE_TAG=-
 VPMU_SEQ=0
-VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs
+VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs,lib-chain
 
 # --- Frames -----------------------------------------------------------------------------------
 
@@ -348,6 +353,10 @@ exp_vector_regs() {
 	wait "$loop" 2>/dev/null
 }
 
+exp_lib_chain() {
+	vpmu_step lib-chain lib_chain.txt lib_chain "$VPMU_CHAIN_ROUNDS"
+}
+
 exp_workloads() {
 	vpmu_step workloads cpu_split.txt time cpu_split "$VPMU_ROUNDS"
 	vpmu_step workloads syscall_heavy.txt time syscall_heavy "$VPMU_SYSCALL_ITERS"
@@ -368,6 +377,7 @@ vpmu_run_one() {
 	ocount) exp_ocount ;;
 	operf) exp_operf ;;
 	vector-regs) exp_vector_regs ;;
+	lib-chain) exp_lib_chain ;;
 	workloads) exp_workloads ;;
 	compare-perf) exp_compare_perf ;;
 	compare-oprofile) exp_compare_oprofile ;;
