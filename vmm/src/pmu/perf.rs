@@ -4,6 +4,8 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use perf_event_open_sys as sys;
 
@@ -120,7 +122,14 @@ pub trait PerfSys: Send {
     /// switch record; the buffer is mapped read-only, so the kernel overwrites old records).
     /// Read with a plain load: no system call. (The control page's `lock` word is no use here:
     /// measured, it moves when the thread sleeps but not when it is preempted.)
-    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>>;
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<SwitchSeq>;
+    /// Whether this layer wants [`guest_entry`](Self::guest_entry) and
+    /// [`guest_exit`](Self::guest_exit) (the simulated host). Asked once: the backend makes the
+    /// two calls on every exit only then (each is an indirect call on the exit path, where the
+    /// host's kernel has just left the branch predictors cold).
+    fn sees_guest_transitions(&self) -> bool {
+        false
+    }
     /// Just before KVM_RUN, inside the cpu-switch gate. A host's hardware sees VM entry by
     /// itself (nothing to do); the simulated host (`backend/sim_host.rs`) is told here.
     fn guest_entry(&mut self) {}
@@ -128,9 +137,45 @@ pub trait PerfSys: Send {
     fn guest_exit(&mut self) {}
 }
 
-/// See [`PerfSys::switch_seq`]; it stays valid while the event's fd is open.
-pub trait SwitchSeq: Send {
-    fn get(&self) -> u64;
+/// See [`PerfSys::switch_seq`]: a u64 the host moves on every switch of the thread, read with
+/// one load (no system call, and no indirect call: the gate reads it on every exit). It keeps
+/// what it points into alive (the event's mapping, or a test's counter); valid while the
+/// event's fd is open.
+pub struct SwitchSeq {
+    at: *const AtomicU64,
+    _keep: Box<dyn Send>,
+}
+
+// SAFETY: `at` points into `_keep`'s memory (a mapping or an Arc'd atomic), which moves with
+// the value and is only read, atomically.
+unsafe impl Send for SwitchSeq {}
+
+impl SwitchSeq {
+    /// The `data_head` of a perf event's mapped control page.
+    fn of_page(page: ControlPage) -> SwitchSeq {
+        // SAFETY: `page.page` is a live mapping of at least one page; `data_head` is an aligned
+        // u64 inside it.
+        let at = unsafe { std::ptr::addr_of!((*page.page).data_head) }.cast::<AtomicU64>();
+        SwitchSeq {
+            at,
+            _keep: Box::new(page),
+        }
+    }
+
+    /// A counter its owner moves (simulated and fake hosts).
+    pub fn of_counter(counter: Arc<AtomicU64>) -> SwitchSeq {
+        SwitchSeq {
+            at: Arc::as_ptr(&counter),
+            _keep: Box::new(counter),
+        }
+    }
+
+    #[inline]
+    pub fn get(&self) -> u64 {
+        // SAFETY: `at` is valid while `_keep` lives (see the type); the kernel or the counter's
+        // owner updates it concurrently, hence an atomic load (a plain MOV on x86-64).
+        unsafe { (*self.at).load(Ordering::Relaxed) }
+    }
 }
 
 /// The first page of an event's perf mmap (`perf_event_mmap_page`), unmapped on drop.
@@ -139,17 +184,9 @@ struct ControlPage {
     len: usize,
 }
 
-// SAFETY: the mapping belongs to this value alone; it is only read (volatile loads of a u32
-// the kernel updates), which is safe from any thread.
+// SAFETY: the mapping belongs to this value alone; it is only read (atomic loads of a u64 the
+// kernel updates), which is safe from any thread.
 unsafe impl Send for ControlPage {}
-
-impl SwitchSeq for ControlPage {
-    fn get(&self) -> u64 {
-        // SAFETY: `page` is a live read-only mapping of at least one page, and `data_head` is
-        // an aligned u64 inside it that the kernel updates concurrently (hence volatile).
-        unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.page).data_head)) }
-    }
-}
 
 impl Drop for ControlPage {
     fn drop(&mut self) {
@@ -286,7 +323,7 @@ impl PerfSys for HostPerf {
         };
     }
 
-    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>> {
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<SwitchSeq> {
         // SAFETY: sysconf has no preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         // The control page and one data page (the ring buffer must be 2^n pages).
@@ -306,7 +343,7 @@ impl PerfSys for HostPerf {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Box::new(ControlPage {
+        Ok(SwitchSeq::of_page(ControlPage {
             page: p.cast(),
             len,
         }))

@@ -24,6 +24,27 @@ pub(super) struct Anchor {
     pub(super) seq: u64,
 }
 
+/// Where the gate reads the TSC: the CPU's (one inlined RDTSC: the gate runs on every exit,
+/// right after the host's kernel has left the branch predictors cold, so no indirect call), or
+/// in unit tests a fake one.
+#[derive(Clone, Copy)]
+pub(super) enum TscSource {
+    Cpu,
+    #[cfg(test)]
+    Fake(fn() -> u64),
+}
+
+impl TscSource {
+    #[inline]
+    fn now(self) -> u64 {
+        match self {
+            TscSource::Cpu => crate::tsc::now(),
+            #[cfg(test)]
+            TscSource::Fake(now) => now(),
+        }
+    }
+}
+
 /// Host TSC cycles to ns at `tsc_khz`.
 pub(super) fn tsc_to_ns(tsc_khz: u64, tsc: u64) -> u64 {
     u64::try_from(u128::from(tsc) * 1_000_000 / u128::from(tsc_khz.max(1))).unwrap_or(u64::MAX)
@@ -48,7 +69,7 @@ pub struct Gate {
     seq_at_leave: u64,
     /// The switch-recording event and its switch sequence (None until the first soft counter,
     /// or if it could not be opened: then each side of KVM_RUN reads the clock event).
-    switches: Option<(RawFd, Box<dyn SwitchSeq>)>,
+    switches: Option<(RawFd, SwitchSeq)>,
     switches_failed: bool,
     /// The thread clock: a counting task-clock event (None until the first soft cpu-switch
     /// counter, or if it could not be opened: then wall time inside KVM_RUN is charged).
@@ -58,13 +79,13 @@ pub struct Gate {
     pub switched_intervals: u64,
     /// `read(2)`s of the clock event.
     pub clock_reads: u64,
-    now: fn() -> u64,
+    tsc: TscSource,
     tsc_khz: u64,
 }
 
 impl Gate {
-    /// A gate reading the TSC with `now`, which runs at `tsc_khz`.
-    pub(super) fn new(now: fn() -> u64, tsc_khz: u64) -> Gate {
+    /// A gate reading the TSC from `tsc`, which runs at `tsc_khz`.
+    pub(super) fn new(tsc: TscSource, tsc_khz: u64) -> Gate {
         Gate {
             inside: 0,
             entered_at: None,
@@ -76,14 +97,15 @@ impl Gate {
             clock_failed: false,
             switched_intervals: 0,
             clock_reads: 0,
-            now,
+            tsc,
             tsc_khz,
         }
     }
 
     /// The TSC now.
+    #[inline]
     pub(super) fn now(&self) -> u64 {
-        (self.now)()
+        self.tsc.now()
     }
 
     /// The switch sequence now (0 without a switch-recording event).

@@ -75,6 +75,8 @@ enum Imp {
 pub struct PerfBackend {
     imp: Imp,
     sys: Box<dyn PerfSys>,
+    /// `sys.sees_guest_transitions()`, asked once.
+    tell_transitions: bool,
     signals: crate::vcpu::kick::SignalWatch,
 }
 
@@ -86,6 +88,7 @@ impl PerfBackend {
         };
         PerfBackend {
             imp,
+            tell_transitions: sys.sees_guest_transitions(),
             sys,
             signals: Default::default(),
         }
@@ -209,9 +212,16 @@ impl CounterBackend for PerfBackend {
     }
 
     fn enter_guest(&mut self) {
-        let (src, sys) = self.parts();
-        src.enter_guest(sys);
-        sys.guest_entry();
+        // Matched here, not through `parts()`: direct calls on the exit path (see
+        // `tell_transitions`).
+        let sys = self.sys.as_mut();
+        match &mut self.imp {
+            Imp::Soft(s) => s.enter_guest(sys),
+            Imp::Hw(h) => h.enter_guest(sys),
+        }
+        if self.tell_transitions {
+            sys.guest_entry();
+        }
     }
 
     fn set_mode(&mut self, mode: AccountingMode) {
@@ -220,9 +230,14 @@ impl CounterBackend for PerfBackend {
     }
 
     fn leave_guest(&mut self) {
-        let (src, sys) = self.parts();
-        sys.guest_exit();
-        src.leave_guest(sys);
+        let sys = self.sys.as_mut();
+        if self.tell_transitions {
+            sys.guest_exit();
+        }
+        match &mut self.imp {
+            Imp::Soft(s) => s.leave_guest(sys),
+            Imp::Hw(h) => h.leave_guest(sys),
+        }
     }
 }
 

@@ -215,8 +215,12 @@ impl PerfSys for SimHost {
         }
     }
 
-    fn switch_seq(&mut self, fd: RawFd) -> io::Result<Box<dyn SwitchSeq>> {
+    fn switch_seq(&mut self, fd: RawFd) -> io::Result<SwitchSeq> {
         self.perf.switch_seq(fd)
+    }
+
+    fn sees_guest_transitions(&self) -> bool {
+        true
     }
 
     fn guest_entry(&mut self) {

@@ -19,7 +19,7 @@ use std::os::fd::RawFd;
 
 use vpmu::{AccountingMode, ArchEvent, BackendError, CounterId, Event, Scale};
 
-use super::gate::{Anchor, Gate};
+use super::gate::{Anchor, Gate, TscSource};
 use super::{close_events, open_events, SourceBackend};
 use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
 
@@ -63,7 +63,7 @@ impl Soft {
             tsc_khz,
             mode,
             counters: BTreeMap::new(),
-            gate: Gate::new(crate::tsc::now, tsc_khz),
+            gate: Gate::new(TscSource::Cpu, tsc_khz),
         }
     }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use vpmu::{AccountingMode, CounterBackend, Event, Vendor};
 
+use super::gate::TscSource;
 use super::{Gate, Imp, PerfBackend, Source};
 use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys, SwitchSeq};
 
@@ -40,12 +41,6 @@ pub(super) struct Log {
     /// The switch sequence every mapped control page shows.
     pub(super) seq: Arc<AtomicU64>,
 }
-pub(super) struct FakeSeq(Arc<AtomicU64>);
-impl SwitchSeq for FakeSeq {
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 pub(super) struct FakePerf(pub(super) Arc<Mutex<Log>>);
 impl PerfSys for FakePerf {
     fn open(&mut self, req: &PerfRequest) -> std::io::Result<RawFd> {
@@ -75,8 +70,8 @@ impl PerfSys for FakePerf {
     fn set_period(&mut self, fd: RawFd, period: u64) {
         self.0.lock().unwrap().periods.push((fd, period));
     }
-    fn switch_seq(&mut self, _fd: RawFd) -> std::io::Result<Box<dyn SwitchSeq>> {
-        Ok(Box::new(FakeSeq(self.0.lock().unwrap().seq.clone())))
+    fn switch_seq(&mut self, _fd: RawFd) -> std::io::Result<SwitchSeq> {
+        Ok(SwitchSeq::of_counter(self.0.lock().unwrap().seq.clone()))
     }
 }
 
@@ -90,7 +85,7 @@ pub(super) fn backend(source: Source, mode: AccountingMode) -> (PerfBackend, Arc
 /// Makes a soft backend's gate read the fake TSC (1 GHz: 1 cycle = 1 ns at `tsc_khz` 1e6).
 pub(super) fn with_fake_tsc(b: &mut PerfBackend) {
     if let Imp::Soft(s) = &mut b.imp {
-        s.gate = Gate::new(fake_now, s.tsc_khz());
+        s.gate = Gate::new(TscSource::Fake(fake_now), s.tsc_khz());
     }
 }
 
@@ -155,7 +150,7 @@ impl PerfSys for CountingReads {
     fn set_period(&mut self, fd: RawFd, period: u64) {
         self.0.set_period(fd, period)
     }
-    fn switch_seq(&mut self, fd: RawFd) -> std::io::Result<Box<dyn SwitchSeq>> {
+    fn switch_seq(&mut self, fd: RawFd) -> std::io::Result<SwitchSeq> {
         self.0.switch_seq(fd)
     }
 }
