@@ -160,30 +160,36 @@ fn mapped_frame(
             )
         }
     };
-    let name = if m.truncated() {
-        format!("{}...", m.name())
-    } else {
-        m.name()
-    };
-    match files.map(|f| f.resolve_mapping(m, rip)) {
-        Some(UserFrame::Resolved { object, function }) => (object, function),
-        Some(UserFrame::NoSymbol { object }) => (object, format!("[{name}, no symbol]")),
-        Some(UserFrame::NoFile { why, .. }) => (name, format!("[{why}]")),
-        None => (name, USER_BUCKET_NAMED.to_string()),
-    }
+    let name = shown_name(m.name(), m.truncated());
+    named_frame(name, files.map(|f| f.resolve_mapping(m, rip)))
 }
 
 /// A user-space sample's (object, symbol): the function with the guest's files, else the
 /// executable's name and the user-space bucket.
 fn user_frame(exe: &GuestExe, rip: u64, files: Option<&mut GuestFiles>) -> (String, String) {
-    let name = if exe.truncated() {
-        format!("{}...", exe.name())
+    let name = shown_name(exe.name(), exe.truncated());
+    named_frame(name, files.map(|f| f.resolve(exe, rip)))
+}
+
+/// A file name as a sample recorded it (its first bytes; `...` when it was longer).
+fn shown_name(name: String, truncated: bool) -> String {
+    if truncated {
+        format!("{name}...")
     } else {
-        exe.name()
-    };
-    match files.map(|f| f.resolve(exe, rip)) {
+        name
+    }
+}
+
+/// (object, symbol) of a user frame: what the guest's files resolved (None: no files given),
+/// with `name` (the recorded file name) where no file was found. A file found without a symbol
+/// there is named by its own (full) file name.
+fn named_frame(name: String, resolved: Option<UserFrame>) -> (String, String) {
+    match resolved {
         Some(UserFrame::Resolved { object, function }) => (object, function),
-        Some(UserFrame::NoSymbol { object }) => (object, format!("[{name}, no symbol]")),
+        Some(UserFrame::NoSymbol { object }) => {
+            let file = object.rsplit('/').next().unwrap_or(&object).to_string();
+            (object, format!("[{file}, no symbol]"))
+        }
         Some(UserFrame::NoFile { why, .. }) => (name, format!("[{why}]")),
         None => (name, USER_BUCKET_NAMED.to_string()),
     }
@@ -555,6 +561,28 @@ mod tests {
         assert_eq!(
             callers(&trace(false), &mut files),
             ["[0x401100]".to_string(), format!("[{ret_b:#x}]")]
+        );
+    }
+
+    #[test]
+    fn a_file_without_a_symbol_there_is_named_by_its_whole_name() {
+        // ld.so's name is longer than a record keeps (16 bytes): the file found says it whole.
+        let recorded = shown_name("ld-linux-x86-64.".into(), true);
+        let object = "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2".to_string();
+        assert_eq!(
+            named_frame(recorded.clone(), Some(UserFrame::NoSymbol { object })),
+            (
+                "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2".to_string(),
+                "[ld-linux-x86-64.so.2, no symbol]".to_string()
+            )
+        );
+        // No files given: the recorded name, marked as cut.
+        assert_eq!(
+            named_frame(recorded, None),
+            (
+                "ld-linux-x86-64....".to_string(),
+                USER_BUCKET_NAMED.to_string()
+            )
         );
     }
 
