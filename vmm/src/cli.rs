@@ -529,6 +529,7 @@ impl RunArgs {
                     task_layout: self.task_layout.clone(),
                 }),
                 pool: Default::default(),
+                keep_sampler_time: false,
             },
             panic_vcpu_at_exit: None,
             seccomp: self.seccomp,

@@ -95,6 +95,12 @@ pub fn lines(r: &RunReport) -> Vec<String> {
                 ));
             }
         }
+        if p.sampler_ns_forgotten > 0 {
+            out.push(format!(
+                "[vpmu-vmm] host profile: its samples of guest user code cost the guest's counters {:.3} ms of host time, taken back from them",
+                p.sampler_ns_forgotten as f64 / 1e6
+            ));
+        }
         if p.rdpmc_fixed > 0 {
             out.push(format!(
                 "[vpmu-vmm]   {} of the RDPMCs read a fixed counter",
@@ -399,6 +405,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
                 "held_at_end": p.pmis_held_at_end,
             },
             "signals": p.signals,
+            "sampler_ns_forgotten": p.sampler_ns_forgotten,
             "by_mode": by_mode,
             "mode_switches": switches,
             "event_filter": r.pmu_event_filter.as_ref().map(|f| json!({

@@ -186,6 +186,13 @@ pub trait CounterBackend: Send {
     /// KVM_RUN returns. The model never calls it. Default: nothing.
     fn leave_guest(&mut self) {}
 
+    /// Called by the VMM (through [`Pmu::forget_host_time`](crate::Pmu::forget_host_time))
+    /// outside KVM_RUN: up to `amount` (backend units) of what the counters counted since the
+    /// last entry was the host's work, not the guest's (a host-side sampler interrupted the
+    /// guest: its timer, signal and exit). Counts never go backwards; a backend that counts
+    /// guest mode alone (hardware with its host time excluded) ignores it. Default: nothing.
+    fn forget_host_time(&mut self, _amount: u64) {}
+
     /// Switches the accounting mode at run time, outside KVM_RUN. The model calls it from
     /// [`Pmu::set_accounting_mode`](crate::Pmu::set_accounting_mode) with every running counter
     /// folded into its value, and re-programs them right after, so a backend only has to make

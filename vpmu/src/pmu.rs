@@ -254,6 +254,12 @@ impl Pmu {
         self.core.backend_mut().leave_guest();
     }
 
+    /// Forwards to [`CounterBackend::forget_host_time`]: call outside KVM_RUN, after an exit a
+    /// host-side sampler caused.
+    pub fn forget_host_time(&mut self, amount: u64) {
+        self.core.backend_mut().forget_host_time(amount);
+    }
+
     /// Switches the accounting mode at run time (call outside KVM_RUN): counts so far are kept,
     /// counting goes on under the new mode's rules.
     pub fn set_accounting_mode(&mut self, mode: AccountingMode) {

@@ -91,6 +91,27 @@ pub struct VcpuPmu {
     pub mode: vpmu::AccountingMode,
 }
 
+/// Host time on the vCPU thread that the guest's counters of `mode` counted for a host-side
+/// profile sample (its interruption of the guest, and in domain-switch the VMM's sample work),
+/// which the vPMU is to forget (`VcpuRecorder::after_exit` measures it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamplerTime {
+    pub mode: vpmu::AccountingMode,
+    pub ns: u64,
+}
+
+impl VcpuPmu {
+    /// A host-side profile sample cost the guest's counters `t`: forgotten when they count in
+    /// the sample's mode (the sampler's count measured it in that mode; in another the figure
+    /// would not be what the counters counted).
+    pub fn forget_sampler_time(&mut self, t: SamplerTime) {
+        if t.mode == self.mode {
+            self.pmu.forget_host_time(t.ns);
+            self.stats.sampler_ns_forgotten += t.ns;
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PmuStats {
     pub msr_reads: u64,
@@ -118,6 +139,9 @@ pub struct PmuStats {
     pub pmis_vector: u64,
     /// PMIs dropped because LVTPC was masked (as hardware does).
     pub pmis_masked: u64,
+    /// ns of host time a host-side profile's samples cost the guest's counters, which they
+    /// were told to forget (soft backend; see `VcpuPmu::forget_sampler_time`).
+    pub sampler_ns_forgotten: u64,
     /// PMIs the rate limit held back (each delivered later, merged with any that came meanwhile).
     pub pmis_throttled: u64,
     /// PMIs the model raised (counter overflows with interrupt-on-overflow whose status bit was
@@ -188,6 +212,7 @@ impl PmuStats {
         self.pmis_merged += o.pmis_merged;
         self.pmis_held_at_end += o.pmis_held_at_end;
         self.signals += o.signals;
+        self.sampler_ns_forgotten += o.sampler_ns_forgotten;
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
         self.filter_blocked += o.filter_blocked;
         self.filter_blocked_by_vcpu.push(o.filter_blocked);

@@ -45,7 +45,8 @@ const CTR: CounterId = CounterId::gp(0);
 
 enum Trigger {
     Counter {
-        backend: PerfBackend,
+        /// (Boxed: a backend is much larger than a wall-clock trigger.)
+        backend: Box<PerfBackend>,
         period_ns: u64,
         /// Counter value (ns) at which the next sample is due.
         next_at: u64,
@@ -98,7 +99,7 @@ impl Sampler {
                 };
                 mode = Some(m);
                 Trigger::Counter {
-                    backend: PerfBackend::new(
+                    backend: Box::new(PerfBackend::new(
                         Source::Soft {
                             tsc_khz: u64::from(tsc_khz),
                         },
@@ -106,7 +107,7 @@ impl Sampler {
                         Box::new(HostPerf {
                             signal: kick::kick_signal(),
                         }),
-                    ),
+                    )),
                     period_ns,
                     next_at: period_ns,
                     watch: kick::SignalWatch::default(),
@@ -231,7 +232,16 @@ impl Sampler {
     /// those periods is one sample of where the guest was, as a hardware counter's overflow
     /// interrupts would have taken them: counting only one would understate exactly the long
     /// stretches of VMM work that domain-switch is there to show.
-    pub fn due(&mut self) -> Result<u64, SamplerError> {
+    /// The counter's value now (counter triggers; its mode's time: all the thread's CPU time in
+    /// domain-switch), e.g. to time the VMM's sample work from [`Due::count`].
+    pub fn count(&mut self) -> Option<u64> {
+        match &mut self.trigger {
+            Trigger::Counter { backend, .. } => Some(backend.read(CTR)),
+            Trigger::Wall { .. } => None,
+        }
+    }
+
+    pub fn due(&mut self) -> Result<Due, SamplerError> {
         match &mut self.trigger {
             Trigger::Counter {
                 backend,
@@ -244,14 +254,22 @@ impl Sampler {
                 // milliseconds at times on this nested host). A signal is ours if our count
                 // passed the next sample point; else it was a vPMU overflow or a stop kick.
                 if !watch.take() {
-                    return Ok(0);
+                    return Ok(Due::default());
                 }
-                let n = periods_passed(backend.read(CTR), next_at, *period_ns);
-                // Soft cpu-switch: perf's period also ran outside KVM_RUN, so its signal may
-                // come early, or late for the next grid point; ask for the next one when the
-                // guest reaches it (no-op in the other modes and on the hw backend).
+                // First, before the re-arm below moves perf's next notification.
+                let interruption_ns = backend.interruption_ns(CTR);
+                let count = backend.read(CTR);
+                let samples = periods_passed(count, next_at, *period_ns);
+                // Soft backend: in cpu-switch perf's period also ran outside KVM_RUN, so its
+                // signal may come early, or late for the next grid point; ask for the next one
+                // when the guest reaches it (in domain-switch this keeps perf on the grid;
+                // no-op on the hw backend).
                 backend.notify_at(CTR, *next_at);
-                Ok(n)
+                Ok(Due {
+                    samples,
+                    interruption_ns,
+                    count: Some(count),
+                })
             }
             Trigger::Wall {
                 period_tsc,
@@ -260,12 +278,32 @@ impl Sampler {
                 ..
             } => {
                 if !watch.take() {
-                    return Ok(0);
+                    return Ok(Due::default());
                 }
-                Ok(periods_passed(crate::tsc::now(), next_due, *period_tsc))
+                Ok(Due {
+                    samples: periods_passed(crate::tsc::now(), next_due, *period_tsc),
+                    interruption_ns: None,
+                    count: None,
+                })
             }
         }
     }
+}
+
+/// What [`Sampler::due`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Due {
+    /// Sample periods that passed since the last sample (0: none is due).
+    pub samples: u64,
+    /// The host time (ns of thread CPU time) the guest's counting was charged for this
+    /// interruption, when the sampler's own notification interrupted it (also one that came
+    /// early, before a sample was due: soft cpu-switch): from perf's notification falling due
+    /// to KVM_RUN's return in cpu-switch, to now in domain-switch
+    /// (`PerfBackend::interruption_ns`). None: another signal, a wall-clock trigger, or the hw
+    /// backend.
+    pub interruption_ns: Option<u64>,
+    /// The counter's value when `due` read it (counter triggers; see [`Sampler::count`]).
+    pub count: Option<u64>,
 }
 
 /// Sample points lie on a grid of `period` from `*next`: how many of them `now` has passed

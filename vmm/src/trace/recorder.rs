@@ -67,6 +67,10 @@ pub struct RecordConfig {
     pub trace: Option<PathBuf>,
     pub profile: Option<ProfileConfig>,
     pub pool: PoolConfig,
+    /// Leave the host profile's interruptions in the guest's own counts (as before issue 19
+    /// item 5; `VcpuRecorder::after_exit` then returns nothing to forget): for measuring what
+    /// the correction takes away (tests, benches). Off: they are forgotten.
+    pub keep_sampler_time: bool,
 }
 
 impl RecordConfig {
@@ -118,7 +122,11 @@ pub struct VcpuRecorder {
     last_clock: u64,
     sampler_failed: bool,
     vcpu: u32,
+    /// `RecordConfig::keep_sampler_time`.
+    keep_sampler_time: bool,
 }
+
+pub use crate::pmu::SamplerTime;
 
 impl VcpuRecorder {
     /// Before KVM_RUN, outside the accounting gate (`vcpu::run_loop`): completes the last
@@ -194,14 +202,25 @@ impl VcpuRecorder {
     }
 
     /// After the exit was handled, before re-entering: takes a profile sample if one is due.
-    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
-        let Some(s) = &mut self.sampler else { return };
-        let n = match s.due() {
-            Ok(0) => return,
-            Ok(n) => n.min(MAX_SAMPLES_AT_ONCE),
-            Err(e) => return self.stop_sampling(e),
+    /// Returns what the sampler's interruption cost the guest's counters when that is known
+    /// (see [`SamplerTime`]): when the guest was in user code (CPL 3, which runs natively on
+    /// every host, so nothing of the guest ran between the sampler's notification and the
+    /// exit) and a cycles-counter trigger interrupted it. Guest kernel code on hosts that
+    /// emulate it runs on for a while after the notification (the PMI skid), so there nothing
+    /// is returned (docs/tracing.md, Limits).
+    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) -> Option<SamplerTime> {
+        let s = self.sampler.as_mut()?;
+        let due = match s.due() {
+            Ok(d) => d,
+            Err(e) => {
+                self.stop_sampling(e);
+                return None;
+            }
         };
-        let tsc = crate::tsc::now();
+        if due.samples == 0 && due.interruption_ns.is_none() {
+            return None;
+        }
+        let mode = s.mode();
         let (rip, cpl) = match (cpu.rip(), cpu.cpl()) {
             (Ok(rip), Ok(cpl)) => (rip, cpl),
             (Err(e), _) | (_, Err(e)) => {
@@ -209,18 +228,52 @@ impl VcpuRecorder {
                     "vCPU {}: reading registers for a profile sample: {e}",
                     self.vcpu
                 );
-                return;
+                return None;
             }
         };
+        if due.samples > 0 {
+            self.record_sample(cpu, rip, cpl, due.samples, mode);
+        }
+        let (Some(mode), Some(ns), 3, false) =
+            (mode, due.interruption_ns, cpl, self.keep_sampler_time)
+        else {
+            return None;
+        };
+        // Domain-switch also counts the VMM's work from the sampler's read on (its re-arm, the
+        // registers, the sample's notes): the sampler's own count, the thread's CPU time there.
+        let work = match (
+            mode,
+            self.sampler.as_mut().and_then(Sampler::count),
+            due.count,
+        ) {
+            (vpmu::AccountingMode::DomainSwitch, Some(now), Some(then)) => now.saturating_sub(then),
+            _ => 0,
+        };
+        Some(SamplerTime {
+            mode,
+            ns: ns + work,
+        })
+    }
+
+    /// Writes `n` sample records of (`rip`, `cpl`), each with the task, executable and call
+    /// stack notes when the run knows the guest's task layout.
+    fn record_sample(
+        &mut self,
+        cpu: &mut dyn VcpuAccess,
+        rip: u64,
+        cpl: u8,
+        n: u64,
+        mode: Option<vpmu::AccountingMode>,
+    ) {
         let during = self
             .pending
             .filter(|(e, _)| e.reason != Reason::Interrupted);
         let rec = Record::Sample {
             rip,
             cpl,
-            tsc,
+            tsc: crate::tsc::now(),
             during,
-            mode: s.mode(),
+            mode,
         };
         let mut notes: Vec<Record> = Vec::new();
         if let Some(r) = self.tasks.as_mut() {
@@ -233,7 +286,7 @@ impl VcpuRecorder {
         }
         // Each sample period that passed is a sample of this RIP (Sampler::due).
         if let (Some(sink), _) | (None, Some(sink)) = (&mut self.samples, &mut self.exits) {
-            for _ in 0..n {
+            for _ in 0..n.min(MAX_SAMPLES_AT_ONCE) {
                 sink.push(rec);
                 for note in &notes {
                     sink.push(*note);
@@ -521,6 +574,7 @@ impl Recording {
                 last_clock: 0,
                 sampler_failed: false,
                 vcpu: i as u32,
+                keep_sampler_time: cfg.keep_sampler_time,
             })
             .collect();
         Ok(Some(Recording {

@@ -61,6 +61,10 @@ pub(super) fn tsc_to_ns(tsc_khz: u64, tsc: u64) -> u64 {
 pub struct Gate {
     /// Guest time (ns of thread CPU time) in closed KVM_RUN intervals.
     inside: u64,
+    /// What the last closed interval added to `inside` (what `forget` may take back).
+    last_interval: u64,
+    /// Thread CPU time when KVM_RUN last returned.
+    left_at: u64,
     /// Thread CPU time when KVM_RUN was last entered; `Some` while inside (and gating).
     entered_at: Option<u64>,
     /// The last `read(2)` of the clock event, to extrapolate from.
@@ -88,6 +92,8 @@ impl Gate {
     pub(super) fn new(tsc: TscSource, tsc_khz: u64) -> Gate {
         Gate {
             inside: 0,
+            last_interval: 0,
+            left_at: 0,
             entered_at: None,
             anchor: None,
             seq_at_leave: 0,
@@ -229,10 +235,27 @@ impl Gate {
     pub(super) fn leave(&mut self, sys: &mut dyn PerfSys) {
         if let Some(t) = self.entered_at.take() {
             // This interval's CPU time, never less than 0: an error here stays here.
-            let d = self.thread_ns(sys).saturating_sub(t);
+            let left = self.thread_ns(sys);
+            let d = left.saturating_sub(t);
             self.inside += d;
+            self.last_interval = d;
+            self.left_at = left;
         }
         self.seq_at_leave = self.seq();
+    }
+
+    /// Thread CPU time since KVM_RUN last returned (outside KVM_RUN).
+    pub(super) fn since_leave(&mut self, sys: &mut dyn PerfSys) -> u64 {
+        self.thread_ns(sys).saturating_sub(self.left_at)
+    }
+
+    /// Takes `ns` of host work back from the last closed KVM_RUN interval (outside KVM_RUN),
+    /// at most what that interval charged: guest time counted in earlier intervals is never
+    /// touched.
+    pub(super) fn forget(&mut self, ns: u64) {
+        let d = ns.min(self.last_interval);
+        self.inside -= d;
+        self.last_interval -= d;
     }
 
     /// Forgets an open interval (a mode switch, outside KVM_RUN): charging starts at the next

@@ -111,11 +111,22 @@ impl PerfBackend {
     }
 
     /// For a sampler on the host's side (profile::sampler): the next perf notification when
-    /// counter `ctr` reaches `at`, counted from now. Soft cpu-switch only (see
-    /// `soft::Soft::notify_at`); nothing elsewhere.
+    /// counter `ctr` reaches `at`, counted from now. Soft source only (see
+    /// `soft::Soft::notify_at`); nothing on the hw source.
     pub fn notify_at(&mut self, ctr: CounterId, at: u64) {
         if let Imp::Soft(s) = &mut self.imp {
             s.notify_at(self.sys.as_mut(), ctr, at);
+        }
+    }
+
+    /// For a sampler on the host's side (profile::sampler), after a signal: the host time
+    /// the interruption by counter `ctr`'s notification cost the guest's counting, if that
+    /// notification is what came (soft source; see `soft::Soft::interruption_ns`). None
+    /// otherwise, and on the hw source (which counts guest mode alone in cpu-switch).
+    pub fn interruption_ns(&mut self, ctr: CounterId) -> Option<u64> {
+        match &mut self.imp {
+            Imp::Soft(s) => s.interruption_ns(self.sys.as_mut(), ctr),
+            Imp::Hw(_) => None,
         }
     }
 
@@ -227,6 +238,14 @@ impl CounterBackend for PerfBackend {
     fn set_mode(&mut self, mode: AccountingMode) {
         let (src, _) = self.parts();
         src.set_mode(mode);
+    }
+
+    fn forget_host_time(&mut self, ns: u64) {
+        // The hardware source counts guest mode alone in cpu-switch (exclude_host); its
+        // domain-switch host events do count the sampler's work (docs/tracing.md, Limits).
+        if let Imp::Soft(s) = &mut self.imp {
+            s.forget_host_time(ns);
+        }
     }
 
     fn leave_guest(&mut self) {

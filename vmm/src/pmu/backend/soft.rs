@@ -38,6 +38,16 @@ struct SoftCounter {
     base: u64,
     /// The host count, TSC and switch sequence of the last `read(2)` of the event.
     anchor: Option<Anchor>,
+    /// A sampling event: its period and the host count at which perf notifies next (perf
+    /// notifies each time the count passes a multiple of the period from its last
+    /// PERF_EVENT_IOC_PERIOD, or from its opening).
+    notify: Option<Notify>,
+}
+
+#[derive(Clone, Copy)]
+struct Notify {
+    period: u64,
+    next: u64,
 }
 
 pub(super) struct Soft {
@@ -123,16 +133,17 @@ impl Soft {
     /// re-arm after an overflow and every counter write. Returns false if the event must be
     /// (re)opened: none yet, or counting-only vs sampling changes.
     fn reprogram(&mut self, sys: &mut dyn PerfSys, bit: u8, overflow_after: Option<u64>) -> bool {
-        let fd = match self.counters.get(&bit) {
-            Some(c) if c.armed.is_some() == overflow_after.is_some() => c.fd,
-            _ => return false,
-        };
+        let reusable = matches!(self.counters.get(&bit),
+            Some(c) if c.armed.is_some() == overflow_after.is_some());
+        if !reusable {
+            return false;
+        }
         if self.gates() {
             self.gate.open_clock(sys);
         }
         let base = self.source_now(sys, bit);
         if let Some(p) = overflow_after {
-            sys.set_period(fd, p.max(MIN_SOFT_PERIOD_NS));
+            self.arm(sys, bit, p, false);
         }
         if let Some(c) = self.counters.get_mut(&bit) {
             c.base = base;
@@ -142,21 +153,80 @@ impl Soft {
         true
     }
 
+    /// Sets the sampling event of counter `bit` to notify `period` ns of thread CPU time from
+    /// now (at least [`MIN_SOFT_PERIOD_NS`]). With `track`, notes where (for
+    /// [`take_notification_lag`](Self::take_notification_lag); it reads the host count, which
+    /// may cost a `read(2)`: only the host-side sampler's re-arm asks for it, not the guest's
+    /// counters on the PMI path).
+    fn arm(&mut self, sys: &mut dyn PerfSys, bit: u8, period: u64, track: bool) {
+        let period = period.max(MIN_SOFT_PERIOD_NS);
+        let now = track.then(|| self.raw(sys, bit));
+        if let Some(c) = self.counters.get_mut(&bit) {
+            sys.set_period(c.fd, period);
+            c.notify = now.map(|now| Notify {
+                period,
+                next: now + period,
+            });
+        }
+    }
+
+    /// How long ago (ns of thread CPU time) perf's last notification for counter `bit` fell
+    /// due, if one did since the last call (else None: the signal that brought the VMM here was
+    /// not this counter's). The notification is then taken: the next call looks for the one
+    /// after it.
+    pub(super) fn take_notification_lag(&mut self, sys: &mut dyn PerfSys, bit: u8) -> Option<u64> {
+        let now = self.raw(sys, bit);
+        let c = self.counters.get_mut(&bit)?;
+        let n = c.notify.as_mut()?;
+        if now < n.next || n.period == 0 {
+            return None;
+        }
+        let past = now - n.next;
+        n.next += (past / n.period + 1) * n.period;
+        Some(past % n.period)
+    }
+
+    /// `ns` of thread CPU time since the last entry was the host's, not the guest's (see
+    /// [`vpmu::CounterBackend::forget_host_time`]): cpu-switch takes it off the gate's last
+    /// KVM_RUN interval (at most all of it); domain-switch moves every counter's zero forward
+    /// by it (a counter then stands still until it has counted that much again: counts never
+    /// go backwards, see `count`).
+    pub(super) fn forget_host_time(&mut self, ns: u64) {
+        if self.gates() {
+            self.gate.forget(ns);
+        } else {
+            for c in self.counters.values_mut() {
+                c.base = c.base.saturating_add(ns);
+            }
+        }
+    }
+
+    /// For a sampler on the host's side (profile::sampler), after a signal: how much host time
+    /// the guest was charged for the interruption, if counter `ctr`'s notification is what
+    /// interrupted it (else None). The thread's CPU time since perf's notification fell due,
+    /// less, in cpu-switch, what of it ran after KVM_RUN returned (not charged there); in
+    /// domain-switch all of it (charged until the next entry, and more after this call).
+    pub(super) fn interruption_ns(&mut self, sys: &mut dyn PerfSys, ctr: CounterId) -> Option<u64> {
+        let lag = self.take_notification_lag(sys, ctr.bit())?;
+        if self.gates() {
+            Some(lag.saturating_sub(self.gate.since_leave(sys)))
+        } else {
+            Some(lag)
+        }
+    }
+
     /// For a sampler on the host's side (profile::sampler): the next perf notification when
-    /// counter `ctr` reaches `at`, counted from now. cpu-switch only, where perf's own period
-    /// also runs outside KVM_RUN: without this, a notification due during the VMM's work on an
-    /// exit would take its sample there, at the instruction that caused the exit, and charge
-    /// VMM work to that instruction in the mode that must not count it. With it, the
-    /// notification comes when the guest itself has run the rest of the period, inside
-    /// KVM_RUN, as a hardware counter's would.
+    /// counter `ctr` reaches `at`, counted from now, and where perf's count will then be (for
+    /// [`interruption_ns`](Self::interruption_ns)). In cpu-switch perf's own period also runs
+    /// outside KVM_RUN: without this, a notification due during the VMM's work on an exit
+    /// would take its sample there, at the instruction that caused the exit, and charge VMM
+    /// work to that instruction in the mode that must not count it. With it, the notification
+    /// comes when the guest itself has run the rest of the period, inside KVM_RUN, as a
+    /// hardware counter's would. In domain-switch it keeps perf's notifications on the
+    /// sampler's grid (and where they fall known) however many periods pass.
     pub(super) fn notify_at(&mut self, sys: &mut dyn PerfSys, ctr: CounterId, at: u64) {
-        if !self.gates() {
-            return;
-        }
         let v = self.count(sys, ctr.bit());
-        if let Some(c) = self.counters.get(&ctr.bit()) {
-            sys.set_period(c.fd, at.saturating_sub(v).max(MIN_SOFT_PERIOD_NS));
-        }
+        self.arm(sys, ctr.bit(), at.saturating_sub(v), true);
     }
 }
 
@@ -212,6 +282,10 @@ impl SourceBackend for Soft {
             last: 0,
             base,
             anchor: None,
+            notify: req.sample_period.map(|period| Notify {
+                period,
+                next: period,
+            }),
         };
         self.counters.insert(bit, c);
         Ok(())
@@ -238,10 +312,11 @@ impl SourceBackend for Soft {
             let v = self.count(sys, bit);
             if v >= at {
                 bits |= 1 << bit;
-            } else if self.gates() {
-                // Early: the host also counted time outside KVM_RUN. Ask for a notification
-                // when the rest of the guest's period has run (perf restarts the period now).
-                sys.set_period(self.counters[&bit].fd, (at - v).max(MIN_SOFT_PERIOD_NS));
+            } else {
+                // Early: the host also counted time outside KVM_RUN (cpu-switch), or time the
+                // counter was told to forget (`forget_host_time`). Ask for a notification when
+                // the rest of the guest's period has run (perf restarts the period now).
+                self.arm(sys, bit, at - v, false);
             }
         }
         bits
@@ -409,6 +484,91 @@ mod tests {
         unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
         assert_eq!(b.take_overflows(), 1);
         assert_eq!(log.lock().unwrap().periods.len(), 1);
+    }
+
+    /// A host-side sampler's interruption (profile::sampler): how much host time since perf's
+    /// notification fell due the guest was charged, and forgetting it.
+    #[test]
+    fn a_samplers_interruption_is_measured_and_forgotten_in_cpu_switch() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::CpuSwitch,
+        );
+        b.leave_guest();
+        let ctr = CounterId::gp(0);
+        b.program(ctr, &e, Some(1_000_000)).unwrap();
+        // perf notifies after 1 ms of thread time; no exit until then. The guest runs 1 ms, the
+        // host 30 us more inside KVM_RUN (its timer, the signal, the exit), then the VMM 5 us.
+        b.enter_guest();
+        run(&log, 1_000_000);
+        run(&log, 30_000);
+        b.leave_guest();
+        run(&log, 5_000);
+        assert_eq!(b.read(ctr), 1_030_000, "charged until KVM_RUN returned");
+        assert_eq!(b.interruption_ns(ctr), Some(30_000));
+        assert_eq!(
+            b.interruption_ns(ctr),
+            None,
+            "taken: no second notification yet"
+        );
+        b.forget_host_time(30_000);
+        assert_eq!(b.read(ctr), 1_030_000, "a count never goes backwards");
+        exit_cycle(&mut b, &log, 40_000, 1000);
+        assert_eq!(b.read(ctr), 1_040_000, "the guest's 1.04 ms");
+        // At most the last interval: earlier guest time is never taken.
+        b.forget_host_time(1_000_000);
+        exit_cycle(&mut b, &log, 100_000, 1000);
+        assert_eq!(b.read(ctr), 1_100_000);
+    }
+
+    #[test]
+    fn a_samplers_interruption_is_forgotten_in_domain_switch_and_overflows_come_late_not_never() {
+        crate::vcpu::kick::install_handler().unwrap();
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        let (sampler, guest) = (CounterId::gp(0), CounterId::gp(1));
+        b.program(sampler, &e, Some(1_000_000)).unwrap();
+        b.program(guest, &e, Some(2_000_000)).unwrap();
+        // Domain-switch: everything on the thread counts, up to the VMM's read 40 us after
+        // perf's notification fell due.
+        run(&log, 1_040_000);
+        assert_eq!(b.interruption_ns(sampler), Some(40_000));
+        assert_eq!(
+            b.interruption_ns(guest),
+            None,
+            "not this one's notification"
+        );
+        assert_eq!(
+            b.read(guest),
+            1_040_000,
+            "read by the guest before the forget"
+        );
+        b.forget_host_time(40_000);
+        assert_eq!(b.read(guest), 1_040_000, "stands still...");
+        run(&log, 20_000);
+        assert_eq!(b.read(guest), 1_040_000);
+        run(&log, 60_000);
+        assert_eq!(
+            b.read(guest),
+            1_080_000,
+            "...until it has counted that again"
+        );
+        // perf notifies the guest's counter at 2 ms of thread time, 40 us before the guest
+        // counted its 2 ms: the signal is early and the rest is asked for.
+        run(&log, 880_000);
+        // SAFETY: raising the kick signal on this thread, whose handler is installed.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        // (The sampler's counter, bit 0, is past its own point: reported, not re-armed.)
+        assert_eq!(b.take_overflows(), 1 << 0);
+        assert_eq!(log.lock().unwrap().periods, vec![(103, 50_000)]);
+        run(&log, 50_000);
+        // SAFETY: as above.
+        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        assert_eq!(b.take_overflows() & (1 << 1), 1 << 1);
     }
 
     #[test]

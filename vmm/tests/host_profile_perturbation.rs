@@ -1,0 +1,122 @@
+//! Issue 19, item 5: the host-side profiler must not change what the guest counts. A guest
+//! counts its own cycles over a fixed user-space loop (guest-image/tiny/asm/user_cycles_amd64.S:
+//! CPL3, native on every host) alone, with `--host-profile` at 1000 Hz, and with it but its
+//! interruptions left in the guest's counts (`RecordConfig::keep_sampler_time`, the behaviour
+//! before the correction), in each accounting mode; runs rotate so drift falls on all three.
+//! Each sample interrupts KVM_RUN (a signal); on hosts without a hardware PMU the soft backend
+//! counts the vCPU thread's CPU time, so the host's work on each interruption (~70-80 us of it
+//! here, measured by the sampler: docs/tracing.md, Limits) is counted as guest cycles unless
+//! the vPMU forgets it. Checks, per mode (medians over five rotations of each rotation's
+//! ratios, each run's least round): the correction takes away at least 40 % of the inflation
+//! and leaves less than 8 %. Measured here: +11-16 % without it and +2.4-3.8 % with it on a
+//! quiet machine; +9-13 % and +1.0-3.6 % beside two busy loops. What stays is the
+//! interruptions' re-entry and after-effects, which the sampler cannot see.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use vmm::end::VmEnd;
+use vmm::pmu::{BackendChoice, ModelChoice};
+use vmm::trace::recorder::{ProfileClock, ProfileConfig};
+use vmm::vm::VpmuSetting;
+
+/// How a run is profiled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Profiled {
+    No,
+    Forgotten,
+    Kept,
+}
+
+/// The least of the guest's per-round cycle counts (its first round dropped: warm-up): the
+/// round the host disturbed least (this machine's speed drifts by several % from second to
+/// second; every round has its ~33 samples, so the profile's cost is in each).
+fn run(vpmu: VpmuSetting, profiled: Profiled, dir: &Path) -> f64 {
+    let r = common::run_tiny_with(
+        &tiny_guests::USER_CYCLES_AMD64,
+        Duration::from_secs(120),
+        |c| {
+            c.vpmu = vpmu;
+            c.pmu_model = ModelChoice::Amd;
+            c.pmu_backend = BackendChoice::Soft;
+            c.record.keep_sampler_time = profiled == Profiled::Kept;
+            c.record.profile = (profiled != Profiled::No).then(|| ProfileConfig {
+                path: dir.join("p.prof"),
+                hz: 1000,
+                clock: ProfileClock::Auto,
+                task_layout: None,
+            });
+        },
+    );
+    assert_eq!(
+        r.report.end,
+        VmEnd::PowerOff,
+        "console: {}; serial2 {:x?}",
+        r.console,
+        r.serial2
+    );
+    let w: Vec<u64> = r
+        .serial2
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let n = *w.last().expect("no report from the guest") as usize;
+    assert_eq!(w.len(), n + 1, "guest report: {w:x?}");
+    let m = w[1..n].iter().copied().min().expect("rounds") as f64;
+    eprintln!(
+        "{vpmu:?} {profiled:?}: least {m:.0} cycles a round; {:.3} ms forgotten over {} signals",
+        r.report.pmu.sampler_ns_forgotten as f64 / 1e6,
+        r.report.pmu.signals
+    );
+    if profiled == Profiled::Forgotten {
+        assert!(
+            r.report.pmu.sampler_ns_forgotten > 0,
+            "{vpmu:?}: a profiled run of user code forgot nothing"
+        );
+    }
+    m
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[test]
+fn the_host_profile_does_not_change_the_guests_user_space_counts() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for vpmu in [VpmuSetting::CpuSwitch, VpmuSetting::DomainSwitch] {
+        // Five rotations of the three kinds of run; each rotation's ratios (its runs a few
+        // seconds apart), then their medians.
+        let kinds = [Profiled::No, Profiled::Forgotten, Profiled::Kept];
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for rotation in 0..5 {
+            let mut least = [0.0; 3];
+            for k in 0..3 {
+                let k = (k + rotation) % 3;
+                least[k] = run(vpmu, kinds[k], dir.path());
+            }
+            with.push(least[1] / least[0] - 1.0);
+            without.push(least[2] / least[0] - 1.0);
+        }
+        let (with, without) = (median(with), median(without));
+        eprintln!(
+            "{vpmu:?}: the guest's count with the host profile {:+.2} %, {:+.2} % with its \
+             interruptions left in",
+            100.0 * with,
+            100.0 * without
+        );
+        assert!(
+            with < 0.08 && with < 0.6 * without,
+            "{vpmu:?}: with the host profile the guest counted {:+.2} % ({:+.2} % with the \
+             interruptions left in)",
+            100.0 * with,
+            100.0 * without
+        );
+    }
+}
