@@ -65,15 +65,8 @@ start:
     lea idt(%rip), %rax
     mov %rax, idtr_base(%rip)
     lidt idtr(%rip)
-    // --- SYSCALL MSRs as Linux sets them
-    WRMSR64 0xc0000081, 0x0023001000000000
-    lea syscall_entry(%rip), %rax
-    WRMSR_RAX 0xc0000082
-    WRMSR64 0xc0000084, 0x47700
-    mov $0xc0000080, %ecx
-    rdmsr
-    or $((1 << 11) | 1), %eax       // EFER.NXE (as Linux: fetch faults report I/D), SCE
-    wrmsr
+    // --- SYSCALL MSRs as Linux sets them; EFER.NXE (as Linux: fetch faults report I/D), SCE
+    LINUX_SYSCALL_SETUP syscall_entry, ((1 << 11) | 1)
     // An exit before any #PF: the VMM sees LSTAR and the IDT and installs its relay.
     mov $0x80, %dx
     out %al, %dx
