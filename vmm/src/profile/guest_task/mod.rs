@@ -554,14 +554,7 @@ impl TaskReader {
             // a kernel address: the host's SYSCALL relay enters the kernel's entry code in
             // user mode), looked up in the memory map of the mm the executable was read from.
             if rip < USER_TOP && !lookups.is_known(rip) {
-                lookups.left -= 1;
-                let found = mapping_at(mem, maps, *mm, rip, &|m: &mut M, f| {
-                    self.file_name(m, f, Step::Mapping)
-                });
-                view.mapping = Some(found.map(|(mapping, end)| {
-                    lookups.known.push(mapping.vm_start..end);
-                    mapping
-                }));
+                view.mapping = Some(self.look_up(mem, maps, &mut lookups, rip));
             }
             view.lookups = Some(lookups);
         }
@@ -594,18 +587,29 @@ impl TaskReader {
             if at >= USER_TOP || lookups.is_known(at) {
                 continue;
             }
-            lookups.left -= 1;
-            let Ok((mapping, end)) = mapping_at(mem, maps, lookups.mm, at, &|m: &mut M, f| {
-                self.file_name(m, f, Step::Mapping)
-            }) else {
-                continue;
-            };
-            lookups.known.push(mapping.vm_start..end);
-            if !mapping.anonymous() {
-                found.push(mapping);
+            match self.look_up(mem, maps, lookups, at) {
+                Ok(mapping) if !mapping.anonymous() => found.push(mapping),
+                _ => {}
             }
         }
         found
+    }
+
+    /// One of a sample's lookups: the mapping holding user address `addr` in `lookups`' memory
+    /// map, its range then known (counted against `lookups.left`, which must be > 0).
+    fn look_up<M: GuestRead + ?Sized>(
+        &self,
+        mem: &mut M,
+        maps: &MapLayout,
+        lookups: &mut MapLookups,
+        addr: u64,
+    ) -> Result<GuestMapping, Unresolved> {
+        lookups.left -= 1;
+        let (mapping, end) = mapping_at(mem, maps, lookups.mm, addr, &|m: &mut M, f| {
+            self.file_name(m, f, Step::Mapping)
+        })?;
+        lookups.known.push(mapping.vm_start..end);
+        Ok(mapping)
     }
 
     fn current_at<M: GuestRead + ?Sized>(
