@@ -13,7 +13,7 @@
 
 use vpmu::{AccountingMode, CounterBackend, CounterId, Event, Vendor};
 
-use crate::pmu::backend::{PerfBackend, Source};
+use crate::pmu::backend::{periods_passed, PerfBackend, Source};
 use crate::pmu::perf::HostPerf;
 use crate::trace::format::SampleClock;
 use crate::vcpu::kick;
@@ -306,17 +306,6 @@ pub struct Due {
     pub count: Option<u64>,
 }
 
-/// Sample points lie on a grid of `period` from `*next`: how many of them `now` has passed
-/// (0 if none), moving `*next` to the first one still ahead.
-fn periods_passed(now: u64, next: &mut u64, period: u64) -> u64 {
-    if now < *next || period == 0 {
-        return 0;
-    }
-    let n = (now - *next) / period + 1;
-    *next += n * period;
-    n
-}
-
 impl Drop for Sampler {
     fn drop(&mut self) {
         if let Trigger::Wall {
@@ -326,24 +315,5 @@ impl Drop for Sampler {
             // SAFETY: deleting the timer this sampler created, once.
             unsafe { libc::timer_delete(id) };
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::periods_passed;
-
-    #[test]
-    fn every_period_that_passed_is_a_sample() {
-        let mut next = 100;
-        assert_eq!(periods_passed(99, &mut next, 100), 0);
-        assert_eq!(next, 100);
-        assert_eq!(periods_passed(100, &mut next, 100), 1);
-        assert_eq!(next, 200);
-        // A long exit: the clock ran 4.5 periods before the loop looked.
-        assert_eq!(periods_passed(640, &mut next, 100), 5);
-        assert_eq!(next, 700);
-        assert_eq!(periods_passed(650, &mut next, 100), 0);
-        assert_eq!(periods_passed(5, &mut 0, 0), 0, "no period, no samples");
     }
 }

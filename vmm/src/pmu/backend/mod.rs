@@ -158,6 +158,17 @@ impl PerfBackend {
     }
 }
 
+/// Points on a grid of `period` from `*next` (a sampler's sample points, perf's notifications):
+/// how many of them `now` has passed (0 if none), moving `*next` to the first one still ahead.
+pub fn periods_passed(now: u64, next: &mut u64, period: u64) -> u64 {
+    if now < *next || period == 0 {
+        return 0;
+    }
+    let n = (now - *next) / period + 1;
+    *next += n * period;
+    n
+}
+
 /// Opens `reqs` in order; on a failure closes those already open.
 fn open_events(sys: &mut dyn PerfSys, reqs: &[PerfRequest]) -> Result<Vec<RawFd>, BackendError> {
     let mut fds = Vec::new();
@@ -264,5 +275,24 @@ impl Drop for PerfBackend {
     fn drop(&mut self) {
         let (src, sys) = self.parts();
         src.close_all(sys);
+    }
+}
+
+#[cfg(test)]
+mod grid_tests {
+    use super::periods_passed;
+
+    #[test]
+    fn every_period_that_passed_is_a_sample() {
+        let mut next = 100;
+        assert_eq!(periods_passed(99, &mut next, 100), 0);
+        assert_eq!(next, 100);
+        assert_eq!(periods_passed(100, &mut next, 100), 1);
+        assert_eq!(next, 200);
+        // A long exit: the clock ran 4.5 periods before the loop looked.
+        assert_eq!(periods_passed(640, &mut next, 100), 5);
+        assert_eq!(next, 700);
+        assert_eq!(periods_passed(650, &mut next, 100), 0);
+        assert_eq!(periods_passed(5, &mut 0, 0), 0, "no period, no samples");
     }
 }

@@ -174,16 +174,10 @@ impl Soft {
     /// due, if one did since the last call (else None: the signal that brought the VMM here was
     /// not this counter's). The notification is then taken: the next call looks for the one
     /// after it.
-    pub(super) fn take_notification_lag(&mut self, sys: &mut dyn PerfSys, bit: u8) -> Option<u64> {
+    fn take_notification_lag(&mut self, sys: &mut dyn PerfSys, bit: u8) -> Option<u64> {
         let now = self.raw(sys, bit);
-        let c = self.counters.get_mut(&bit)?;
-        let n = c.notify.as_mut()?;
-        if now < n.next || n.period == 0 {
-            return None;
-        }
-        let past = now - n.next;
-        n.next += (past / n.period + 1) * n.period;
-        Some(past % n.period)
+        let n = self.counters.get_mut(&bit)?.notify.as_mut()?;
+        (super::periods_passed(now, &mut n.next, n.period) > 0).then(|| now - (n.next - n.period))
     }
 
     /// `ns` of thread CPU time since the last entry was the host's, not the guest's (see
