@@ -6,8 +6,11 @@
 //!
 //! The guest (`gating_pair_amd64`) counts cycles around 2 x 2000 unclaimed port writes, 20
 //! rounds of 100 in each mode (switching through the vPMU control port). Boots with and
-//! without `--trace` alternate, BOOTS of each; the medians of the per-boot cpu-switch sums must
-//! agree within TOLERANCE. domain-switch, which charges the VMM's work, is printed beside it.
+//! without `--trace` run in BOOTS back-to-back pairs (A/B, then B/A); each pair gives a ratio
+//! with/without, and the median of the pairs' cpu-switch ratios must lie within TOLERANCE of 1.
+//! Ratios within a pair, not medians of each side: this machine's speed shifts by up to 25 %
+//! for seconds at a time, and a shift between the with-boots and the without-boots once made
+//! the medians 0.80x apart. domain-switch, which charges the VMM's work, is printed beside it.
 //!
 //! What it can and cannot catch (measured on this project's build machine, 2 shared cores):
 //! the recorder's per-exit work is well under 1 % of a ~8 us exit here, below the boot-to-boot
@@ -27,7 +30,7 @@ use vmm::pmu::{BackendChoice, ModelChoice};
 use vmm::vm::VpmuSetting;
 
 const BOOTS: usize = 5;
-/// |with - without| / without of the cpu-switch medians.
+/// How far the median of the pairs' cpu-switch ratios with/without may lie from 1.
 const TOLERANCE: f64 = 0.05;
 
 /// (cpu-switch, domain-switch) cycles the guest counted in its least disturbed round of 100
@@ -70,8 +73,8 @@ fn one_boot(trace: bool) -> (u64, u64) {
     (min(0), min(1))
 }
 
-fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_unstable_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
@@ -80,30 +83,34 @@ fn tracing_is_not_charged_to_the_guest_in_cpu_switch() {
     if !common::kvm_available() {
         return;
     }
-    let (mut with, mut without) = (Vec::new(), Vec::new());
+    // (with, without) of each pair, a few seconds apart.
+    let mut pairs = Vec::new();
     for i in 0..BOOTS {
-        // A/B, then B/A: drift falls on both.
-        for trace in [i % 2 == 0, i % 2 != 0] {
-            let v = one_boot(trace);
-            if trace {
-                with.push(v);
-            } else {
-                without.push(v);
-            }
-        }
+        // A/B, then B/A: drift within a pair falls on both sides in turn.
+        let first_traced = i % 2 == 0;
+        let a = one_boot(first_traced);
+        let b = one_boot(!first_traced);
+        pairs.push(if first_traced { (a, b) } else { (b, a) });
     }
-    let cpu_with = median(with.iter().map(|v| v.0).collect());
-    let cpu_without = median(without.iter().map(|v| v.0).collect());
-    let dom_with = median(with.iter().map(|v| v.1).collect());
-    let dom_without = median(without.iter().map(|v| v.1).collect());
-    let cpu = cpu_with as f64 / cpu_without as f64;
-    let dom = dom_with as f64 / dom_without as f64;
+    let ratio = |part: fn(&(u64, u64)) -> u64| {
+        median(
+            pairs
+                .iter()
+                .map(|(w, wo)| part(w) as f64 / part(wo).max(1) as f64)
+                .collect(),
+        )
+    };
+    let cpu = ratio(|v| v.0);
+    let dom = ratio(|v| v.1);
     eprintln!(
-        "cycles over 2000 exits, medians of {BOOTS} boots: cpu-switch {cpu_with} with --trace, \
-         {cpu_without} without ({cpu:.4}x); domain-switch {dom_with} / {dom_without} ({dom:.4}x)\n\
-         with: {with:?}\nwithout: {without:?}"
+        "cycles over 2000 exits, median of {BOOTS} pairs' ratios with/without --trace: \
+         cpu-switch {cpu:.4}x, domain-switch {dom:.4}x\n\
+         (with, without) per pair, as (cpu-switch, domain-switch): {pairs:?}"
     );
-    assert!(cpu_without > 0, "cpu-switch counted nothing");
+    assert!(
+        pairs.iter().all(|(_, wo)| wo.0 > 0),
+        "cpu-switch counted nothing"
+    );
     assert!(
         (cpu - 1.0).abs() <= TOLERANCE,
         "tracing changed what cpu-switch charges the guest: {cpu:.4}x (allowed {TOLERANCE})"
