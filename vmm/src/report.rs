@@ -97,7 +97,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         }
         if p.sampler_ns_forgotten > 0 {
             out.push(format!(
-                "[vpmu-vmm] host profile: its samples of guest user code cost the guest's counters {:.3} ms of host time, taken back from them",
+                "[vpmu-vmm] host profile: its samples cost the guest's counters {:.3} ms of host time, taken back from them",
                 p.sampler_ns_forgotten as f64 / 1e6
             ));
         }
@@ -406,6 +406,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             },
             "signals": p.signals,
             "sampler_ns_forgotten": p.sampler_ns_forgotten,
+            "samples_left_out": p.samples_left_out,
             "by_mode": by_mode,
             "mode_switches": switches,
             "event_filter": r.pmu_event_filter.as_ref().map(|f| json!({

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
+use vmm::pmu::{BackendChoice, ModelChoice, PmuStats};
 use vmm::trace::recorder::{ProfileClock, ProfileConfig};
 use vmm::vm::VpmuSetting;
 
@@ -33,14 +33,19 @@ enum Profiled {
 /// The least of the guest's per-round cycle counts (its first round dropped: warm-up): the
 /// round the host disturbed least (this machine's speed drifts by several % from second to
 /// second; every round has its ~33 samples, so the profile's cost is in each).
-fn run(vpmu: VpmuSetting, profiled: Profiled, dir: &Path) -> f64 {
+fn run(
+    vpmu: VpmuSetting,
+    backend: BackendChoice,
+    profiled: Profiled,
+    dir: &Path,
+) -> (f64, PmuStats) {
     let r = common::run_tiny_with(
         &tiny_guests::USER_CYCLES_AMD64,
         Duration::from_secs(120),
         |c| {
             c.vpmu = vpmu;
             c.pmu_model = ModelChoice::Amd;
-            c.pmu_backend = BackendChoice::Soft;
+            c.pmu_backend = backend;
             c.record.keep_sampler_time = profiled == Profiled::Kept;
             c.record.profile = (profiled != Profiled::No).then(|| ProfileConfig {
                 path: dir.join("p.prof"),
@@ -66,17 +71,19 @@ fn run(vpmu: VpmuSetting, profiled: Profiled, dir: &Path) -> f64 {
     assert_eq!(w.len(), n + 1, "guest report: {w:x?}");
     let m = w[1..n].iter().copied().min().expect("rounds") as f64;
     eprintln!(
-        "{vpmu:?} {profiled:?}: least {m:.0} cycles a round; {:.3} ms forgotten over {} signals",
+        "{vpmu:?} {backend:?} {profiled:?}: least {m:.0} cycles a round; {:.3} ms forgotten \
+         over {} signals, {} samples' work left out",
         r.report.pmu.sampler_ns_forgotten as f64 / 1e6,
-        r.report.pmu.signals
+        r.report.pmu.signals,
+        r.report.pmu.samples_left_out
     );
-    if profiled == Profiled::Forgotten {
+    if profiled == Profiled::Forgotten && backend == BackendChoice::Soft {
         assert!(
             r.report.pmu.sampler_ns_forgotten > 0,
             "{vpmu:?}: a profiled run of user code forgot nothing"
         );
     }
-    m
+    (m, r.report.pmu)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -91,6 +98,7 @@ fn the_host_profile_does_not_change_the_guests_user_space_counts() {
     }
     let dir = tempfile::tempdir().unwrap();
     for vpmu in [VpmuSetting::CpuSwitch, VpmuSetting::DomainSwitch] {
+        let backend = BackendChoice::Soft;
         // Five rotations of the three kinds of run; each rotation's ratios (its runs a few
         // seconds apart), then their medians.
         let kinds = [Profiled::No, Profiled::Forgotten, Profiled::Kept];
@@ -99,24 +107,54 @@ fn the_host_profile_does_not_change_the_guests_user_space_counts() {
             let mut least = [0.0; 3];
             for k in 0..3 {
                 let k = (k + rotation) % 3;
-                least[k] = run(vpmu, kinds[k], dir.path());
+                least[k] = run(vpmu, backend, kinds[k], dir.path()).0;
             }
             with.push(least[1] / least[0] - 1.0);
             without.push(least[2] / least[0] - 1.0);
         }
         let (with, without) = (median(with), median(without));
         eprintln!(
-            "{vpmu:?}: the guest's count with the host profile {:+.2} %, {:+.2} % with its \
-             interruptions left in",
+            "{vpmu:?} {backend:?}: the guest's count with the host profile {:+.2} %, {:+.2} % \
+             with its interruptions left in",
             100.0 * with,
             100.0 * without
         );
         assert!(
             with < 0.08 && with < 0.6 * without,
-            "{vpmu:?}: with the host profile the guest counted {:+.2} % ({:+.2} % with the \
-             interruptions left in)",
+            "{vpmu:?} {backend:?}: with the host profile the guest counted {:+.2} % ({:+.2} % \
+             with the interruptions left in)",
             100.0 * with,
             100.0 * without
         );
     }
+}
+
+/// The hw source (over the simulated host PMU: hardware-only otherwise) in domain-switch counts
+/// the VMM's work, so each sample's is left out of the guest's counters
+/// (`VcpuPmu::host_work_begins`; the arithmetic is checked in pmu/backend/hw.rs against the
+/// counting simulation). It cannot be told the interruption before the exit in events, so no
+/// ns are forgotten; on this host the interruption is most of a sample's cost, which is why
+/// this run checks the wiring and not the guest's count.
+#[test]
+fn the_hw_source_leaves_each_samples_work_out_in_domain_switch() {
+    if !common::kvm_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, pmu) = run(
+        VpmuSetting::DomainSwitch,
+        BackendChoice::Sim,
+        Profiled::Forgotten,
+        dir.path(),
+    );
+    assert!(
+        pmu.samples_left_out * 10 >= pmu.signals * 9 && pmu.samples_left_out > 100,
+        "{} samples' work left out of {} signals",
+        pmu.samples_left_out,
+        pmu.signals
+    );
+    assert_eq!(
+        pmu.sampler_ns_forgotten, 0,
+        "the hw source forgets no host time"
+    );
 }

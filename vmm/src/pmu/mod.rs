@@ -92,8 +92,9 @@ pub struct VcpuPmu {
 }
 
 /// Host time on the vCPU thread that the guest's counters of `mode` counted for a host-side
-/// profile sample (its interruption of the guest, and in domain-switch the VMM's sample work),
-/// which the vPMU is to forget (`VcpuRecorder::after_exit` measures it).
+/// profile sample's interruption of the guest (from perf's notification to the VMM's look at
+/// it), which the vPMU is to forget (`VcpuRecorder::after_exit` measures it; the VMM's sample
+/// work after that is left out by the backend: `VcpuPmu::host_work_begins`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SamplerTime {
     pub mode: vpmu::AccountingMode,
@@ -106,9 +107,22 @@ impl VcpuPmu {
     /// would not be what the counters counted).
     pub fn forget_sampler_time(&mut self, t: SamplerTime) {
         if t.mode == self.mode {
-            self.pmu.forget_host_time(t.ns);
-            self.stats.sampler_ns_forgotten += t.ns;
+            self.stats.sampler_ns_forgotten += self.pmu.forget_host_time(t.ns);
         }
+    }
+
+    /// The VMM's work for a host-side profile sample begins: not the guest's (see
+    /// [`vpmu::CounterBackend::host_work_begins`]).
+    pub fn host_work_begins(&mut self) {
+        self.pmu.host_work_begins();
+    }
+
+    /// ... and ends: left out of the guest's counts where they count it (domain-switch).
+    pub fn host_work_ends(&mut self) {
+        if let Some(ns) = self.pmu.host_work_ends() {
+            self.stats.sampler_ns_forgotten += ns;
+        }
+        self.stats.samples_left_out += 1;
     }
 }
 
@@ -142,6 +156,9 @@ pub struct PmuStats {
     /// ns of host time a host-side profile's samples cost the guest's counters, which they
     /// were told to forget (soft backend; see `VcpuPmu::forget_sampler_time`).
     pub sampler_ns_forgotten: u64,
+    /// Host-side profile samples whose VMM work the guest's counters were told to leave out
+    /// (every backend; only domain-switch counts it, see `VcpuPmu::host_work_begins`).
+    pub samples_left_out: u64,
     /// PMIs the rate limit held back (each delivered later, merged with any that came meanwhile).
     pub pmis_throttled: u64,
     /// PMIs the model raised (counter overflows with interrupt-on-overflow whose status bit was
@@ -213,6 +230,7 @@ impl PmuStats {
         self.pmis_held_at_end += o.pmis_held_at_end;
         self.signals += o.signals;
         self.sampler_ns_forgotten += o.sampler_ns_forgotten;
+        self.samples_left_out += o.samples_left_out;
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
         self.filter_blocked += o.filter_blocked;
         self.filter_blocked_by_vcpu.push(o.filter_blocked);

@@ -232,15 +232,6 @@ impl Sampler {
     /// those periods is one sample of where the guest was, as a hardware counter's overflow
     /// interrupts would have taken them: counting only one would understate exactly the long
     /// stretches of VMM work that domain-switch is there to show.
-    /// The counter's value now (counter triggers; its mode's time: all the thread's CPU time in
-    /// domain-switch), e.g. to time the VMM's sample work from [`Due::count`].
-    pub fn count(&mut self) -> Option<u64> {
-        match &mut self.trigger {
-            Trigger::Counter { backend, .. } => Some(backend.read(CTR)),
-            Trigger::Wall { .. } => None,
-        }
-    }
-
     pub fn due(&mut self) -> Result<Due, SamplerError> {
         match &mut self.trigger {
             Trigger::Counter {
@@ -268,7 +259,6 @@ impl Sampler {
                 Ok(Due {
                     samples,
                     interruption_ns,
-                    count: Some(count),
                 })
             }
             Trigger::Wall {
@@ -283,7 +273,6 @@ impl Sampler {
                 Ok(Due {
                     samples: periods_passed(crate::tsc::now(), next_due, *period_tsc),
                     interruption_ns: None,
-                    count: None,
                 })
             }
         }
@@ -302,8 +291,6 @@ pub struct Due {
     /// (`PerfBackend::interruption_ns`). None: another signal, a wall-clock trigger, or the hw
     /// backend.
     pub interruption_ns: Option<u64>,
-    /// The counter's value when `due` read it (counter triggers; see [`Sampler::count`]).
-    pub count: Option<u64>,
 }
 
 impl Drop for Sampler {

@@ -67,8 +67,8 @@ pub struct RecordConfig {
     pub trace: Option<PathBuf>,
     pub profile: Option<ProfileConfig>,
     pub pool: PoolConfig,
-    /// Leave the host profile's interruptions in the guest's own counts (as before issue 19
-    /// item 5; `VcpuRecorder::after_exit` then returns nothing to forget): for measuring what
+    /// Leave the host profile's interruptions and sample work in the guest's own counts (as
+    /// before issue 19 item 5; `VcpuRecorder::after_exit` then has the vPMU forget nothing): for measuring what
     /// the correction takes away (tests, benches). Off: they are forgotten.
     pub keep_sampler_time: bool,
 }
@@ -126,7 +126,7 @@ pub struct VcpuRecorder {
     keep_sampler_time: bool,
 }
 
-pub use crate::pmu::SamplerTime;
+use crate::pmu::{SamplerTime, VcpuPmu};
 
 impl VcpuRecorder {
     /// Before KVM_RUN, outside the accounting gate (`vcpu::run_loop`): completes the last
@@ -201,58 +201,61 @@ impl VcpuRecorder {
         }
     }
 
-    /// After the exit was handled, before re-entering: takes a profile sample if one is due.
-    /// Returns what the sampler's interruption cost the guest's counters when that is known
-    /// (see [`SamplerTime`]): when the guest was in user code (CPL 3, which runs natively on
-    /// every host, so nothing of the guest ran between the sampler's notification and the
-    /// exit) and a cycles-counter trigger interrupted it. Guest kernel code on hosts that
-    /// emulate it runs on for a while after the notification (the PMI skid), so there nothing
-    /// is returned (docs/tracing.md, Limits).
-    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) -> Option<SamplerTime> {
-        let s = self.sampler.as_mut()?;
+    /// After the exit was handled, before re-entering: takes a profile sample if one is due,
+    /// and has the guest's counters (`pmu`) leave out what the sample cost them. The VMM's
+    /// sample work is left out by the backend, whatever it counts
+    /// ([`vpmu::CounterBackend::host_work_begins`]: only domain-switch counts it). The
+    /// interruption before the exit is forgotten where the sampler measured it (see
+    /// [`SamplerTime`]): the guest was in user code (CPL 3, which runs natively on every host,
+    /// so nothing of the guest ran between the sampler's notification and the exit) and a
+    /// cycles-counter trigger interrupted it. Guest kernel code on hosts that emulate it runs
+    /// on for a while after the notification (the PMI skid), so there it is not
+    /// (docs/tracing.md, Limits).
+    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess, mut pmu: Option<&mut VcpuPmu>) {
+        let Some(s) = self.sampler.as_mut() else {
+            return;
+        };
         let due = match s.due() {
             Ok(d) => d,
             Err(e) => {
                 self.stop_sampling(e);
-                return None;
+                return;
             }
         };
         if due.samples == 0 && due.interruption_ns.is_none() {
-            return None;
+            return;
         }
         let mode = s.mode();
-        let (rip, cpl) = match (cpu.rip(), cpu.cpl()) {
-            (Ok(rip), Ok(cpl)) => (rip, cpl),
-            (Err(e), _) | (_, Err(e)) => {
+        if self.keep_sampler_time {
+            pmu = None;
+        }
+        // The sample's work, from the register reads on (they may cost an ioctl).
+        if let Some(p) = pmu.as_deref_mut() {
+            p.host_work_begins();
+        }
+        let regs = match (cpu.rip(), cpu.cpl()) {
+            (Ok(rip), Ok(cpl)) => Ok((rip, cpl)),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
+        if let (Ok((rip, cpl)), true) = (&regs, due.samples > 0) {
+            self.record_sample(cpu, *rip, *cpl, due.samples, mode);
+        }
+        if let Some(p) = pmu.as_deref_mut() {
+            p.host_work_ends();
+        }
+        let cpl = match regs {
+            Ok((_, cpl)) => cpl,
+            Err(e) => {
                 log::warn!(
                     "vCPU {}: reading registers for a profile sample: {e}",
                     self.vcpu
                 );
-                return None;
+                return;
             }
         };
-        if due.samples > 0 {
-            self.record_sample(cpu, rip, cpl, due.samples, mode);
+        if let (Some(p), Some(mode), Some(ns), 3) = (pmu, mode, due.interruption_ns, cpl) {
+            p.forget_sampler_time(SamplerTime { mode, ns });
         }
-        let (Some(mode), Some(ns), 3, false) =
-            (mode, due.interruption_ns, cpl, self.keep_sampler_time)
-        else {
-            return None;
-        };
-        // Domain-switch also counts the VMM's work from the sampler's read on (its re-arm, the
-        // registers, the sample's notes): the sampler's own count, the thread's CPU time there.
-        let work = match (
-            mode,
-            self.sampler.as_mut().and_then(Sampler::count),
-            due.count,
-        ) {
-            (vpmu::AccountingMode::DomainSwitch, Some(now), Some(then)) => now.saturating_sub(then),
-            _ => 0,
-        };
-        Some(SamplerTime {
-            mode,
-            ns: ns + work,
-        })
     }
 
     /// Writes `n` sample records of (`rip`, `cpl`), each with the task, executable and call

@@ -13,7 +13,7 @@
 //! | 9 | `LastExits::push_event`, `ExitCounts::count` | diagnostic ring, counts                    | no                   | yes                     |
 //! |10 | test hook (cold)                  | `VmConfig::panic_vcpu_at_exit` (guest_wrong.rs)       | no                   | yes                     |
 //! |11 | `exit::handle` (+ `complete_instruction`) | devices, MSRs (the vPMU), host-quirk fix-ups  | no                   | yes                     |
-//! |12 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due; the vPMU forgets what the sample cost it (`VcpuPmu::forget_sampler_time`) | no | yes, then forgotten |
+//! |12 | `VcpuRecorder::after_exit`        | host-profile sample (RIP, CPL) when one is due; the vPMU leaves its work out (`VcpuPmu::host_work_begins`/`_ends`) and forgets its interruption (`forget_sampler_time`) | no | yes, then left out |
 //! |13 | `VcpuRelay::after_exit`, `idt_trap::after_exit` | SYSCALL relay, RDPMC trap: install / re-check their int3s | no | yes |
 //! |14 | `VcpuRunner::deliver_pmi`         | a due PMI through LVTPC (NMI queued through the access layer / vector / masked) | no | yes |
 //! |15 | `KvmVcpu::commit`                 | write back registers (and a queued NMI) changed during this exit | no     | yes                     |
@@ -162,10 +162,7 @@ impl VcpuRunner {
             }
             // 12-14
             if let Some(r) = &mut self.recorder {
-                let sampler_time = r.after_exit(&mut cpu);
-                if let (Some(p), Some(t)) = (&mut self.pmu, sampler_time) {
-                    p.forget_sampler_time(t);
-                }
+                r.after_exit(&mut cpu, self.pmu.as_mut());
             }
             if let Some(r) = &mut self.relay {
                 r.after_exit(&mut cpu);

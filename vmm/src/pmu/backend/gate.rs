@@ -251,11 +251,12 @@ impl Gate {
 
     /// Takes `ns` of host work back from the last closed KVM_RUN interval (outside KVM_RUN),
     /// at most what that interval charged: guest time counted in earlier intervals is never
-    /// touched.
-    pub(super) fn forget(&mut self, ns: u64) {
+    /// touched. Returns what it took.
+    pub(super) fn forget(&mut self, ns: u64) -> u64 {
         let d = ns.min(self.last_interval);
         self.inside -= d;
         self.last_interval -= d;
+        d
     }
 
     /// Forgets an open interval (a mode switch, outside KVM_RUN): charging starts at the next

@@ -54,6 +54,9 @@ struct HwCounter {
     /// The last value `count` returned (reads never go backwards).
     last: u64,
     split: Option<Split>,
+    /// What the events counted of host work the guest is not charged for (`host_work_*`),
+    /// left out of the count.
+    left_out: u64,
 }
 
 pub(super) struct Hw {
@@ -61,6 +64,8 @@ pub(super) struct Hw {
     counters: BTreeMap<u8, HwCounter>,
     /// Counters (bits) whose events the host was seen multiplexing (warned once each).
     pub(super) multiplexed: u64,
+    /// Each counter's raw sum when host work the guest is not charged for began.
+    host_work_from: Vec<(u8, u64)>,
 }
 
 /// `rest` split into the guest event's and the host event's periods at `share`.
@@ -76,6 +81,7 @@ impl Hw {
             mode,
             counters: BTreeMap::new(),
             multiplexed: 0,
+            host_work_from: Vec::new(),
         }
     }
 
@@ -132,16 +138,71 @@ impl Hw {
         c.scaled()
     }
 
-    fn count(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+    /// What counter `bit`'s events have counted since it was programmed (their sum).
+    fn raw(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
         let Some(fds) = self.counters.get(&bit).map(|c| c.fds.clone()) else {
             return 0;
         };
-        let raw: u64 = fds.iter().map(|&fd| self.read_fd(sys, bit, fd)).sum();
+        fds.iter().map(|&fd| self.read_fd(sys, bit, fd)).sum()
+    }
+
+    fn count(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
+        let raw = self.raw(sys, bit);
         let Some(c) = self.counters.get_mut(&bit) else {
             return 0;
         };
-        c.last = raw.max(c.last);
+        c.last = raw.saturating_sub(c.left_out).max(c.last);
         c.last
+    }
+
+    /// Host work the guest is not charged for begins ([`vpmu::CounterBackend::host_work_begins`]):
+    /// in domain-switch each counter's events are read (cpu-switch's count guest mode alone).
+    pub(super) fn host_work_begins(&mut self, sys: &mut dyn PerfSys) {
+        self.host_work_from.clear();
+        if self.mode == AccountingMode::DomainSwitch {
+            let bits: Vec<u8> = self.counters.keys().copied().collect();
+            for bit in bits {
+                let raw = self.raw(sys, bit);
+                self.host_work_from.push((bit, raw));
+            }
+        }
+    }
+
+    /// ... and ends: what each counter's events counted since is left out of its count, and an
+    /// armed counter's host periods restart for the rest of its period (else the host's
+    /// overflow would come early by what was left out, and the next one a period late).
+    pub(super) fn host_work_ends(&mut self, sys: &mut dyn PerfSys) {
+        for (bit, from) in std::mem::take(&mut self.host_work_from) {
+            let Some(fds) = self.counters.get(&bit).map(|c| c.fds.clone()) else {
+                continue;
+            };
+            let each: Vec<u64> = fds.iter().map(|&fd| self.read_fd(sys, bit, fd)).collect();
+            let raw: u64 = each.iter().sum();
+            let Some(c) = self.counters.get_mut(&bit) else {
+                continue;
+            };
+            c.left_out += raw.saturating_sub(from);
+            let count = raw.saturating_sub(c.left_out).max(c.last);
+            c.last = count;
+            let Some(at) = c.armed.filter(|&at| at > count) else {
+                continue;
+            };
+            match (c.split.as_mut(), &each[..]) {
+                (Some(sp), &[g, h]) => {
+                    // The shares restart here too: what was counted in between is not the
+                    // guest's.
+                    sp.at_split = [g, h];
+                    let p = split_period(at - count, sp.share);
+                    sys.set_period(fds[0], p[0]);
+                    sys.set_period(fds[1], p[1]);
+                }
+                _ => {
+                    for &fd in &fds {
+                        sys.set_period(fd, (at - count).max(MIN_HW_PERIOD));
+                    }
+                }
+            }
+        }
     }
 
     /// An overflow signal for split counter `bit`, armed at `at`: whether it is due; if not,
@@ -169,7 +230,7 @@ impl Hw {
             sp.share = share.clamp(SHARE_MIN, SHARE_ONE - SHARE_MIN);
         }
         sp.at_split = now;
-        c.last = (now[0] + now[1]).max(c.last);
+        c.last = (now[0] + now[1]).saturating_sub(c.left_out).max(c.last);
         if c.last >= at {
             return true;
         }
@@ -252,6 +313,7 @@ impl SourceBackend for Hw {
                 at_split: [0, 0],
                 share,
             }),
+            left_out: 0,
         };
         self.counters.insert(bit, c);
         Ok(())
@@ -536,6 +598,58 @@ mod tests {
             worst <= bound,
             "a PMI came {worst} counts late (bound {bound})"
         );
+    }
+
+    /// A host-side sampler's work (`host_work_begins` .. `_ends`) is left out of domain-switch
+    /// counts whatever the guest filters, counts never go backwards, and the guest's PMIs
+    /// still come when what it is charged for reaches its period: not early (the host's
+    /// events counted the work) and not a period late (their periods restart for the rest).
+    #[test]
+    fn a_samples_work_is_left_out_and_pmis_stay_due() {
+        let period = 1_000_000;
+        let ctr = CounterId::gp(0);
+        let all = event(Vendor::Amd, 0x76, 0, true, true);
+        let usr = event(Vendor::Amd, 0x76, 0, true, false);
+        for (name, e) in [("all rings", all), ("user only", usr)] {
+            let (mut b, sim) = backend(AccountingMode::DomainSwitch);
+            b.program(ctr, &e, Some(period)).unwrap();
+            let (mut truth, mut late) = (0u64, Vec::new());
+            while late.len() < 5 {
+                // The guest and the VMM's work on its behalf: charged.
+                for (ctx, n) in [(Ctx::GUEST_USER, 3000), (Ctx::HOST_KERNEL, 1000)] {
+                    sim.run(ctx, n);
+                    truth += n;
+                    if b.take_overflows() & ctr.mask() != 0 {
+                        assert!(truth >= period, "{name}: a PMI {} early", period - truth);
+                        late.push(truth - period);
+                        b.program(ctr, &e, Some(period)).unwrap();
+                        truth = 0;
+                    }
+                }
+                // A sample: its work is not the guest's.
+                assert_eq!(b.read(ctr), truth, "{name}");
+                b.host_work_begins();
+                sim.run(Ctx::HOST_USER, 2500);
+                sim.run(Ctx::HOST_KERNEL, 2500);
+                b.host_work_ends();
+                assert_eq!(b.read(ctr), truth, "{name}: left out");
+                assert!(truth < 2 * period, "{name}: no PMI after {truth} counts");
+            }
+            let max = *late.iter().max().unwrap();
+            assert!(
+                max <= MIN_HW_PERIOD + 1000,
+                "{name}: a PMI came {max} counts late: {late:?}"
+            );
+            assert!(sim.state().refused.is_empty());
+        }
+        // cpu-switch counts guest mode alone (exclude_host): nothing to leave out, no reads.
+        let (mut b, sim) = backend(AccountingMode::CpuSwitch);
+        b.program(ctr, &all, Some(period)).unwrap();
+        sim.run(Ctx::GUEST_USER, 3000);
+        b.host_work_begins();
+        sim.run(Ctx::HOST_KERNEL, 5000);
+        assert_eq!(b.host_work_ends(), None);
+        assert_eq!(b.read(ctr), 3000);
     }
 
     #[test]

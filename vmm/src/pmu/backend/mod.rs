@@ -251,11 +251,32 @@ impl CounterBackend for PerfBackend {
         src.set_mode(mode);
     }
 
-    fn forget_host_time(&mut self, ns: u64) {
-        // The hardware source counts guest mode alone in cpu-switch (exclude_host); its
-        // domain-switch host events do count the sampler's work (docs/tracing.md, Limits).
-        if let Imp::Soft(s) = &mut self.imp {
-            s.forget_host_time(ns);
+    fn forget_host_time(&mut self, ns: u64) -> u64 {
+        // The hardware source counts guest mode alone in cpu-switch (exclude_host); in
+        // domain-switch it cannot tell how many events the interruption before the exit
+        // counted (docs/tracing.md, Limits), only the VMM's work after it (`host_work_*`).
+        match &mut self.imp {
+            Imp::Soft(s) => s.forget_host_time(ns),
+            Imp::Hw(_) => 0,
+        }
+    }
+
+    fn host_work_begins(&mut self) {
+        let sys = self.sys.as_mut();
+        match &mut self.imp {
+            Imp::Soft(s) => s.host_work_begins(sys),
+            Imp::Hw(h) => h.host_work_begins(sys),
+        }
+    }
+
+    fn host_work_ends(&mut self) -> Option<u64> {
+        let sys = self.sys.as_mut();
+        match &mut self.imp {
+            Imp::Soft(s) => s.host_work_ends(sys),
+            Imp::Hw(h) => {
+                h.host_work_ends(sys);
+                None
+            }
         }
     }
 

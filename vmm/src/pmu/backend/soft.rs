@@ -55,6 +55,8 @@ pub(super) struct Soft {
     mode: AccountingMode,
     counters: BTreeMap<u8, SoftCounter>,
     pub(super) gate: Gate,
+    /// The thread's CPU time when host work the guest is not charged for began (domain-switch).
+    host_work_from: Option<u64>,
 }
 
 impl Soft {
@@ -74,6 +76,7 @@ impl Soft {
             mode,
             counters: BTreeMap::new(),
             gate: Gate::new(TscSource::Cpu, tsc_khz),
+            host_work_from: None,
         }
     }
 
@@ -185,14 +188,33 @@ impl Soft {
     /// KVM_RUN interval (at most all of it); domain-switch moves every counter's zero forward
     /// by it (a counter then stands still until it has counted that much again: counts never
     /// go backwards, see `count`).
-    pub(super) fn forget_host_time(&mut self, ns: u64) {
+    pub(super) fn forget_host_time(&mut self, ns: u64) -> u64 {
         if self.gates() {
-            self.gate.forget(ns);
+            self.gate.forget(ns)
         } else {
             for c in self.counters.values_mut() {
                 c.base = c.base.saturating_add(ns);
             }
+            ns
         }
+    }
+
+    /// Host work the guest is not charged for begins (see
+    /// [`vpmu::CounterBackend::host_work_begins`]): in domain-switch, notes the thread's CPU
+    /// time (every soft counter counts it); cpu-switch counts nothing outside KVM_RUN.
+    pub(super) fn host_work_begins(&mut self, sys: &mut dyn PerfSys) {
+        self.host_work_from = match self.counters.keys().next() {
+            Some(&bit) if !self.gates() => Some(self.raw(sys, bit)),
+            _ => None,
+        };
+    }
+
+    /// ... and ends: the thread's CPU time since is forgotten (`forget_host_time`); returns it.
+    pub(super) fn host_work_ends(&mut self, sys: &mut dyn PerfSys) -> Option<u64> {
+        let from = self.host_work_from.take()?;
+        let &bit = self.counters.keys().next()?;
+        let ns = self.raw(sys, bit).saturating_sub(from);
+        Some(self.forget_host_time(ns))
     }
 
     /// For a sampler on the host's side (profile::sampler), after a signal: how much host time
@@ -563,6 +585,36 @@ mod tests {
         // SAFETY: as above.
         unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
         assert_eq!(b.take_overflows() & (1 << 1), 1 << 1);
+    }
+
+    #[test]
+    fn a_samples_work_is_left_out_in_domain_switch_only() {
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let ctr = CounterId::gp(0);
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::DomainSwitch,
+        );
+        b.program(ctr, &e, None).unwrap();
+        run(&log, 100_000);
+        b.host_work_begins();
+        run(&log, 25_000);
+        assert_eq!(b.host_work_ends(), Some(25_000), "the VMM's sample work");
+        assert_eq!(b.read(ctr), 100_000, "left out");
+        run(&log, 10_000);
+        assert_eq!(b.read(ctr), 110_000, "what follows counts");
+        assert_eq!(b.host_work_ends(), None, "nothing began");
+        // cpu-switch counts nothing outside KVM_RUN: nothing to leave out.
+        let (mut b, log) = backend(
+            Source::Soft { tsc_khz: 1_000_000 },
+            AccountingMode::CpuSwitch,
+        );
+        b.program(ctr, &e, None).unwrap();
+        exit_cycle(&mut b, &log, 100_000, 1000);
+        b.host_work_begins();
+        run(&log, 25_000);
+        assert_eq!(b.host_work_ends(), None);
+        assert_eq!(b.read(ctr), 100_000);
     }
 
     #[test]
