@@ -14,6 +14,10 @@
 //! * [`idt_trap`]: that int3 over an exception vector's handler, shared by the relay (#PF), the
 //!   RDPMC trap (#GP, `pmu::rdpmc_trap`) and [`xbegin_abort`] (#UD: XBEGIN at guest CPL 0,
 //!   which these hosts' emulator refuses, completed as a transaction abort; Multiboot guests).
+//!
+//! Elsewhere, one decision follows the detection: the host profile forgets its interruptions
+//! of guest *kernel* code only when the quirks are off (`trace::recorder`, `guest_kernel_emulated`:
+//! emulated kernel code runs on for the PMI skid after the sampler's notification).
 
 pub mod emulate;
 pub mod idt_trap;

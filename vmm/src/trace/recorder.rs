@@ -124,6 +124,11 @@ pub struct VcpuRecorder {
     vcpu: u32,
     /// `RecordConfig::keep_sampler_time`.
     keep_sampler_time: bool,
+    /// The host emulates guest kernel code (host quirks on): the guest's kernel runs on for
+    /// the PMI skid after the sampler's notification, so its interruption cannot be told
+    /// apart from guest time. On a VT-x/SVM host guest kernel code runs natively, like user
+    /// code: nothing of it runs between the notification and the exit.
+    guest_kernel_emulated: bool,
 }
 
 use crate::pmu::{SamplerTime, VcpuPmu};
@@ -206,11 +211,11 @@ impl VcpuRecorder {
     /// sample work is left out by the backend, whatever it counts
     /// ([`vpmu::CounterBackend::host_work_begins`]: only domain-switch counts it). The
     /// interruption before the exit is forgotten where the sampler measured it (see
-    /// [`SamplerTime`]): the guest was in user code (CPL 3, which runs natively on every host,
-    /// so nothing of the guest ran between the sampler's notification and the exit) and a
-    /// cycles-counter trigger interrupted it. Guest kernel code on hosts that emulate it runs
-    /// on for a while after the notification (the PMI skid), so there it is not
-    /// (docs/tracing.md, Limits).
+    /// [`SamplerTime`]): a cycles-counter trigger interrupted guest code that runs natively,
+    /// so nothing of the guest ran between the sampler's notification and the exit: user code
+    /// (CPL 3) on every host, kernel code too on a VT-x/SVM host. Guest kernel code on hosts
+    /// that emulate it (`guest_kernel_emulated`) runs on for a while after the notification
+    /// (the PMI skid), so there it is not (docs/tracing.md, Limits).
     pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess, mut pmu: Option<&mut VcpuPmu>) {
         let Some(s) = self.sampler.as_mut() else {
             return;
@@ -253,7 +258,8 @@ impl VcpuRecorder {
                 return;
             }
         };
-        if let (Some(p), Some(mode), Some(ns), 3) = (pmu, mode, due.interruption_ns, cpl) {
+        let native = cpl == 3 || !self.guest_kernel_emulated;
+        if let (Some(p), Some(mode), Some(ns), true) = (pmu, mode, due.interruption_ns, native) {
             p.forget_sampler_time(SamplerTime { mode, ns });
         }
     }
@@ -493,6 +499,7 @@ impl Recording {
         vpmu: crate::pmu::VpmuSetting,
         kernel: Option<&std::path::Path>,
         follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
+        guest_kernel_emulated: bool,
     ) -> Result<Option<Recording>, RecordError> {
         if !cfg.is_on() {
             return Ok(None);
@@ -578,6 +585,7 @@ impl Recording {
                 sampler_failed: false,
                 vcpu: i as u32,
                 keep_sampler_time: cfg.keep_sampler_time,
+                guest_kernel_emulated,
             })
             .collect();
         Ok(Some(Recording {

@@ -154,7 +154,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .and_then(|r| r.fd.get_tsc_khz().ok())
         .map(u64::from)
         .filter(|&k| k > 0);
-    let recording = start_recording(cfg, &mut runners, &mode_switch)?;
+    let recording = start_recording(cfg, &mut runners, &mode_switch, quirks.is_some())?;
     Ok(BuiltVm {
         runners,
         control,
@@ -869,6 +869,7 @@ fn start_recording(
     cfg: &VmConfig,
     runners: &mut [VcpuRunner],
     mode_switch: &Option<Arc<ModeSwitch>>,
+    quirks: bool,
 ) -> Result<Option<Recording>, VmError> {
     let Some(first) = runners.first().filter(|_| cfg.record.is_on()) else {
         return Ok(None);
@@ -885,6 +886,7 @@ fn start_recording(
         cfg.vpmu,
         kernel,
         mode_switch.clone(),
+        quirks,
     )?;
     if let Some(rec) = recording.as_mut() {
         for r in runners.iter_mut() {
