@@ -172,7 +172,9 @@ impl Hw {
     /// armed counter's host periods restart for the rest of its period (else the host's
     /// overflow would come early by what was left out, and the next one a period late).
     pub(super) fn host_work_ends(&mut self, sys: &mut dyn PerfSys) {
-        for (bit, from) in std::mem::take(&mut self.host_work_from) {
+        // By index, and cleared at the end: the list keeps its allocation from sample to sample.
+        for i in 0..self.host_work_from.len() {
+            let (bit, from) = self.host_work_from[i];
             let Some(fds) = self.counters.get(&bit).map(|c| c.fds.clone()) else {
                 continue;
             };
@@ -203,6 +205,7 @@ impl Hw {
                 }
             }
         }
+        self.host_work_from.clear();
     }
 
     /// An overflow signal for split counter `bit`, armed at `at`: whether it is due; if not,
