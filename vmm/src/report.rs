@@ -95,10 +95,13 @@ pub fn lines(r: &RunReport) -> Vec<String> {
                 ));
             }
         }
-        if p.sampler_ns_forgotten > 0 {
+        if p.sampler_ns_forgotten + p.sampler_work_ns_left_out > 0 {
             out.push(format!(
-                "[vpmu-vmm] host profile: its samples cost the guest's counters {:.3} ms of host time, taken back from them",
-                p.sampler_ns_forgotten as f64 / 1e6
+                "[vpmu-vmm] host profile: its samples cost the guest's counters {:.3} ms of host time \
+                 (interruptions {:.3} ms, the VMM's sample work {:.3} ms), taken back from them",
+                (p.sampler_ns_forgotten + p.sampler_work_ns_left_out) as f64 / 1e6,
+                p.sampler_ns_forgotten as f64 / 1e6,
+                p.sampler_work_ns_left_out as f64 / 1e6
             ));
         }
         if p.rdpmc_fixed > 0 {
@@ -407,6 +410,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             "signals": p.signals,
             "sampler_ns_forgotten": p.sampler_ns_forgotten,
             "samples_left_out": p.samples_left_out,
+            "sampler_work_ns_left_out": p.sampler_work_ns_left_out,
             "by_mode": by_mode,
             "mode_switches": switches,
             "event_filter": r.pmu_event_filter.as_ref().map(|f| json!({

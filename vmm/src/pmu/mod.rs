@@ -120,7 +120,7 @@ impl VcpuPmu {
     /// ... and ends: left out of the guest's counts where they count it (domain-switch).
     pub fn host_work_ends(&mut self) {
         if let Some(ns) = self.pmu.host_work_ends() {
-            self.stats.sampler_ns_forgotten += ns;
+            self.stats.sampler_work_ns_left_out += ns;
         }
         self.stats.samples_left_out += 1;
     }
@@ -153,12 +153,14 @@ pub struct PmuStats {
     pub pmis_vector: u64,
     /// PMIs dropped because LVTPC was masked (as hardware does).
     pub pmis_masked: u64,
-    /// ns of host time a host-side profile's samples cost the guest's counters, which they
-    /// were told to forget (soft backend; see `VcpuPmu::forget_sampler_time`).
+    /// ns of host time a host-side profile's interruptions of the guest cost its counters,
+    /// which they forgot (soft backend; see `VcpuPmu::forget_sampler_time`).
     pub sampler_ns_forgotten: u64,
     /// Host-side profile samples whose VMM work the guest's counters were told to leave out
     /// (every backend; only domain-switch counts it, see `VcpuPmu::host_work_begins`).
     pub samples_left_out: u64,
+    /// ns of that work the soft backend left out (the hw source leaves events out, not ns).
+    pub sampler_work_ns_left_out: u64,
     /// PMIs the rate limit held back (each delivered later, merged with any that came meanwhile).
     pub pmis_throttled: u64,
     /// PMIs the model raised (counter overflows with interrupt-on-overflow whose status bit was
@@ -231,6 +233,7 @@ impl PmuStats {
         self.signals += o.signals;
         self.sampler_ns_forgotten += o.sampler_ns_forgotten;
         self.samples_left_out += o.samples_left_out;
+        self.sampler_work_ns_left_out += o.sampler_work_ns_left_out;
         self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
         self.filter_blocked += o.filter_blocked;
         self.filter_blocked_by_vcpu.push(o.filter_blocked);

@@ -232,6 +232,20 @@ impl Sampler {
     /// those periods is one sample of where the guest was, as a hardware counter's overflow
     /// interrupts would have taken them: counting only one would understate exactly the long
     /// stretches of VMM work that domain-switch is there to show.
+    /// After a [`Due`] with `signal`: the soft backend's next notification is asked for at
+    /// the next grid point. In cpu-switch perf's period also ran outside KVM_RUN, so its
+    /// signal may come early, or late for the next grid point; this asks for the next one when
+    /// the guest reaches it (in domain-switch it keeps perf on the grid; no-op on the hw
+    /// backend and for a wall-clock trigger).
+    pub fn rearm(&mut self) {
+        if let Trigger::Counter {
+            backend, next_at, ..
+        } = &mut self.trigger
+        {
+            backend.notify_at(CTR, *next_at);
+        }
+    }
+
     pub fn due(&mut self) -> Result<Due, SamplerError> {
         match &mut self.trigger {
             Trigger::Counter {
@@ -251,12 +265,8 @@ impl Sampler {
                 let interruption_ns = backend.interruption_ns(CTR);
                 let count = backend.read(CTR);
                 let samples = periods_passed(count, next_at, *period_ns);
-                // Soft backend: in cpu-switch perf's period also ran outside KVM_RUN, so its
-                // signal may come early, or late for the next grid point; ask for the next one
-                // when the guest reaches it (in domain-switch this keeps perf on the grid;
-                // no-op on the hw backend).
-                backend.notify_at(CTR, *next_at);
                 Ok(Due {
+                    signal: true,
                     samples,
                     interruption_ns,
                 })
@@ -271,6 +281,7 @@ impl Sampler {
                     return Ok(Due::default());
                 }
                 Ok(Due {
+                    signal: true,
                     samples: periods_passed(crate::tsc::now(), next_due, *period_tsc),
                     interruption_ns: None,
                 })
@@ -282,6 +293,10 @@ impl Sampler {
 /// What [`Sampler::due`] found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Due {
+    /// A signal came since the last look: call [`Sampler::rearm`] (after `due`, so that the
+    /// VMM can leave the re-arm, a system call or two, out of the guest's counts with the rest
+    /// of its sample work).
+    pub signal: bool,
     /// Sample periods that passed since the last sample (0: none is due).
     pub samples: u64,
     /// The host time (ns of thread CPU time) the guest's counting was charged for this

@@ -227,17 +227,23 @@ impl VcpuRecorder {
                 return;
             }
         };
+        if !due.signal {
+            return;
+        }
         if due.samples == 0 && due.interruption_ns.is_none() {
+            s.rearm();
             return;
         }
         let mode = s.mode();
         if self.keep_sampler_time {
             pmu = None;
         }
-        // The sample's work, from the register reads on (they may cost an ioctl).
+        // The sample's work, from the sampler's re-arm on (each may cost a system call or an
+        // ioctl: several microseconds on hosts like this project's).
         if let Some(p) = pmu.as_deref_mut() {
             p.host_work_begins();
         }
+        s.rearm();
         let regs = match (cpu.rip(), cpu.cpl()) {
             (Ok(rip), Ok(cpl)) => Ok((rip, cpl)),
             (Err(e), _) | (_, Err(e)) => Err(e),
