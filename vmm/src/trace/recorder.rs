@@ -68,8 +68,8 @@ pub struct RecordConfig {
     pub profile: Option<ProfileConfig>,
     pub pool: PoolConfig,
     /// Leave the host profile's interruptions and sample work in the guest's own counts (as
-    /// before issue 19 item 5; `VcpuRecorder::after_exit` then has the vPMU forget nothing): for measuring what
-    /// the correction takes away (tests, benches). Off: they are forgotten.
+    /// before issue 19 item 5; `VcpuRecorder::after_exit` then has the vPMU forget nothing):
+    /// for measuring what the correction takes away (tests, benches). Off: they are forgotten.
     pub keep_sampler_time: bool,
 }
 

@@ -75,6 +75,23 @@ fn split_period(rest: u64, share: u64) -> [u64; 2] {
     [g.max(MIN_HW_PERIOD), (rest - g).max(MIN_HW_PERIOD)]
 }
 
+/// Restarts the periods of a counter's events (`fds`) so that their overflow comes when they
+/// have counted `rest` more: a split pair at the guest event's `share`, one event whole.
+fn restart_periods(sys: &mut dyn PerfSys, fds: &[RawFd], share: Option<u64>, rest: u64) {
+    match (fds, share) {
+        (&[g, h], Some(share)) => {
+            let p = split_period(rest, share);
+            sys.set_period(g, p[0]);
+            sys.set_period(h, p[1]);
+        }
+        _ => {
+            for &fd in fds {
+                sys.set_period(fd, rest.max(MIN_HW_PERIOD));
+            }
+        }
+    }
+}
+
 impl Hw {
     pub(super) fn new(mode: AccountingMode) -> Hw {
         Hw {
@@ -189,21 +206,13 @@ impl Hw {
             let Some(at) = c.armed.filter(|&at| at > count) else {
                 continue;
             };
-            match (c.split.as_mut(), &each[..]) {
-                (Some(sp), &[g, h]) => {
-                    // The shares restart here too: what was counted in between is not the
-                    // guest's.
-                    sp.at_split = [g, h];
-                    let p = split_period(at - count, sp.share);
-                    sys.set_period(fds[0], p[0]);
-                    sys.set_period(fds[1], p[1]);
-                }
-                _ => {
-                    for &fd in &fds {
-                        sys.set_period(fd, (at - count).max(MIN_HW_PERIOD));
-                    }
-                }
+            // A split's shares restart here too: what was counted in between is not the
+            // guest's.
+            if let (Some(sp), &[g, h]) = (c.split.as_mut(), &each[..]) {
+                sp.at_split = [g, h];
             }
+            let share = c.split.map(|sp| sp.share);
+            restart_periods(sys, &fds, share, at - count);
         }
         self.host_work_from.clear();
     }
@@ -237,9 +246,7 @@ impl Hw {
         if c.last >= at {
             return true;
         }
-        let p = split_period(at - c.last, sp.share);
-        sys.set_period(g_fd, p[0]);
-        sys.set_period(h_fd, p[1]);
+        restart_periods(sys, &[g_fd, h_fd], Some(sp.share), at - c.last);
         false
     }
 }
