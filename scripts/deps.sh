@@ -27,7 +27,8 @@ step() {
 }
 
 need=()
-for p in build-essential binutils busybox-static; do
+# xz-utils (xz, lzma), bzip2, lz4, zstd: the bzImage unit tests compress a payload with each.
+for p in build-essential binutils busybox-static xz-utils bzip2 lz4 zstd; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -13,17 +13,7 @@ use vmm::profile::btf_layout::{from_kernel, BtfLayoutError};
 use vmm::profile::guest_task::TaskLayout;
 
 fn paths() -> HashMap<String, PathBuf> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-image/build.sh");
-    let out = std::process::Command::new("bash")
-        .args([script, "paths"])
-        .output()
-        .expect("guest-image/build.sh paths");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
-        .filter(|(_, p)| p.exists())
-        .collect()
+    testkit::built_images()
 }
 
 #[test]
@@ -34,9 +24,9 @@ fn the_btf_layout_of_debians_kernel_matches_its_dwarf_and_system_map() {
         p.get("DEBIAN_DWARF_OFFSETS"),
         p.get("DEBIAN_SYSTEM_MAP"),
     ) else {
-        eprintln!(
-            "\n*** the_btf_layout_of_debians_kernel_matches_its_dwarf_and_system_map: Debian's \
-             kernel is NOT DOWNLOADED (guest-image/build.sh debian-kernel): this check DID NOT RUN ***\n"
+        testkit::input_missing(
+            "the_btf_layout_of_debians_kernel_matches_its_dwarf_and_system_map",
+            "Debian's kernel (guest-image/build.sh debian-kernel)",
         );
         return;
     };
@@ -96,9 +86,9 @@ fn the_btf_layout_of_debians_kernel_matches_its_dwarf_and_system_map() {
 fn a_kernel_without_btf_is_refused_with_what_to_do() {
     let p = paths();
     let Some(kernel) = p.get("DEFAULT_BZIMAGE") else {
-        eprintln!(
-            "\n*** a_kernel_without_btf_is_refused_with_what_to_do: the default kernel is NOT \
-             BUILT (guest-image/build.sh default-kernel): this check DID NOT RUN ***\n"
+        testkit::input_missing(
+            "a_kernel_without_btf_is_refused_with_what_to_do",
+            "the default kernel (guest-image/build.sh default-kernel)",
         );
         return;
     };

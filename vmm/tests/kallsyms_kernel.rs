@@ -11,18 +11,8 @@ use vmm::profile::symbols::{is_code, SymbolTable};
 
 /// DEFAULT_BZIMAGE, DEFAULT_VMLINUX, DEFAULT_SYSTEM_MAP from `guest-image/build.sh paths`.
 fn kernel_paths() -> Option<(PathBuf, PathBuf, PathBuf)> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-image/build.sh");
-    let out = std::process::Command::new("bash")
-        .args([script, "paths"])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{k}=")))
-            .map(PathBuf::from)
-            .filter(|p| p.exists())
-    };
+    let images = testkit::built_images();
+    let get = |k: &str| images.get(k).cloned();
     Some((
         get("DEFAULT_BZIMAGE")?,
         get("DEFAULT_VMLINUX")?,
@@ -33,9 +23,9 @@ fn kernel_paths() -> Option<(PathBuf, PathBuf, PathBuf)> {
 #[test]
 fn kallsyms_agree_with_system_map() {
     let Some((bzimage, vmlinux, map)) = kernel_paths() else {
-        eprintln!(
-            "\n*** kallsyms_agree_with_system_map: the default guest kernel is NOT BUILT \
-             (guest-image/build.sh default-kernel): this check DID NOT RUN ***\n"
+        testkit::input_missing(
+            "kallsyms_agree_with_system_map",
+            "the default kernel (guest-image/build.sh default-kernel)",
         );
         return;
     };

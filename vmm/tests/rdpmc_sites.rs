@@ -6,27 +6,16 @@
 use std::path::PathBuf;
 
 fn cached(var: &str) -> Option<PathBuf> {
-    let out = std::process::Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../guest-image/build.sh"
-        ))
-        .arg("paths")
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{var}=")))
-        .map(|v| PathBuf::from(v.trim_matches('"').trim_matches('\'')))
-        .filter(|p| p.exists())
+    testkit::built_images().remove(var)
 }
 
 #[test]
 fn default_kernel_sites_agree_with_and_without_symbols() {
     let (Some(vmlinux), Some(bzimage)) = (cached("DEFAULT_VMLINUX"), cached("DEFAULT_BZIMAGE"))
     else {
-        eprintln!(
-            "\n*** SKIPPED: no cached default kernel (run guest-image/build.sh default-kernel) ***\n"
+        testkit::input_missing(
+            "default_kernel_sites_agree_with_and_without_symbols",
+            "the default kernel (guest-image/build.sh default-kernel)",
         );
         return;
     };

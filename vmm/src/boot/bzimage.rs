@@ -607,7 +607,10 @@ mod tests {
                 .stdout(std::process::Stdio::piped())
                 .spawn()
             else {
-                eprintln!("*** {tool} is not installed: {name} NOT CHECKED ***");
+                testkit::not_checked(
+                    &format!("a {name} bzImage's extraction"),
+                    &format!("{tool} is not installed (scripts/deps.sh installs it)"),
+                );
                 continue;
             };
             let mut stdin = child.stdin.take().unwrap();

@@ -16,10 +16,23 @@ pub fn kvm_available() -> bool {
     }
     let msg = "*** /dev/kvm is missing: the KVM test tier CANNOT RUN on this machine ***";
     if std::env::var("VPMU_ALLOW_NO_KVM").as_deref() == Ok("1") {
-        eprintln!("{msg} (skipped because VPMU_ALLOW_NO_KVM=1)");
+        testkit::not_checked(
+            "the KVM tiers of this binary",
+            "/dev/kvm is missing (skipped because VPMU_ALLOW_NO_KVM=1)",
+        );
         return false;
     }
     panic!("{msg}; set VPMU_ALLOW_NO_KVM=1 to skip it knowingly");
+}
+
+/// Whether the host's KVM may answer a guest RDPMC itself, from a PMU of its own (its
+/// `enable_pmu` parameter on, and a host PMU to back it). Where it may not (kvm_pvm; the SVM host
+/// under QEMU's emulator: "PMU virtualization is disabled"), an RDPMC the VMM does not serve is a
+/// #GP, as `--rdpmc off` tests check.
+pub fn kvm_may_serve_rdpmc() -> bool {
+    let param =
+        std::fs::read_to_string("/sys/module/kvm/parameters/enable_pmu").unwrap_or_default();
+    param.trim() != "N" && vmm::pmu::setup::host_has_pmu()
 }
 
 pub struct TinyRun {
