@@ -179,6 +179,106 @@ fn vmm_run(kernel: &Path, disk: &str, console: &Path) -> Command {
     c
 }
 
+/// What a tiny guest of blk_sync_body.inc said of its requests ("tiny: virtio-blk ..."), and
+/// the VMM's stderr, from `vpmu-vmm run` with `fdatasync`/`fsync` made to fail with EIO by a
+/// seccomp filter installed before exec (`fail_sync`). The VMM is killed once the guest spoke.
+fn blk_sync_guest_says(guest: &tiny_guests::TinyGuest, fail_sync: bool) -> (String, String) {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let kernel = guest_elf(dir.path(), guest);
+    let img = dir.path().join("sync.img");
+    std::fs::write(&img, vec![0u8; (SECTORS * 512) as usize]).unwrap();
+    let console = dir.path().join("console");
+    let mut cmd = vmm_run(&kernel, img.to_str().unwrap(), &console);
+    if fail_sync {
+        let filter = seccompiler::SeccompFilter::new(
+            [(libc::SYS_fdatasync, vec![]), (libc::SYS_fsync, vec![])]
+                .into_iter()
+                .collect(),
+            seccompiler::SeccompAction::Allow,
+            seccompiler::SeccompAction::Errno(libc::EIO as u32),
+            seccompiler::TargetArch::x86_64,
+        )
+        .unwrap();
+        let program: seccompiler::BpfProgram = filter.try_into().unwrap();
+        // SAFETY: the closure runs in the forked child before exec; apply_filter makes two
+        // system calls (prctl(PR_SET_NO_NEW_PRIVS), seccomp) on a program built before the fork
+        // and allocates nothing on its way to them.
+        unsafe {
+            cmd.pre_exec(move || {
+                seccompiler::apply_filter(&program).map_err(std::io::Error::other)
+            });
+        }
+    }
+    let mut vmm = cmd.spawn().unwrap();
+    let t0 = Instant::now();
+    let said = loop {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        if let Some(l) = text.lines().find(|l| l.starts_with("tiny: virtio-blk")) {
+            break l.to_string();
+        }
+        if let Some(st) = vmm.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(vmm.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!(
+                "{}: the VMM ended ({st}) before the guest spoke: {err}",
+                guest.name
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "{}: {text:?}",
+            guest.name
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    vmm.kill().unwrap();
+    let out = vmm.wait_with_output().unwrap();
+    (said, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The guest hears of a FLUSH (and, where the driver did not accept FLUSH, of each write) only
+/// with the result of the `fdatasync` that made it durable: with that system call failing
+/// (EIO, injected by a seccomp filter around the real binary), the guest must get IOERR. A VMM
+/// that completed the request before calling fdatasync, without calling it, or ignoring its
+/// result would tell the guest OK, and this test fails (the SIGKILL test below cannot tell:
+/// the page cache outlives the process). Both guests are checked without the failure too.
+#[test]
+fn a_flush_or_write_through_completes_only_with_fdatasyncs_result() {
+    if !kvm_available() {
+        return;
+    }
+    let cases = [
+        (&tiny_guests::BLK_SYNC64, "data flushed", "flush failed"),
+        (
+            &tiny_guests::BLK_WRITETHROUGH64,
+            "data written",
+            "write failed",
+        ),
+    ];
+    for (guest, ok, failed) in cases {
+        let (said, err) = blk_sync_guest_says(guest, false);
+        assert_eq!(
+            said,
+            format!("tiny: virtio-blk {ok}"),
+            "{}: {err}",
+            guest.name
+        );
+        let (said, err) = blk_sync_guest_says(guest, true);
+        assert_eq!(
+            said,
+            format!("tiny: virtio-blk {failed}"),
+            "{}: {err}",
+            guest.name
+        );
+        assert!(
+            err.contains("fdatasync") && err.contains("Input/output error"),
+            "{}: the VMM did not report the failed fdatasync: {err}",
+            guest.name
+        );
+    }
+}
+
 /// `vpmu-vmm run` that must fail at setup: exit code 1 and `want` in its error.
 fn refused(kernel: &Path, disk: &str, dir: &Path, want: &str) {
     let out = vmm_run(kernel, disk, &dir.join("console2"))
