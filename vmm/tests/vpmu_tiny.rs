@@ -246,6 +246,40 @@ fn intel_model_on_the_hw_backend_counts_samples_and_charges_by_mode() {
     }
 }
 
+/// `--vpmu-backend hw` on a host whose PMU does not count is refused at start (exit code 1 and
+/// why), not a guest whose counters stay at 0; `auto` takes the soft backend there.
+#[test]
+fn the_hw_backend_is_refused_where_the_host_pmu_cannot_count() {
+    if !common::kvm_available() {
+        return;
+    }
+    if vmm::pmu::setup::host_counts_instructions() {
+        testkit::not_checked(
+            "the_hw_backend_is_refused_where_the_host_pmu_cannot_count",
+            "this host's PMU counts: --vpmu-backend hw is accepted here",
+        );
+        return;
+    }
+    let cfg = vmm::vm::VmConfig {
+        memory_mib: 64,
+        vpmu: VpmuSetting::CpuSwitch,
+        pmu_model: ModelChoice::Amd,
+        pmu_backend: BackendChoice::Hw,
+        timeout: Some(Duration::from_secs(30)),
+        ..vmm::vm::VmConfig::new(vmm::vm::Boot::tiny(&tiny_guests::PMU_AMD64))
+    };
+    let result = std::thread::scope(|s| s.spawn(|| vmm::vm::run(&cfg)).join().unwrap());
+    let Err(e) = result else {
+        panic!("--vpmu-backend hw started on a host whose PMU cannot count");
+    };
+    let e = e.to_string();
+    assert!(e.contains("this host's PMU cannot count"), "{e}");
+    assert_eq!(
+        vmm::pmu::setup::resolve_backend(BackendChoice::Auto).unwrap(),
+        BackendChoice::Soft
+    );
+}
+
 /// Without the rewrite, this host's KVM answers RDPMC with #GP: the tiny guest (no #GP handler)
 /// triple-faults. This is what `--rdpmc patch` fixes (and shows the test above can fail).
 #[test]

@@ -23,11 +23,28 @@ pub fn host_has_pmu() -> bool {
         .any(|d| Path::new("/sys/bus/event_source/devices").join(d).exists())
 }
 
+/// Why the host's PMU cannot back the hw backend.
+#[derive(Debug, thiserror::Error)]
+pub enum HostPmuError {
+    #[error(
+        "this host's PMU cannot count: perf_event_open(PERF_TYPE_HARDWARE, instructions) failed: \
+         {0} (a host without a hardware PMU, or one perf cannot use; --vpmu-backend soft counts \
+         cycle events from thread CPU time)"
+    )]
+    CannotOpen(std::io::Error),
+    #[error(
+        "this host's PMU cannot count: a hardware instructions event opened but counted 0 over \
+         10,000 loop iterations (--vpmu-backend soft counts cycle events from thread CPU time)"
+    )]
+    CountsNothing,
+}
+
 /// Whether the host's hardware PMU really counts for this process: a `perf_event_open` of
 /// PERF_TYPE_HARDWARE / INSTRUCTIONS on the calling thread opens and counts some instructions
-/// (what `perf stat -e instructions true` needs). The tests run the hw backend for real only
-/// where this holds, and over the simulated host PMU (`--vpmu-backend sim`) elsewhere.
-pub fn host_counts_instructions() -> bool {
+/// (what `perf stat -e instructions true` needs; a sysfs `cpu` directory alone does not say it
+/// counts). The hw backend is chosen (`auto`) or accepted (`hw`) only where this holds; the
+/// tests run it for real here, and over the simulated host PMU (`--vpmu-backend sim`) elsewhere.
+pub fn host_pmu_counts() -> Result<(), HostPmuError> {
     use super::perf::{HostPerf, PerfEvent, PerfRequest, PerfSys};
     const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
     let mut perf = HostPerf {
@@ -37,22 +54,35 @@ pub fn host_counts_instructions() -> bool {
         exclude_kernel: true,
         ..PerfRequest::counting(PerfEvent::Hardware(PERF_COUNT_HW_INSTRUCTIONS))
     };
-    let Ok(fd) = perf.open(&req) else {
-        return false;
-    };
+    let fd = perf.open(&req).map_err(HostPmuError::CannotOpen)?;
     let work: u64 = (0..10_000u64).map(std::hint::black_box).sum();
     std::hint::black_box(work);
     let n = perf.read(fd);
     perf.close(fd);
-    n > 0
+    if n == 0 {
+        return Err(HostPmuError::CountsNothing);
+    }
+    Ok(())
 }
 
-/// Resolves `--vpmu-backend auto`.
-pub fn resolve_backend(choice: BackendChoice) -> BackendChoice {
+/// [`host_pmu_counts`] as a yes or no.
+pub fn host_counts_instructions() -> bool {
+    host_pmu_counts().is_ok()
+}
+
+/// Resolves `--vpmu-backend auto` (hw where the host's PMU counts, else soft) and refuses `hw`
+/// on a host whose PMU does not count, at start, instead of a guest whose counters stay 0.
+pub fn resolve_backend(choice: BackendChoice) -> Result<BackendChoice, HostPmuError> {
     match choice {
-        BackendChoice::Auto if host_has_pmu() => BackendChoice::Hw,
-        BackendChoice::Auto => BackendChoice::Soft,
-        c => c,
+        BackendChoice::Auto => match host_pmu_counts() {
+            Ok(()) => Ok(BackendChoice::Hw),
+            Err(e) => {
+                log::info!("--vpmu-backend auto: soft ({e})");
+                Ok(BackendChoice::Soft)
+            }
+        },
+        BackendChoice::Hw => host_pmu_counts().map(|()| BackendChoice::Hw),
+        c => Ok(c),
     }
 }
 

@@ -630,7 +630,7 @@ fn plan_vpmu(
         return Ok(None);
     };
     let config = pmu::setup::model_config(cfg.pmu_model, guest_cpuid);
-    let backend = pmu::setup::resolve_backend(cfg.pmu_backend);
+    let backend = pmu::setup::resolve_backend(cfg.pmu_backend)?;
     // A throwaway model gives the MSR ranges and CPUID edits (the same for every vCPU).
     let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))?;
     let mut ranges = probe.msr_ranges();

@@ -67,6 +67,8 @@ pub enum VmError {
     Rdpmc(#[from] pmu::rdpmc::RdpmcError),
     #[error("vPMU configuration: {0}")]
     VpmuConfig(#[from] vpmu::ConfigError),
+    #[error("--vpmu-backend hw: {0}")]
+    HostPmu(#[from] crate::pmu::setup::HostPmuError),
     #[error("CPUID table: {0}")]
     CpuidTable(vmm_sys_util::fam::Error),
     #[error(transparent)]
