@@ -1,6 +1,8 @@
 //! Tier 2 for `--rdpmc trap`: an unpatched tiny guest (guest-image/tiny/asm/rdpmc_trap_body.inc)
-//! executes RDPMC at CPL0 and at CPL3, and the VMM serves it through the int3 over the guest's
-//! #GP handler — or gives the guest the #GP the CPU would raise. Both PMU models.
+//! executes RDPMC at CPL0 and at CPL3, and the VMM serves it through the mark over the guest's
+//! #GP handler — or gives the guest the #GP the CPU would raise. Both PMU models, and both
+//! marks: the host's own (an int3 where host quirks are on, the trap-port write on a VT-x/SVM
+//! host) and, with `--host-quirks off`, the trap-port write on every host.
 
 mod common;
 
@@ -8,6 +10,7 @@ use std::time::Duration;
 
 use tiny_guests::TinyGuest;
 use vmm::end::VmEnd;
+use vmm::host_quirks::QuirkSetting;
 use vmm::pmu::{BackendChoice, ModelChoice};
 use vmm::vm::{RdpmcSetting, VpmuSetting};
 
@@ -24,11 +27,20 @@ fn guest(model: ModelChoice) -> TinyGuest {
 }
 
 fn run(model: ModelChoice, rdpmc: RdpmcSetting) -> (Vec<u64>, vmm::vm::RunReport, String) {
+    run_with(model, rdpmc, QuirkSetting::Auto)
+}
+
+fn run_with(
+    model: ModelChoice,
+    rdpmc: RdpmcSetting,
+    quirks: QuirkSetting,
+) -> (Vec<u64>, vmm::vm::RunReport, String) {
     let r = common::run_tiny_with(&guest(model), Duration::from_secs(120), |cfg| {
         cfg.vpmu = VpmuSetting::CpuSwitch;
         cfg.pmu_model = model;
         cfg.pmu_backend = BackendChoice::Soft;
         cfg.rdpmc = rdpmc;
+        cfg.host_quirks = quirks;
     });
     let words: Vec<u64> = r
         .serial2
@@ -57,10 +69,14 @@ fn tsc_hz() -> f64 {
 }
 
 fn check(model: ModelChoice, rdpmc: RdpmcSetting) {
+    check_with(model, rdpmc, QuirkSetting::Auto)
+}
+
+fn check_with(model: ModelChoice, rdpmc: RdpmcSetting, quirks: QuirkSetting) {
     if !common::kvm_available() {
         return;
     }
-    let (w, report, console) = run(model, rdpmc);
+    let (w, report, console) = run_with(model, rdpmc, quirks);
     assert_eq!(report.end, VmEnd::PowerOff, "{model:?}: console {console}");
     assert_eq!(w.len(), WORDS, "{model:?}: guest report incomplete: {w:x?}");
     eprintln!("{model:?}: {w:#x?}");
@@ -159,6 +175,15 @@ fn amd_rdpmc_is_served_at_cpl0_and_cpl3_without_patching() {
 #[test]
 fn intel_rdpmc_is_served_at_cpl0_and_cpl3_without_patching() {
     check(ModelChoice::Intel, RdpmcSetting::Trap);
+}
+
+/// The trap-port mark (a VT-x/SVM host's) on this host too: with the host quirks off the #GP
+/// handler starts with `out %al, $0xf5`, each #GP is a port-I/O exit the VMM completes before
+/// it looks (KVM_RUN with immediate_exit), and the results are the same as the int3's.
+#[test]
+fn both_models_rdpmc_through_the_trap_port_mark() {
+    check_with(ModelChoice::Amd, RdpmcSetting::Trap, QuirkSetting::Off);
+    check_with(ModelChoice::Intel, RdpmcSetting::Trap, QuirkSetting::Off);
 }
 
 /// The guest's REX-prefixed RDPMC is one the patcher refuses: `--rdpmc patch` does not start

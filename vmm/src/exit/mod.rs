@@ -120,6 +120,10 @@ impl ExitCounts {
     }
 }
 
+/// The port a trapped guest exception handler writes on VT-x/SVM hosts (next to the
+/// isa-debug-exit port 0xf4; `host_quirks::idt_trap::Mark::PortOut`): `out %al, $0xf5`.
+pub const TRAP_PORT: u16 = 0xf5;
+
 /// What the vCPU loop does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -129,9 +133,11 @@ pub enum Outcome {
     Interrupted,
     /// KVM could not emulate a guest instruction: the loop asks the host-quirk code to complete it.
     InternalError,
-    /// A guest int3 under KVM_GUESTDBG_USE_SW_BP (`--rdpmc trap` on a VT-x/SVM host): the loop
-    /// asks the trap whose it is, else gives the guest its #BP.
-    Breakpoint,
+    /// A write to [`TRAP_PORT`]: the mark the VMM put over a trapped guest exception handler on
+    /// a VT-x/SVM host (`host_quirks::idt_trap::Mark::PortOut`). The loop completes the write,
+    /// then asks the traps whose it is; a write from anywhere else is ignored (counted as
+    /// unclaimed).
+    TrapMark,
     Stop(VmEnd),
 }
 
@@ -171,6 +177,7 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             }
             Outcome::Continue
         }
+        VcpuExit::IoOut(TRAP_PORT, [_]) => Outcome::TrapMark,
         VcpuExit::IoOut(port, data) => match ctx.pio.write(port, data) {
             PioWrite::Event(e) => device_event(e),
             PioWrite::Done => Outcome::Continue,
@@ -219,9 +226,6 @@ pub fn handle(exit: Result<VcpuExit<'_>, kvm_ioctls::Error>, ctx: &mut ExitConte
             k => Outcome::Stop(VmEnd::KvmFailure(KvmFailure::UnknownSystemEvent(k))),
         },
         VcpuExit::InternalError => Outcome::InternalError,
-        VcpuExit::Debug(arch) if arch.exception == u32::from(crate::arch::x86::VECTOR_BP) => {
-            Outcome::Breakpoint
-        }
         VcpuExit::FailEntry(reason, cpu) => {
             Outcome::Stop(VmEnd::KvmFailure(KvmFailure::FailEntry { reason, cpu }))
         }
@@ -305,6 +309,21 @@ mod tests {
             Outcome::Stop(VmEnd::Reboot)
         );
         assert_eq!((c.io_in, c.io_out, c.unclaimed_io), (2, 2, 2));
+    }
+
+    #[test]
+    fn a_byte_written_to_the_trap_port_is_a_trap_mark() {
+        let (mut m, mut c) = (Msrs(vec![]), ExitCounts::default());
+        assert_eq!(
+            run(Ok(VcpuExit::IoOut(TRAP_PORT, &[0x55])), &mut m, &mut c),
+            Outcome::TrapMark
+        );
+        // Only the mark's form (`out %al`): a wider write there is an ordinary unclaimed one.
+        assert_eq!(
+            run(Ok(VcpuExit::IoOut(TRAP_PORT, &[1, 2])), &mut m, &mut c),
+            Outcome::Continue
+        );
+        assert_eq!((c.io_out, c.unclaimed_io), (2, 1));
     }
 
     /// Reads return the offset plus the last value written.

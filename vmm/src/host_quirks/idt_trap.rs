@@ -1,17 +1,19 @@
-//! Trapping one guest exception vector through an int3 over the first instruction of its IDT
+//! Trapping one guest exception vector through a mark over the first instructions of its IDT
 //! handler: which first instructions can be displaced (and stood in for), where the handler is
 //! (the IDT gate), the patch itself — written into guest memory, re-checked after exits
 //! (alternatives patching can rewrite the entry) and moved when the guest points the gate
 //! elsewhere (a new IDT, or a new handler) — and what a trapped exception looks like to the VMM
 //! (the vCPU stopped on the handler, its frame on the stack).
 //!
-//! An int3 at guest CPL0 is an emulation failure on hosts whose KVM emulates guest kernel code,
-//! so each exception of that vector then exits to the VMM. On a VT-x/SVM host the same int3
-//! reaches the VMM as KVM_EXIT_DEBUG once KVM_SET_GUEST_DEBUG has KVM_GUESTDBG_USE_SW_BP: both
-//! exits arrive at the owner's one handler ([`VectorTrap::stopped_at_handler`]). Used by the
-//! SYSCALL relay (#PF) and the RDPMC trap (#GP, `pmu::rdpmc_trap`).
+//! The mark ([`Mark`], decided once from the host kind) is an instruction that exits to the VMM
+//! wherever the handler runs: an `int3` on hosts whose KVM emulates guest kernel code (an
+//! emulation failure there), `out %al, $TRAP_PORT` on VT-x/SVM hosts (a port-I/O exit to user
+//! space on every host; an int3 would need KVM_SET_GUEST_DEBUG's #BP intercept, which QEMU's
+//! emulator does not honour, and would send every guest int3 through the VMM). Both exits
+//! arrive at the owner's one handler ([`VectorTrap::stopped_at_handler`]). Used by the SYSCALL
+//! relay (#PF), the RDPMC trap (#GP, `pmu::rdpmc_trap`) and the XBEGIN trap (#UD).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter, Mnemonic, OpKind};
@@ -24,6 +26,49 @@ use crate::vcpu::access::{AccessError, VcpuAccess};
 
 pub const INT3: u8 = 0xcc;
 
+pub use crate::exit::TRAP_PORT;
+/// `out %al, $imm8` (AL to an 8-bit port number: reads AL, changes no register or flag).
+const OUT_IMM8_AL: u8 = 0xe6;
+
+/// What the VMM writes over a trapped handler's first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// `int3` (one byte): an emulation failure on hosts that emulate guest kernel code (host
+    /// quirks); RIP stays on it.
+    Int3,
+    /// `out %al, $TRAP_PORT` (two bytes): a KVM_EXIT_IO to user space on any host. The VMM
+    /// completes the pending port write before it looks (KVM_RUN with `immediate_exit`), so
+    /// RIP is then just past it.
+    PortOut,
+}
+
+impl Mark {
+    /// The mark of a host: int3 where guest kernel code is emulated, the port write elsewhere.
+    pub fn for_host(host_quirks: bool) -> Mark {
+        if host_quirks {
+            Mark::Int3
+        } else {
+            Mark::PortOut
+        }
+    }
+
+    /// The bytes written over the handler.
+    pub fn bytes(self) -> &'static [u8] {
+        match self {
+            Mark::Int3 => &[INT3],
+            Mark::PortOut => &[OUT_IMM8_AL, TRAP_PORT as u8],
+        }
+    }
+
+    /// Where RIP is, past the handler's address, when the VMM looks at a trapped exception.
+    pub fn rip_offset(self) -> u64 {
+        match self {
+            Mark::Int3 => 0,
+            Mark::PortOut => self.bytes().len() as u64,
+        }
+    }
+}
+
 /// Why the handler's first instruction cannot be displaced.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotDisplaceable {
@@ -33,7 +78,7 @@ pub enum NotDisplaceable {
     Instruction(String),
 }
 
-/// Why the int3 cannot be put over a handler (its owner then stays off, said once).
+/// Why the mark cannot be put over a handler (its owner then stays off, said once).
 #[derive(Debug, thiserror::Error)]
 pub enum PatchError {
     #[error("reading the handler at {gva:#x}: {source}")]
@@ -50,7 +95,7 @@ pub enum PatchError {
     },
 }
 
-/// The instruction the int3 displaces, and what stepping over it must do.
+/// An instruction the mark displaces, and what stepping over it must do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Displaced {
     /// NOP forms and ENDBR64: nothing.
@@ -70,6 +115,26 @@ impl Displaced {
         }
     }
 }
+
+/// The handler's first instructions, as many as cover `len` bytes (at most
+/// [`MAX_DISPLACED`]), if the VMM can stand in for each; else the first it cannot (for the
+/// message that says why the trap is off).
+pub fn displace(bytes: &[u8], ip: u64, len: usize) -> Result<Vec<Displaced>, NotDisplaceable> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < len {
+        if out.len() == MAX_DISPLACED {
+            return Err(NotDisplaceable::Invalid(bytes[..at].to_vec()));
+        }
+        let d = displaceable(&bytes[at..], ip.wrapping_add(at as u64))?;
+        at += usize::from(d.length());
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// At most this many instructions are stood in for (Linux's `90 90 90` is three).
+pub const MAX_DISPLACED: usize = 4;
 
 /// Decodes the handler's first instruction; Ok if the VMM can stand in for it, else what it
 /// is (for the message that says why the trap is off).
@@ -114,21 +179,28 @@ pub fn idt_gate_target(gate: &[u8; 16]) -> Option<u64> {
     Some(lo | (mid << 16) | (hi << 32))
 }
 
-/// Where the int3 sits (shared by all vCPUs: the handler is in the guest's shared kernel text).
-#[derive(Default)]
+/// Where the mark sits (shared by all vCPUs: the handler is in the guest's shared kernel text).
 struct Patch {
+    mark: Mark,
     /// Guest-virtual address of the handler (0: not installed).
     gva: AtomicU64,
     /// Its guest-physical address.
     gpa: AtomicU64,
-    /// Length of the displaced instruction; bit 7 set: it is CLAC; bit 6: a push of `pushed`.
-    displaced: AtomicU8,
-    pushed: AtomicU64,
-    /// The byte the int3 replaced (put back when the guest moves its handler).
-    original: AtomicU8,
+    /// The instructions the mark displaced, and the bytes it replaced (put back when the guest
+    /// moves its handler). Read only when a trapped exception is given to the guest.
+    displaced: Mutex<(Vec<Displaced>, Vec<u8>)>,
 }
 
 impl Patch {
+    fn new(mark: Mark) -> Self {
+        Patch {
+            mark,
+            gva: AtomicU64::new(0),
+            gpa: AtomicU64::new(0),
+            displaced: Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
     /// The handler's guest-virtual address, once installed.
     fn installed_at(&self) -> Option<u64> {
         match self.gva.load(Ordering::Acquire) {
@@ -146,55 +218,50 @@ impl Patch {
         self.gva.store(0, Ordering::Release);
     }
 
-    fn displaced(&self) -> Displaced {
-        let d = self.displaced.load(Ordering::Acquire);
-        let len = d & 0x3f;
-        if d & 0x80 != 0 {
-            Displaced::Clac(len)
-        } else if d & 0x40 != 0 {
-            Displaced::Push(len, self.pushed.load(Ordering::Acquire))
-        } else {
-            Displaced::Nop(len)
-        }
+    fn displaced(&self) -> Vec<Displaced> {
+        self.lock().0.clone()
     }
 
-    /// Whether the int3 is still at the patched byte (one guest-memory read).
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Vec<Displaced>, Vec<u8>)> {
+        self.displaced.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the mark is still at the patched bytes (one guest-memory read).
     fn intact(&self, mem: &GuestMemoryMmap) -> bool {
-        mem.read_obj::<u8>(GuestAddress(self.gpa())).ok() == Some(INT3)
+        let want = self.mark.bytes();
+        let mut got = [0u8; 2];
+        let got = &mut got[..want.len()];
+        mem.read_slice(got, GuestAddress(self.gpa())).is_ok() && got == want
     }
 
-    /// Patches the handler at `gva` (physical `gpa`) if its first instruction can be displaced.
-    fn patch_at(&self, mem: &GuestMemoryMmap, gva: u64, gpa: u64) -> Result<Displaced, PatchError> {
+    /// Patches the handler at `gva` (physical `gpa`) if its first instructions can be displaced.
+    fn patch_at(
+        &self,
+        mem: &GuestMemoryMmap,
+        gva: u64,
+        gpa: u64,
+    ) -> Result<Vec<Displaced>, PatchError> {
         let mut bytes = [0u8; 15];
         let n = (0x1000 - (gpa & 0xfff) as usize).min(15);
         mem.read_slice(&mut bytes[..n], GuestAddress(gpa))
             .map_err(|source| PatchError::Read { gva, source })?;
-        let d = displaceable(&bytes[..n], gva).map_err(|what| PatchError::Refused { gva, what })?;
-        mem.write_obj(INT3, GuestAddress(gpa))
+        let mark = self.mark.bytes();
+        let d = displace(&bytes[..n], gva, mark.len())
+            .map_err(|what| PatchError::Refused { gva, what })?;
+        mem.write_slice(mark, GuestAddress(gpa))
             .map_err(|source| PatchError::Write { gva, source })?;
-        self.original.store(bytes[0], Ordering::Release);
-        let code = match d {
-            Displaced::Nop(n) => n,
-            Displaced::Clac(n) => n | 0x80,
-            Displaced::Push(n, value) => {
-                self.pushed.store(value, Ordering::Release);
-                n | 0x40
-            }
-        };
-        self.displaced.store(code, Ordering::Release);
+        *self.lock() = (d.clone(), bytes[..mark.len()].to_vec());
         self.gpa.store(gpa, Ordering::Release);
         self.gva.store(gva, Ordering::Release);
         Ok(d)
     }
 
-    /// Puts the displaced byte back (the guest moved its handler away from it) if the int3 is
-    /// still there, and marks the patch gone.
+    /// Puts the displaced bytes back (the guest moved its handler away from them) if the mark
+    /// is still there, and marks the patch gone.
     fn restore(&self, mem: &GuestMemoryMmap) {
         if self.intact(mem) {
-            let _ = mem.write_obj(
-                self.original.load(Ordering::Acquire),
-                GuestAddress(self.gpa()),
-            );
+            let original = self.lock().1.clone();
+            let _ = mem.write_slice(&original, GuestAddress(self.gpa()));
         }
         self.uninstall();
     }
@@ -232,7 +299,7 @@ pub struct Stopped {
     pub frame: ExceptionFrame,
 }
 
-/// The int3 over one vector's handler, shared by every vCPU of a VM.
+/// The mark over one vector's handler, shared by every vCPU of a VM.
 pub struct VectorTrap {
     vector: u8,
     names: TrapNames,
@@ -249,11 +316,11 @@ pub struct VectorTrap {
 }
 
 impl VectorTrap {
-    pub fn new(vector: u8, names: TrapNames, fixups: Arc<FixupCounts>) -> Self {
+    pub fn new(vector: u8, mark: Mark, names: TrapNames, fixups: Arc<FixupCounts>) -> Self {
         VectorTrap {
             vector,
             names,
-            patch: Patch::default(),
+            patch: Patch::new(mark),
             install: Mutex::new(()),
             refused_at: AtomicU64::new(0),
             warnings: AtomicU64::new(0),
@@ -274,8 +341,13 @@ impl VectorTrap {
         self.patch.installed_at()
     }
 
-    pub fn displaced(&self) -> Displaced {
+    /// The instructions the mark displaced (empty before it is installed).
+    pub fn displaced(&self) -> Vec<Displaced> {
         self.patch.displaced()
+    }
+
+    pub fn mark(&self) -> Mark {
+        self.patch.mark
     }
 
     /// Whether the trap is off because the handler the guest's gate named last was refused.
@@ -324,7 +396,7 @@ impl VectorTrap {
         Some((handler, gpa))
     }
 
-    /// Installs the int3 once the guest has a gate for the vector. Returns whether it is
+    /// Installs the mark once the guest has a gate for the vector. Returns whether it is
     /// installed now.
     pub fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
         if self.installed_at().is_some() {
@@ -344,8 +416,9 @@ impl VectorTrap {
         match self.patch.patch_at(mem, handler, gpa) {
             Ok(d) => {
                 log::info!(
-                    "{}: int3 over the guest's {} handler at {handler:#x} ({d:?})",
+                    "{}: {:?} over the guest's {} handler at {handler:#x} ({d:?})",
                     self.names.owner,
+                    self.mark(),
                     self.names.exception
                 );
                 true
@@ -357,7 +430,7 @@ impl VectorTrap {
         }
     }
 
-    /// After every exit, once installed: puts the int3 back if the guest rewrote the handler's
+    /// After every exit, once installed: puts the mark back if the guest rewrote the handler's
     /// first bytes (one guest-memory read when nothing changed).
     pub fn recheck_entry(&self, cpu: &mut dyn VcpuAccess) {
         let Some(gva) = self.patch.installed_at() else {
@@ -375,7 +448,7 @@ impl VectorTrap {
             Ok(d) => {
                 if self.fixups.record(self.names.reinstalled) {
                     log::info!(
-                        "{}: the guest rewrote its {} handler entry; int3 put back over {d:?}",
+                        "{}: the guest rewrote its {} handler entry; mark put back over {d:?}",
                         self.names.owner,
                         self.names.exception
                     );
@@ -411,7 +484,7 @@ impl VectorTrap {
             Ok(d) => {
                 if self.fixups.record(self.names.moved) {
                     log::info!(
-                        "{}: the guest's {} gate moved from {gva:#x} to {handler:#x}; int3 moved ({d:?})",
+                        "{}: the guest's {} gate moved from {gva:#x} to {handler:#x}; mark moved ({d:?})",
                         self.names.owner,
                         self.names.exception
                     );
@@ -421,8 +494,9 @@ impl VectorTrap {
         }
     }
 
-    /// At an emulation failure (or a KVM_EXIT_DEBUG for an int3): None if the vCPU is not on
-    /// the patched handler (not this trap's), else its registers and the exception frame.
+    /// At an emulation failure (the int3 mark) or a completed write to [`TRAP_PORT`] (the port
+    /// mark): None if the vCPU is not on the patched handler (not this trap's), else its
+    /// registers and the exception frame.
     pub fn stopped_at_handler(
         &self,
         cpu: &mut dyn VcpuAccess,
@@ -431,7 +505,7 @@ impl VectorTrap {
             return Ok(None);
         };
         let regs = cpu.regs()?;
-        if regs.rip != handler {
+        if regs.rip != handler.wrapping_add(self.mark().rip_offset()) {
             return Ok(None);
         }
         let mut raw = [0u8; ExceptionFrame::LEN];
@@ -448,18 +522,20 @@ impl VectorTrap {
         }))
     }
 
-    /// Lets the guest's own handler take the exception: steps over the displaced instruction
-    /// (doing what it does) and resumes there.
+    /// Lets the guest's own handler take the exception: steps over the displaced instructions
+    /// (doing what they do) and resumes after them.
     pub fn deliver(&self, cpu: &mut dyn VcpuAccess, stopped: &Stopped) -> Result<(), AccessError> {
         let mut regs = stopped.regs;
-        let d = self.displaced();
-        regs.rip = stopped.handler.wrapping_add(u64::from(d.length()));
-        match d {
-            Displaced::Nop(_) => {}
-            Displaced::Clac(_) => regs.rflags &= !RFLAGS_AC,
-            Displaced::Push(_, value) => {
-                regs.rsp = regs.rsp.wrapping_sub(8);
-                cpu.write_virt(regs.rsp, &value.to_le_bytes())?;
+        regs.rip = stopped.handler;
+        for d in self.displaced() {
+            regs.rip = regs.rip.wrapping_add(u64::from(d.length()));
+            match d {
+                Displaced::Nop(_) => {}
+                Displaced::Clac(_) => regs.rflags &= !RFLAGS_AC,
+                Displaced::Push(_, value) => {
+                    regs.rsp = regs.rsp.wrapping_sub(8);
+                    cpu.write_virt(regs.rsp, &value.to_le_bytes())?;
+                }
             }
         }
         cpu.set_regs(&regs)
@@ -584,6 +660,35 @@ mod tests {
         assert!(e.to_string().contains("mov"), "{e}");
         assert!(displaceable(&[0x0f, 0xff], 0).is_err());
         assert!(displaceable(&[], 0).is_err());
+    }
+
+    #[test]
+    fn the_port_mark_displaces_whole_instructions_covering_two_bytes() {
+        let two = |b: &[u8]| displace(b, 0, Mark::PortOut.bytes().len());
+        // Linux 6.1's asm_exc_page_fault: three 1-byte NOPs (two are displaced).
+        assert_eq!(two(&[0x90, 0x90, 0x90]), Ok(vec![Displaced::Nop(1); 2]));
+        assert_eq!(two(&[0xf3, 0x0f, 0x1e, 0xfa]), Ok(vec![Displaced::Nop(4)]));
+        assert_eq!(two(&[0x6a, 0x0d]), Ok(vec![Displaced::Push(2, 13)]));
+        assert_eq!(two(&[0x0f, 0x01, 0xca]), Ok(vec![Displaced::Clac(3)]));
+        // A NOP then something the VMM cannot stand in for: refused.
+        assert!(two(&[0x90, 0x48, 0x89, 0xe5]).is_err());
+        // Only one byte readable (the handler's page ends): refused, not read past.
+        assert!(two(&[0x90]).is_err());
+        assert_eq!(
+            displace(&[0x90, 0x90], 0, 1),
+            Ok(vec![Displaced::Nop(1)]),
+            "the int3 mark displaces one instruction"
+        );
+        assert!(displace(&[0x90; 8], 0, 8).is_err(), "at most MAX_DISPLACED");
+    }
+
+    #[test]
+    fn marks() {
+        assert_eq!(Mark::for_host(true), Mark::Int3);
+        assert_eq!(Mark::for_host(false), Mark::PortOut);
+        assert_eq!(Mark::PortOut.bytes(), &[0xe6, 0xf5]);
+        assert_eq!(Mark::PortOut.rip_offset(), 2);
+        assert_eq!(Mark::Int3.rip_offset(), 0);
     }
 
     #[test]

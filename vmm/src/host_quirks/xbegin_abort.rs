@@ -21,7 +21,7 @@ use iced_x86::{Code, Decoder, DecoderOptions};
 use kvm_bindings::kvm_cpuid_entry2;
 use std::sync::Arc;
 
-use super::idt_trap::{Stopped, TrapNames, VectorTrap};
+use super::idt_trap::{Mark, Stopped, TrapNames, VectorTrap};
 use super::FixupCounts;
 use crate::arch::iret::{iret_return, BadFrame};
 use crate::arch::x86::{ExceptionFrame, VECTOR_UD};
@@ -72,7 +72,8 @@ pub fn trap(fixups: Arc<FixupCounts>) -> VectorTrap {
         reinstalled: "xbegin trap: re-installed after the guest rewrote its #UD entry",
         moved: "xbegin trap: moved after the guest changed its #UD gate",
     };
-    VectorTrap::new(VECTOR_UD, names, fixups)
+    // Host quirks only: the emulator's #UD for XBEGIN (an int3 is an emulation failure there).
+    VectorTrap::new(VECTOR_UD, Mark::Int3, names, fixups)
 }
 
 /// A #UD trapped at the guest's handler: completes an XBEGIN as an abort (true: the vCPU

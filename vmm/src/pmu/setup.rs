@@ -5,11 +5,10 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_enable_cap, kvm_guest_debug, KVM_CAP_PMU_CAPABILITY,
-    KVM_CAP_X86_USER_SPACE_MSR, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_SW_BP,
+    kvm_cpuid_entry2, kvm_enable_cap, KVM_CAP_PMU_CAPABILITY, KVM_CAP_X86_USER_SPACE_MSR,
     KVM_MSR_EXIT_REASON_FILTER, KVM_PMU_CAP_DISABLE,
 };
-use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VcpuFd, VmFd};
+use kvm_ioctls::{MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, VmFd};
 use vpmu::{CpuidEdit, CpuidEntry, PmuConfig};
 
 use vm_memory::GuestMemoryMmap;
@@ -291,26 +290,6 @@ mod tests {
     }
 }
 
-/// How the int3 over the guest's #GP handler (`--rdpmc trap`) reaches the VMM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TrapPath {
-    /// Hosts that emulate guest kernel code (host quirks): an int3 at CPL0 is an emulation
-    /// failure, KVM_EXIT_INTERNAL_ERROR. Exercised by this project's tests.
-    EmulationFailure,
-    /// VT-x/SVM hosts: KVM_SET_GUEST_DEBUG with KVM_GUESTDBG_USE_SW_BP makes every guest int3
-    /// a KVM_EXIT_DEBUG; those not on the trapped handler are given back to the guest as #BP.
-    /// Not exercised here (no such host).
-    GuestDebug,
-}
-
-pub fn trap_path(host_quirks: bool) -> TrapPath {
-    if host_quirks {
-        TrapPath::EmulationFailure
-    } else {
-        TrapPath::GuestDebug
-    }
-}
-
 /// Whether KVM can be told to turn its own vPMU off for this VM: KVM_CHECK_EXTENSION
 /// (KVM_CAP_PMU_CAPABILITY) returns the flags KVM_ENABLE_CAP accepts, 0 when the host's KVM has
 /// no PMU at all (`enable_pmu=N`, as on this workplace's host: RDPMC then faults already).
@@ -334,15 +313,6 @@ pub fn disable_kvm_pmu(vm: &VmFd) -> Result<bool, kvm_ioctls::Error> {
     Ok(true)
 }
 
-/// [`TrapPath::GuestDebug`]: every guest int3 exits to the VMM.
-pub fn trap_int3(fd: &VcpuFd) -> Result<(), kvm_ioctls::Error> {
-    let dbg = kvm_guest_debug {
-        control: KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_SW_BP,
-        ..Default::default()
-    };
-    fd.set_guest_debug(&dbg)
-}
-
 #[cfg(test)]
 mod trap_tests {
     use super::*;
@@ -356,11 +326,5 @@ mod trap_tests {
         assert!(!can_disable_kvm_pmu(-22), "an error is not an offer");
         assert!(can_disable_kvm_pmu(KVM_PMU_CAP_DISABLE as i32));
         assert!(!can_disable_kvm_pmu(2), "a flag that is not DISABLE");
-    }
-
-    #[test]
-    fn the_trap_path_follows_the_host() {
-        assert_eq!(trap_path(true), TrapPath::EmulationFailure);
-        assert_eq!(trap_path(false), TrapPath::GuestDebug);
     }
 }

@@ -289,7 +289,7 @@ impl VcpuRunner {
                 data: internal.data[..n].to_vec(),
             }));
         }
-        if self.on_trapped_int3(cpu)? {
+        if self.on_trapped_exception(cpu)? {
             return Ok(());
         }
         let rip = cpu.rip().map_err(|error| {
@@ -323,31 +323,47 @@ impl VcpuRunner {
         }
     }
 
-    /// KVM_EXIT_DEBUG for a guest int3 ([`pmu::setup::TrapPath::GuestDebug`], VT-x/SVM hosts):
-    /// the same handling as an emulation failure at an int3; an int3 that is not the VMM's
-    /// goes back to the guest as the #BP it raised (RIP stays on it: KVM re-injects a software
-    /// exception with the instruction length it saved at the exit).
-    pub(crate) fn on_breakpoint(&mut self, cpu: &mut dyn VcpuAccess) -> Result<(), VmEnd> {
-        if self.on_trapped_int3(cpu)? {
-            return Ok(());
-        }
-        let guest_state = |error| {
-            VmEnd::KvmFailure(KvmFailure::GuestState {
-                vcpu: self.id,
-                what: "giving the guest its #BP".into(),
-                error,
-            })
-        };
-        let mut events = cpu.vcpu_events().map_err(guest_state)?;
-        events.exception.injected = 1;
-        events.exception.nr = crate::arch::x86::VECTOR_BP;
-        events.exception.has_error_code = 0;
-        cpu.set_vcpu_events(&events).map_err(guest_state)
+    /// A write to the trap port ([`crate::exit::Outcome::TrapMark`], the port mark of VT-x/SVM
+    /// hosts): the pending port write is completed first (RIP then just past the mark), then
+    /// handled as an emulation failure at an int3 mark is. Returns false if the write was not
+    /// a trapped handler's (the guest wrote the port itself: ignored, as an unclaimed write).
+    pub(crate) fn on_trap_mark(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
+        self.complete_pending_io()?;
+        self.on_trapped_exception(cpu)
     }
 
-    /// An int3 the VMM put over a guest exception handler (the RDPMC trap's #GP, the XBEGIN
+    /// Finishes the port write KVM is waiting to complete, without running the guest: KVM_RUN
+    /// with `immediate_exit` set completes pending I/O and returns EINTR (KVM's API: "to
+    /// complete pending operations without allowing any further instructions to be executed").
+    /// A kick that arrives meanwhile is kept for the loop's next KVM_RUN.
+    fn complete_pending_io(&mut self) -> Result<(), VmEnd> {
+        let signals = kick::signals();
+        self.fd.set_kvm_immediate_exit(1);
+        let interrupted = match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => Ok(()),
+            Err(e) => Err(e),
+            Ok(exit) => Err(kvm_ioctls::Error::new(libc::EPROTO)).inspect_err(|_| {
+                log::error!(
+                    "vCPU {}: completing a trap-port write ran the guest: {exit:?}",
+                    self.id
+                )
+            }),
+        };
+        self.fd.set_kvm_immediate_exit(0);
+        if kick::signals() != signals {
+            self.fd.set_kvm_immediate_exit(1);
+        }
+        interrupted.map_err(|error| {
+            VmEnd::KvmFailure(KvmFailure::Vcpu {
+                vcpu: Some(self.id),
+                error: crate::kvm_error::KvmVcpuError::Run(error),
+            })
+        })
+    }
+
+    /// A mark the VMM put over a guest exception handler (the RDPMC trap's #GP, the XBEGIN
     /// trap's #UD, the SYSCALL relay's #PF): handled here (true), or not one of them (false).
-    fn on_trapped_int3(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
+    fn on_trapped_exception(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
         if self.on_gp_trap(cpu)? || self.on_ud_trap(cpu)? {
             return Ok(true);
         }
@@ -376,7 +392,7 @@ impl VcpuRunner {
     }
 
     /// `--rdpmc trap`: a #GP at the trapped handler is served (an RDPMC the vPMU answers) or
-    /// given to the guest's handler. True if this was the trap's int3.
+    /// given to the guest's handler. True if this was the trap's mark.
     fn on_gp_trap(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
         let Some((trap, _)) = &self.gp_trap else {
             return Ok(false);
@@ -398,7 +414,7 @@ impl VcpuRunner {
 
     /// The XBEGIN trap (host quirks, Multiboot guests with RTM): a #UD at the trapped handler
     /// from an XBEGIN at CPL 0 is completed as an abort, any other goes to the guest's handler.
-    /// True if this was the trap's int3.
+    /// True if this was the trap's mark.
     fn on_ud_trap(&mut self, cpu: &mut dyn VcpuAccess) -> Result<bool, VmEnd> {
         let Some((trap, _)) = &self.ud_trap else {
             return Ok(false);
@@ -410,7 +426,7 @@ impl VcpuRunner {
     }
 }
 
-/// An int3 at a trapped exception handler (vCPU `id`): not `trap`'s, or `serve` completed the
+/// A mark at a trapped exception handler (vCPU `id`): not `trap`'s, or `serve` completed the
 /// exception (true), or the guest's handler takes it (`serve` said false, or the frame
 /// could not be read).
 fn on_vector_trap(
@@ -450,7 +466,7 @@ fn on_vector_trap(
             log::debug!("{owner}: no {exception} frame at RSP {rsp:#x} ({source}): passed on");
             let regs = cpu.regs().map_err(|e| failed(owner.into(), e))?;
             let stopped = Stopped {
-                handler: regs.rip,
+                handler: trap.installed_at().unwrap_or(regs.rip),
                 regs,
                 frame: ExceptionFrame::default(),
             };
@@ -460,7 +476,7 @@ fn on_vector_trap(
     }
 }
 
-/// What became of an int3 at a trapped exception handler ([`VcpuRunner::on_vector_trap`]).
+/// What became of a mark at a trapped exception handler ([`VcpuRunner::on_vector_trap`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trapped {
     /// The vCPU was not on that trap's handler.

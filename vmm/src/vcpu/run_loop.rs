@@ -153,11 +153,11 @@ impl VcpuRunner {
                         ended_vm |= self.control.request_end(end);
                     }
                 }
-                Outcome::Breakpoint => {
-                    if let Err(end) = self.on_breakpoint(&mut cpu) {
-                        ended_vm |= self.control.request_end(end);
-                    }
-                }
+                Outcome::TrapMark => match self.on_trap_mark(&mut cpu) {
+                    Ok(true) => {}
+                    Ok(false) => counts.unclaimed_io += 1,
+                    Err(end) => ended_vm |= self.control.request_end(end),
+                },
                 Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
             }
             // 12-14

@@ -32,7 +32,7 @@ use crate::devices::{
     acpi_pm::AcpiPm, debug_exit, delay, i8042, packet_gate, serial, vpmu_control, MmioBus, PioBus,
     PioDevice,
 };
-use crate::host_quirks::idt_trap::TrapPoll;
+use crate::host_quirks::idt_trap::{Mark, TrapPoll};
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
 use crate::net::{self, pinger::Pinger};
 use crate::pmu::{
@@ -116,7 +116,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let gp_trap = vpmu
         .as_ref()
         .and_then(|v| v.rdpmc_trap)
-        .map(|_| Arc::new(gp_trap(fixups.clone())));
+        .map(|mark| Arc::new(gp_trap(mark, fixups.clone())));
     // XBEGIN at guest CPL 0 (host quirks): only test kernels run it (kvm-unit-tests' x86/pmu).
     // RTM as the guest sees it: these hosts ignore leaf 7 of KVM_SET_CPUID2, so the host's own
     // table decides, even when the guest's identity (an AMD one) leaves RTM out (no identity
@@ -610,9 +610,9 @@ pub(super) struct VpmuPlan {
     /// The guest's RDPMC sites, rewritten to RDMSR (empty unless `--rdpmc patch`, or auto
     /// that could patch).
     pub rdpmc: Arc<RdpmcSites>,
-    /// `--rdpmc trap` (or auto that could not patch): how the int3 over the guest's #GP handler
-    /// reaches the VMM.
-    pub rdpmc_trap: Option<pmu::setup::TrapPath>,
+    /// The mark over the guest's #GP handler that serves RDPMC where the guest executes it
+    /// unpatched (`--rdpmc trap`, and `auto`: user space, code the rewrite could not reach).
+    pub rdpmc_trap: Option<Mark>,
 }
 
 /// Chooses the vPMU's model and backend, rewrites the guest's RDPMCs and installs the MSR filter
@@ -635,7 +635,7 @@ fn plan_vpmu(
     let probe = vpmu::Pmu::new(config, Box::new(vpmu::fake::FakeBackend::new()))?;
     let mut ranges = probe.msr_ranges();
     ranges.sort_by_key(|r| *r.start());
-    let trap_path = pmu::setup::trap_path(quirks);
+    let mark = Mark::for_host(quirks);
     let (rdpmc, rdpmc_trap) = match cfg.rdpmc {
         RdpmcSetting::Patch => {
             let sites = pmu::setup::patch_rdpmc(mem, code)?;
@@ -646,34 +646,41 @@ fn plan_vpmu(
                 "RDPMC (--rdpmc auto): trap: the guest's code is run unmodified (a Multiboot \
                  kernel), so every guest RDPMC is served by trapping the guest's #GP handler"
             );
-            (RdpmcSites::default(), Some(trap_path))
+            (RdpmcSites::default(), Some(mark))
         }
         RdpmcSetting::Auto => match pmu::setup::patch_rdpmc(mem, code) {
             Ok(sites) => {
                 log::info!(
-                    "RDPMC (--rdpmc auto): patch: {} site(s) in the guest kernel rewritten",
+                    "RDPMC (--rdpmc auto): patch: {} site(s) in the guest kernel rewritten; \
+                     RDPMC elsewhere (guest user space reading its counters through the perf \
+                     mmap page, code the rewrite did not reach) is served by trapping the \
+                     guest's #GP handler",
                     sites.len()
                 );
-                (RdpmcSites::new(probe.rdpmc_ranges(), &sites), None)
+                (RdpmcSites::new(probe.rdpmc_ranges(), &sites), Some(mark))
             }
             Err(e) if e.nothing_patched() => {
                 log::warn!(
                     "RDPMC (--rdpmc auto): trap: patching refused ({e}); every guest RDPMC is \
                      served by trapping the guest's #GP handler instead"
                 );
-                (RdpmcSites::default(), Some(trap_path))
+                (RdpmcSites::default(), Some(mark))
             }
             Err(e) => return Err(e.into()),
         },
-        RdpmcSetting::Trap => (RdpmcSites::default(), Some(trap_path)),
+        RdpmcSetting::Trap => (RdpmcSites::default(), Some(mark)),
         RdpmcSetting::Off => (RdpmcSites::default(), None),
     };
-    if let Some(path) = rdpmc_trap {
+    if let Some(mark) = rdpmc_trap {
         let off = pmu::setup::disable_kvm_pmu(vm)
             .map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
         log::info!(
-            "RDPMC trap: int3 over the guest's #GP handler, reaching the VMM by {path:?}; KVM's own PMU {}",
-            if off { "turned off for this VM" } else { "absent (RDPMC faults already)" }
+            "RDPMC trap: {mark:?} over the guest's #GP handler; KVM's own PMU {}",
+            if off {
+                "turned off for this VM"
+            } else {
+                "absent (RDPMC faults already)"
+            }
         );
     }
     let rdpmc_ranges = if rdpmc.is_empty() {
@@ -710,7 +717,7 @@ fn plan_vpmu(
 }
 
 /// The int3 over the guest's #GP handler that serves RDPMC (`--rdpmc trap`).
-fn gp_trap(fixups: Arc<FixupCounts>) -> host_quirks::idt_trap::VectorTrap {
+fn gp_trap(mark: Mark, fixups: Arc<FixupCounts>) -> host_quirks::idt_trap::VectorTrap {
     let names = host_quirks::idt_trap::TrapNames {
         owner: "rdpmc trap",
         exception: "#GP",
@@ -718,7 +725,7 @@ fn gp_trap(fixups: Arc<FixupCounts>) -> host_quirks::idt_trap::VectorTrap {
         reinstalled: "rdpmc trap: re-installed after the guest rewrote its #GP entry",
         moved: "rdpmc trap: moved after the guest changed its #GP gate",
     };
-    host_quirks::idt_trap::VectorTrap::new(crate::arch::x86::VECTOR_GP, names, fixups)
+    host_quirks::idt_trap::VectorTrap::new(crate::arch::x86::VECTOR_GP, mark, names, fixups)
 }
 
 /// `VmConfig::const_msrs` without a vPMU: these MSRs exit to user space (answered 0).
@@ -816,9 +823,6 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             _ => None,
         };
         let relay = plan.relay.cloned().map(syscall_relay::VcpuRelay::new);
-        if let Some(pmu::setup::TrapPath::GuestDebug) = plan.vpmu.and_then(|v| v.rdpmc_trap) {
-            pmu::setup::trap_int3(&fd).map_err(kvm("KVM_SET_GUEST_DEBUG"))?;
-        }
         let mut runner = VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay);
         runner.sync_regs = sync_regs;
         runner.gp_trap = plan.gp_trap.cloned().map(|t| (t, TrapPoll::new()));

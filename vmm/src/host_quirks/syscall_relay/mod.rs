@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub use super::idt_trap::{displaceable, idt_gate_target, Displaced, NotDisplaceable, PatchError};
-use super::idt_trap::{TrapError, TrapNames, TrapPoll, VectorTrap};
+use super::idt_trap::{Mark, TrapError, TrapNames, TrapPoll, VectorTrap};
 use super::FixupCounts;
 use crate::arch::x86::{MSR_LSTAR, MSR_SFMASK, MSR_STAR, VECTOR_PF};
 use crate::kvm_error::KvmVcpuError;
@@ -126,7 +126,7 @@ impl SyscallRelay {
             moved: kinds::MOVED,
         };
         Arc::new(SyscallRelay {
-            trap: VectorTrap::new(VECTOR_PF, names, fixups),
+            trap: VectorTrap::new(VECTOR_PF, Mark::Int3, names, fixups),
             syscall_tsc: AtomicU64::new(0),
             syscalls: AtomicU64::new(0),
         })
@@ -577,7 +577,7 @@ mod tests {
         );
         assert_eq!(fixups.snapshot(), vec![(kinds::REINSTALLED, 1)]);
         // A fault now steps over the 3-byte NOP.
-        assert_eq!(shared.trap.displaced(), Displaced::Nop(3));
+        assert_eq!(shared.trap.displaced(), vec![Displaced::Nop(3)]);
         cpu.mem.write_obj(0x4u64, GuestAddress(STACK_PA)).unwrap(); // error: user read
         assert_eq!(
             v.on_emulation_failure(&mut cpu),
@@ -625,7 +625,7 @@ mod tests {
             "the old handler's NOP is back"
         );
         assert_eq!(byte(&cpu, HANDLER_PA + 0x100), INT3);
-        assert_eq!(shared.trap.displaced(), Displaced::Nop(4));
+        assert_eq!(shared.trap.displaced(), vec![Displaced::Nop(4)]);
         assert_eq!(fixups.snapshot(), vec![(kinds::MOVED, 1)]);
         // A #PF now stops at the new handler and steps over its ENDBR64.
         cpu.regs.rip = new;
@@ -649,7 +649,7 @@ mod tests {
         let (shared, _) = relay();
         let mut v = VcpuRelay::new(shared.clone());
         v.after_exit(&mut cpu);
-        assert_eq!(shared.trap.displaced(), Displaced::Push(2, 14));
+        assert_eq!(shared.trap.displaced(), vec![Displaced::Push(2, 14)]);
         assert_eq!(
             v.on_emulation_failure(&mut cpu),
             Ok(Handled::Done(PfKind::UserFault))
