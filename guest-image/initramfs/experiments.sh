@@ -81,7 +81,7 @@ VPMU_VECTOR_ITERS=${VPMU_VECTOR_ITERS:-2000}
 VPMU_CHAIN_ROUNDS=${VPMU_CHAIN_ROUNDS:-1000}
 VPMU_MODE_TAG=-
 VPMU_SEQ=0
-VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs,lib-chain
+VPMU_ALL_EXPERIMENTS=perf-stat,perf-record,perf-record-io,ocount,operf,vector-regs,lib-chain,perf-user-read
 
 # --- Frames -----------------------------------------------------------------------------------
 
@@ -357,6 +357,18 @@ exp_lib_chain() {
 	vpmu_step lib-chain lib_chain.txt lib_chain "$VPMU_CHAIN_ROUNDS"
 }
 
+# A process reading its own counter with RDPMC through the perf mmap page (as PAPI and other
+# self-monitoring tools do): perf's own test of it, after the PMU's sysfs switch that allows it
+# (1: for processes with an event mmap'd). The VMM serves those user-space RDPMCs through its
+# #GP trap (docs/vpmu.md, "RDPMC"). Five runs: the test wants each of five doubling loops to
+# count more than the one before, and where guest kernel code is emulated a timer tick inside
+# one of the short loops (milliseconds there) can make it fail without anything being wrong.
+exp_perf_user_read() {
+	vpmu_step perf-user-read rdpmc-sysfs.txt cat /sys/bus/event_source/devices/cpu/rdpmc
+	vpmu_step perf-user-read perf-test.txt sh -c \
+		'for i in 1 2 3 4 5; do perf test -v "User space counter reading of cycles" 2>&1; echo "perf test exit=$?"; done'
+}
+
 exp_workloads() {
 	vpmu_step workloads cpu_split.txt time cpu_split "$VPMU_ROUNDS"
 	vpmu_step workloads syscall_heavy.txt time syscall_heavy "$VPMU_SYSCALL_ITERS"
@@ -378,6 +390,7 @@ vpmu_run_one() {
 	operf) exp_operf ;;
 	vector-regs) exp_vector_regs ;;
 	lib-chain) exp_lib_chain ;;
+	perf-user-read) exp_perf_user_read ;;
 	workloads) exp_workloads ;;
 	compare-perf) exp_compare_perf ;;
 	compare-oprofile) exp_compare_oprofile ;;
