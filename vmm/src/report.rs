@@ -23,6 +23,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         r.run_time.as_secs_f64(),
         r.end.exit_code()
     ));
+    out.push(host_line(&r.host));
     out.push(format!(
         "[vpmu-vmm] exits: {} total: {} port in, {} port out ({} unclaimed), {} mmio ({} unclaimed), {} msr, {} interrupted, {} emulation failures",
         total.total(),
@@ -344,6 +345,33 @@ fn exits_json(c: &ExitCounts) -> serde_json::Value {
 
 /// The end-of-run report as one JSON document (`vpmu-run/1`; docs/tracing.md, "The end-of-run
 /// report as JSON"): what [`print`] prints, as numbers, and the diagnostic lines.
+/// The report's line for the host kind: which KVM, whether its quirks were on, the backend.
+fn host_line(h: &crate::vm::HostReport) -> String {
+    let kind = if h.quirks {
+        "guest kernel code emulated, host quirks on"
+    } else {
+        "VT-x/SVM, host quirks off"
+    };
+    let mut line = format!("[vpmu-vmm] host: {} ({kind})", h.kvm);
+    if let Some(b) = h.backend {
+        line.push_str(&format!("; vPMU backend {}", backend_name(b)));
+        if h.exit_cost_ns > 0 {
+            line.push_str(&format!(
+                ", cpu-switch leaves {:.1} us of KVM's exit path out of each KVM_RUN",
+                h.exit_cost_ns as f64 / 1000.0
+            ));
+        }
+    }
+    line
+}
+
+/// A backend as `--vpmu-backend` spells it.
+fn backend_name(b: crate::pmu::BackendChoice) -> String {
+    clap::ValueEnum::to_possible_value(&b)
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_else(|| format!("{b:?}").to_lowercase())
+}
+
 pub fn to_json(r: &RunReport) -> serde_json::Value {
     use serde_json::json;
     let mut total = ExitCounts::default();
@@ -465,6 +493,13 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
                 _ => serde_json::Value::Null,
             },
         },
+        "host": {
+            "kvm": r.host.kvm,
+            "quirks": r.host.quirks,
+            "kind": if r.host.quirks { "emulated-kernel" } else { "vt-x/svm" },
+            "vpmu_backend": r.host.backend.map(backend_name),
+            "cpu_switch_exit_cost_ns": r.host.exit_cost_ns,
+        },
         "setup_secs": r.setup_time.as_secs_f64(),
         "run_secs": r.run_time.as_secs_f64(),
         "exits": exits_json(&total),
@@ -535,6 +570,12 @@ mod tests {
             by,
         };
         RunReport {
+            host: crate::vm::HostReport {
+                kvm: "kvm_amd",
+                quirks: false,
+                backend: Some(crate::pmu::BackendChoice::Soft),
+                exit_cost_ns: 41_500,
+            },
             end: crate::end::VmEnd::Timeout(Duration::from_secs(4)),
             exits: vec![exits.clone(), exits],
             pmu,
@@ -584,6 +625,21 @@ mod tests {
         assert_eq!(j["vpmu"]["setting"], "cpu-switch");
         assert_eq!(j["end"]["exit_code"], 7);
         assert_eq!(j["end"]["clean"], false);
+        let h = &j["host"];
+        assert_eq!(
+            (&h["kvm"], &h["quirks"], &h["kind"], &h["vpmu_backend"]),
+            (
+                &serde_json::json!("kvm_amd"),
+                &serde_json::json!(false),
+                &serde_json::json!("vt-x/svm"),
+                &serde_json::json!("soft")
+            )
+        );
+        assert_eq!(h["cpu_switch_exit_cost_ns"], 41_500);
+        assert!(text.contains(
+            "host: kvm_amd (VT-x/SVM, host quirks off); vPMU backend soft, cpu-switch leaves \
+             41.5 us of KVM's exit path out of each KVM_RUN"
+        ));
         assert!(text.contains(&format!(
             "{} after 4.00 s (exit code 7)",
             j["end"]["text"].as_str().unwrap()

@@ -84,6 +84,15 @@ pub fn detect(setting: QuirkSetting) -> Option<&'static str> {
     }
 }
 
+/// The KVM module that serves /dev/kvm here, as the run's report names the host kind: kvm_pvm
+/// (guest kernel code emulated), kvm_amd (SVM), kvm_intel (VT-x), or "unknown".
+pub fn kvm_module() -> &'static str {
+    ["kvm_pvm", "kvm_amd", "kvm_intel"]
+        .into_iter()
+        .find(|m| Path::new("/sys/module").join(m).exists())
+        .unwrap_or("unknown")
+}
+
 /// Fix-up counts per kind, shared by all vCPUs.
 #[derive(Default)]
 pub struct FixupCounts(Mutex<BTreeMap<&'static str, u64>>);

@@ -100,8 +100,12 @@ impl Sampler {
                 mode = Some(m);
                 Trigger::Counter {
                     backend: Box::new(PerfBackend::new(
+                        // Whole KVM_RUN intervals in cpu-switch: the sample points follow the
+                        // vCPU thread's time inside KVM_RUN, KVM's exit path included (the
+                        // guest's counters leave it out: vm::exit_cost).
                         Source::Soft {
                             tsc_khz: u64::from(tsc_khz),
+                            exit_cost_ns: 0,
                         },
                         m,
                         Box::new(HostPerf {

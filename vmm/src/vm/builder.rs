@@ -71,6 +71,8 @@ pub(super) struct BuiltVm {
     pub recording: Option<Recording>,
     /// The vCPUs' TSC frequency, for the relay's cost in microseconds.
     pub tsc_khz: Option<u64>,
+    /// What the run is on, for its report.
+    pub host: super::HostReport,
     // Dropped in this order, after the vCPU threads were joined: the VM (its last reference),
     // then guest memory (see `create_memory`), then /dev/kvm.
     _vm: Arc<VmFd>,
@@ -96,7 +98,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     // The guest's CPUID (KVM's supported table with the guest's identity), which the vPMU's
     // model reads (its TSX bits) and the vCPUs are made from.
     let guest_cpuid = guest_cpuid(cfg.pmu_model, supported.as_slice());
-    let vpmu = plan_vpmu(
+    let mut vpmu = plan_vpmu(
         cfg,
         &vm,
         &mem,
@@ -105,6 +107,9 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         &mode_switch,
         quirks.is_some(),
     )?;
+    if let Some(v) = vpmu.as_mut().filter(|v| v.backend == BackendChoice::Soft) {
+        v.exit_cost_ns = soft_exit_cost_ns(cfg, &hv);
+    }
     if vpmu.is_none() {
         filter_const_msrs(&vm, &cfg.const_msrs)?;
     }
@@ -155,7 +160,14 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .map(u64::from)
         .filter(|&k| k > 0);
     let recording = start_recording(cfg, &mut runners, &mode_switch, quirks.is_some())?;
+    let host = super::HostReport {
+        kvm: host_quirks::kvm_module(),
+        quirks: quirks.is_some(),
+        backend: vpmu.as_ref().map(|v| v.backend),
+        exit_cost_ns: vpmu.as_ref().map_or(0, |v| v.exit_cost_ns),
+    };
     Ok(BuiltVm {
+        host,
         runners,
         control,
         mode_switch,
@@ -613,6 +625,9 @@ pub(super) struct VpmuPlan {
     /// The mark over the guest's #GP handler that serves RDPMC where the guest executes it
     /// unpatched (`--rdpmc trap`, and `auto`: user space, code the rewrite could not reach).
     pub rdpmc_trap: Option<Mark>,
+    /// ns of KVM's exit path taken off each KVM_RUN interval the soft backend's cpu-switch
+    /// charges (0: whole intervals; other backends: 0, `exclude_host` does it).
+    pub exit_cost_ns: u64,
 }
 
 /// Chooses the vPMU's model and backend, rewrites the guest's RDPMCs and installs the MSR filter
@@ -713,7 +728,37 @@ fn plan_vpmu(
         cpuid_edits: probe.cpuid_edits(),
         rdpmc: Arc::new(rdpmc),
         rdpmc_trap,
+        exit_cost_ns: 0,
     }))
+}
+
+/// What the soft backend's cpu-switch takes off each KVM_RUN interval: `--exit-cost-ns`, or
+/// measured on this host (`exit_cost`); 0, said so, if it cannot be measured.
+fn soft_exit_cost_ns(cfg: &VmConfig, hv: &Kvm) -> u64 {
+    if let Some(ns) = cfg.exit_cost_ns {
+        log::info!("cpu-switch (soft backend): {ns} ns of KVM's exit path left out per exit (--exit-cost-ns)");
+        return ns;
+    }
+    match super::exit_cost::measure_ns(hv) {
+        Ok(ns) => {
+            log::info!(
+                "cpu-switch (soft backend): KVM's exit path costs {:.1} us per exit to user space \
+                 on this host (p{} of {} port-I/O exits of a calibration VM); left out of each \
+                 KVM_RUN interval the guest is charged",
+                ns as f64 / 1000.0,
+                super::exit_cost::PERCENTILE,
+                super::exit_cost::SAMPLES
+            );
+            ns
+        }
+        Err(e) => {
+            log::warn!(
+                "cpu-switch (soft backend): cannot measure KVM's exit path ({e}); whole KVM_RUN \
+                 intervals are charged to the guest"
+            );
+            0
+        }
+    }
 }
 
 /// The int3 over the guest's #GP handler that serves RDPMC (`--rdpmc trap`).
@@ -851,6 +896,7 @@ fn vcpu_pmu(
         BackendChoice::Soft | BackendChoice::Auto => (
             Source::Soft {
                 tsc_khz: tsc_khz()?,
+                exit_cost_ns: plan.exit_cost_ns,
             },
             host,
         ),

@@ -5,6 +5,7 @@
 
 mod builder;
 pub mod config;
+mod exit_cost;
 mod run;
 
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use crate::devices::BusError;
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
 use crate::net::NetReport;
-use crate::pmu::{self, PmuStats};
+use crate::pmu::{self, BackendChoice, PmuStats};
 use crate::seccomp;
 use crate::vcpu::regs;
 
@@ -90,6 +91,8 @@ fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 /// What a run produced.
 pub struct RunReport {
     pub end: VmEnd,
+    /// The host kind the run was on and what the vPMU used there.
+    pub host: HostReport,
     pub exits: Vec<ExitCounts>,
     /// Summed over vCPUs; all zero with `--vpmu=off`.
     pub pmu: PmuStats,
@@ -115,6 +118,20 @@ pub struct RunReport {
     /// `VmConfig::started` (or the `run` call) to the moment the vCPUs may enter KVM_RUN.
     pub setup_time: Duration,
     pub run_time: Duration,
+}
+
+/// What a run was on (issue 32 item 7: results from a kvm_pvm host and from a VT-x/SVM host
+/// differ, and the report says which it was).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostReport {
+    /// The KVM module serving /dev/kvm (`host_quirks::kvm_module`).
+    pub kvm: &'static str,
+    /// Host quirks on: guest kernel code emulated, fix-ups and the SYSCALL relay in use.
+    pub quirks: bool,
+    /// The vPMU's backend, `auto` resolved (None with the vPMU off).
+    pub backend: Option<BackendChoice>,
+    /// ns of KVM's exit path the soft backend's cpu-switch leaves out of each KVM_RUN interval.
+    pub exit_cost_ns: u64,
 }
 
 /// Builds the VM described by `cfg`, runs it to the end and reports.

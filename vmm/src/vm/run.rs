@@ -175,6 +175,7 @@ fn report(
         .map(|(path, d)| DiskReport::from_device(path.clone(), &lock_device(d)))
         .collect();
     RunReport {
+        host: vm.host.clone(),
         end,
         net,
         disks,

@@ -37,8 +37,9 @@ pub use soft::MIN_SOFT_PERIOD_NS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// perf task-clock, scaled to cycles at `tsc_khz`.
-    Soft { tsc_khz: u64 },
+    /// perf task-clock, scaled to cycles at `tsc_khz`; cpu-switch leaves `exit_cost_ns` (KVM's
+    /// exit path, `vm::exit_cost`) out of each KVM_RUN interval.
+    Soft { tsc_khz: u64, exit_cost_ns: u64 },
     /// perf raw hardware events.
     Hw,
 }
@@ -83,7 +84,10 @@ pub struct PerfBackend {
 impl PerfBackend {
     pub fn new(source: Source, mode: AccountingMode, sys: Box<dyn PerfSys>) -> Self {
         let imp = match source {
-            Source::Soft { tsc_khz } => Imp::Soft(soft::Soft::new(tsc_khz, mode)),
+            Source::Soft {
+                tsc_khz,
+                exit_cost_ns,
+            } => Imp::Soft(soft::Soft::new(tsc_khz, exit_cost_ns, mode)),
             Source::Hw => Imp::Hw(hw::Hw::new(mode)),
         };
         PerfBackend {

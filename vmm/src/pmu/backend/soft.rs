@@ -65,7 +65,7 @@ impl Soft {
         self.tsc_khz
     }
 
-    pub(super) fn new(tsc_khz: u64, mode: AccountingMode) -> Soft {
+    pub(super) fn new(tsc_khz: u64, exit_cost_ns: u64, mode: AccountingMode) -> Soft {
         // Tests and users compare a guest's cycles / task-clock with this (docs/vpmu.md).
         log::info!(
             "soft counter backend: cycle events count thread CPU time at the TSC rate, {tsc_khz} kHz \
@@ -75,7 +75,7 @@ impl Soft {
             tsc_khz,
             mode,
             counters: BTreeMap::new(),
-            gate: Gate::new(TscSource::Cpu, tsc_khz),
+            gate: Gate::new(TscSource::Cpu, tsc_khz, exit_cost_ns),
             host_work_from: None,
         }
     }
@@ -380,7 +380,10 @@ mod tests {
     #[test]
     fn soft_counts_only_cycles_and_scales_to_tsc() {
         let (b, _) = backend(
-            Source::Soft { tsc_khz: 2_600_000 },
+            Source::Soft {
+                tsc_khz: 2_600_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         assert!(b.supports(&event(Vendor::Amd, 0x76, 0, true, true)));
@@ -405,7 +408,10 @@ mod tests {
     fn soft_cpu_switch_counts_time_inside_kvm_run_without_syscalls_per_exit() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::CpuSwitch,
         );
         b.leave_guest();
@@ -436,7 +442,10 @@ mod tests {
 
         // domain-switch charges everything.
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         b.program(CounterId::gp(0), &e, None).unwrap();
@@ -451,7 +460,10 @@ mod tests {
         let log = Arc::new(Mutex::new(Log::default()));
         let reads = Arc::new(Mutex::new(0));
         let mut b = PerfBackend::new(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
             Box::new(CountingReads(FakePerf(log.clone()), reads.clone())),
         );
@@ -478,7 +490,10 @@ mod tests {
         crate::vcpu::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::CpuSwitch,
         );
         b.leave_guest();
@@ -508,7 +523,10 @@ mod tests {
     fn a_samplers_interruption_is_measured_and_forgotten_in_cpu_switch() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::CpuSwitch,
         );
         b.leave_guest();
@@ -543,7 +561,10 @@ mod tests {
         crate::vcpu::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         let (sampler, guest) = (CounterId::gp(0), CounterId::gp(1));
@@ -592,7 +613,10 @@ mod tests {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let ctr = CounterId::gp(0);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         b.program(ctr, &e, None).unwrap();
@@ -606,7 +630,10 @@ mod tests {
         assert_eq!(b.host_work_ends(), None, "nothing began");
         // cpu-switch counts nothing outside KVM_RUN: nothing to leave out.
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::CpuSwitch,
         );
         b.program(ctr, &e, None).unwrap();
@@ -621,7 +648,10 @@ mod tests {
     fn switching_to_cpu_switch_starts_gating_from_there() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         b.program(CounterId::gp(0), &e, None).unwrap();
@@ -644,7 +674,10 @@ mod tests {
     fn soft_reprogramming_keeps_the_host_event() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
@@ -681,7 +714,10 @@ mod tests {
         let mut syscalls = Vec::new();
         for deferred in [false, true] {
             let (b, log) = backend(
-                Source::Soft { tsc_khz: 1_000_000 },
+                Source::Soft {
+                    tsc_khz: 1_000_000,
+                    exit_cost_ns: 0,
+                },
                 AccountingMode::DomainSwitch,
             );
             let config = vpmu::PmuConfig::Amd(vpmu::AmdConfig::PerfMonV2 { counters: 6 });
@@ -715,7 +751,10 @@ mod tests {
     #[test]
     fn tiny_periods_are_clamped() {
         let (mut b, log) = backend(
-            Source::Soft { tsc_khz: 1_000_000 },
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+            },
             AccountingMode::DomainSwitch,
         );
         b.program(
@@ -732,7 +771,13 @@ mod tests {
 
     #[test]
     fn unsupported_events_are_refused() {
-        let (mut b, log) = backend(Source::Soft { tsc_khz: 1 }, AccountingMode::CpuSwitch);
+        let (mut b, log) = backend(
+            Source::Soft {
+                tsc_khz: 1,
+                exit_cost_ns: 0,
+            },
+            AccountingMode::CpuSwitch,
+        );
         let e = event(Vendor::Intel, 0xc0, 0, true, true);
         assert!(matches!(
             b.program(CounterId::gp(0), &e, None),
