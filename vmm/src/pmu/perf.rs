@@ -253,6 +253,7 @@ impl PerfSys for HostPerf {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
+        crate::seccomp::fds::note(fd, crate::seccomp::fds::FdKind::Perf);
         if req.sample_period.is_some() {
             // SAFETY: plain fcntls on the fd we just opened; f_owner_ex is initialised.
             unsafe {

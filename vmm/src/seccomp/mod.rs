@@ -10,6 +10,7 @@
 //! the end. Filters stack and are inherited, so each thread applies its kind's filters only, and
 //! the calling thread applies its own last (threads it spawned earlier do not inherit them).
 
+pub mod fds;
 pub mod names;
 pub mod rules;
 
@@ -160,6 +161,12 @@ pub fn filters() -> Result<Arc<Filters>, SeccompError> {
     if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
         return Err(SeccompError::Unsupported(std::io::Error::last_os_error()));
     }
+    let _ = IOCTL_NAMES.set(
+        rules::known_ioctls()
+            .into_iter()
+            .map(|(n, r)| (r as u32, n))
+            .collect(),
+    );
     install_sigsys_handler()?;
     let f = Arc::new(Filters::compile()?);
     Ok(FILTERS.get_or_init(|| f).clone())
@@ -264,9 +271,13 @@ struct SigsysInfo {
     arch: libc::c_uint,
 }
 
+/// The ioctl requests a forbidden call's report can name (as the kernel compares them: 32
+/// bits), set before the handler is installed and only read by it.
+static IOCTL_NAMES: OnceLock<Vec<(u32, &'static str)>> = OnceLock::new();
+
 /// A fixed buffer the handler formats into (no allocation in a signal handler).
 struct Line {
-    buf: [u8; 160],
+    buf: [u8; 320],
     len: usize,
 }
 
@@ -275,6 +286,22 @@ impl Line {
         let n = s.len().min(self.buf.len() - self.len);
         self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
         self.len += n;
+    }
+
+    fn push_hex(&mut self, v: u64) {
+        self.push(b"0x");
+        let mut digits = [0u8; 16];
+        let mut n = 0;
+        let mut v = v;
+        loop {
+            digits[15 - n] = b"0123456789abcdef"[(v & 0xf) as usize];
+            n += 1;
+            v >>= 4;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[16 - n..]);
     }
 
     fn push_num(&mut self, mut v: u64) {
@@ -292,10 +319,11 @@ impl Line {
     }
 }
 
-/// The report line for a forbidden call `nr` on thread `name`.
-fn report_line(name: &[u8], nr: i64) -> Line {
+/// The report line for a forbidden call `nr` on thread `name`; for an ioctl, `args` are its fd
+/// and request, which the line names (request by name where known, fd by kind: [`fds`]).
+fn report_line(name: &[u8], nr: i64, args: (i64, u64)) -> Line {
     let mut l = Line {
-        buf: [0; 160],
+        buf: [0; 320],
         len: 0,
     };
     l.push(b"vpmu-vmm: seccomp: thread ");
@@ -314,19 +342,59 @@ fn report_line(name: &[u8], nr: i64) -> Line {
             l.push_num(nr as u64);
         }
     }
+    if nr == libc::SYS_ioctl {
+        let (fd, request) = args;
+        let request = request as u32;
+        l.push(b": request ");
+        match IOCTL_NAMES
+            .get()
+            .and_then(|t| t.iter().find(|(r, _)| *r == request))
+        {
+            Some((_, n)) => {
+                l.push(n.as_bytes());
+                l.push(b" (");
+                l.push_hex(u64::from(request));
+                l.push(b")");
+            }
+            None => {
+                l.push_hex(u64::from(request));
+                l.push(b" (type ");
+                l.push_hex(u64::from((request >> 8) & 0xff));
+                l.push(b", number ");
+                l.push_hex(u64::from(request & 0xff));
+                l.push(b")");
+            }
+        }
+        l.push(b" on fd ");
+        if fd < 0 {
+            l.push(b"-");
+        }
+        l.push_num(fd.unsigned_abs());
+        l.push(b", ");
+        l.push(fds::kind_of(fd).name().as_bytes());
+    }
     l.push(b"; exiting (exit code ");
     l.push_num(code::SECCOMP as u64);
     l.push(b"; --seccomp off disables the filters)\n");
     l
 }
 
-extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo_t for SIGSYS, whose layout SigsysInfo mirrors
     // (x86_64); reading an int field is async-signal-safe.
     let nr = unsafe { (*(info as *const SigsysInfo)).syscall } as i64;
+    // SAFETY: with SA_SIGINFO the third argument is the interrupted context, a ucontext_t whose
+    // general registers hold the trapped call's arguments (x86_64: RDI, RSI, ...).
+    let args = unsafe {
+        let gregs = &(*(ctx as *const libc::ucontext_t)).uc_mcontext.gregs;
+        (
+            gregs[libc::REG_RDI as usize],
+            gregs[libc::REG_RSI as usize] as u64,
+        )
+    };
     // A const-initialised thread-local without destructor: a plain TLS load.
     let name = NAME.with(|c| c.get());
-    let line = report_line(&name, nr);
+    let line = report_line(&name, nr, args);
     // SAFETY: write(2) and _exit(2) are async-signal-safe and allowed by every filter.
     unsafe {
         libc::write(2, line.buf.as_ptr().cast(), line.len);
@@ -363,14 +431,14 @@ mod tests {
 
     #[test]
     fn report_line_names_the_thread_and_the_call() {
-        let l = report_line(b"vcpu0\0\0\0", libc::SYS_socket);
+        let l = report_line(b"vcpu0\0\0\0", libc::SYS_socket, (0, 0));
         let s = std::str::from_utf8(&l.buf[..l.len]).unwrap();
         assert_eq!(
             s,
             "vpmu-vmm: seccomp: thread vcpu0 made a forbidden system call socket (41); \
              exiting (exit code 9; --seccomp off disables the filters)\n"
         );
-        let l = report_line(b"", 9999);
+        let l = report_line(b"", 9999, (0, 0));
         let s = std::str::from_utf8(&l.buf[..l.len]).unwrap();
         assert!(
             s.contains("thread unnamed made a forbidden system call number 9999;"),
@@ -392,7 +460,7 @@ mod tests {
         // Numbers no call has: the report falls back to the number.
         assert_eq!(names::name(-1), None);
         assert_eq!(names::name(9999), None);
-        let l = report_line(b"vcpu1", 453);
+        let l = report_line(b"vcpu1", 453, (0, 0));
         let s = std::str::from_utf8(&l.buf[..l.len]).unwrap();
         assert!(
             s.contains("thread vcpu1 made a forbidden system call map_shadow_stack (453);"),
@@ -507,8 +575,10 @@ mod tests {
                 .name("vcpu3".into())
                 .spawn(move || {
                     f.apply(ThreadKind::Vcpu).unwrap();
-                    // SAFETY: ioctl on fd -1 fails with EBADF if it gets that far.
-                    unsafe { libc::ioctl(-1, 0xae01) }; // KVM_CREATE_VM
+                    fds::note(3000, fds::FdKind::KvmVcpu);
+                    // SAFETY: ioctl on an fd that is not open fails with EBADF if it gets that
+                    // far.
+                    unsafe { libc::ioctl(3000, 0xae01) }; // KVM_CREATE_VM
                     eprintln!("UNREACHED: ioctl returned");
                 })
                 .unwrap()
@@ -523,8 +593,30 @@ mod tests {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code::SECCOMP), "stderr: {stderr}");
         assert!(
-            stderr.contains("thread vcpu3 made a forbidden system call ioctl (16)"),
+            stderr.contains(
+                "thread vcpu3 made a forbidden system call ioctl (16): request KVM_CREATE_VM \
+                 (0xae01) on fd 3000, a KVM vCPU;"
+            ),
             "stderr: {stderr}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_ioctl_request_is_named_by_its_type_and_number() {
+        let _ = filters().unwrap();
+        let l = report_line(b"vcpu0", libc::SYS_ioctl, (-1, 0xc008_ae77));
+        let s = std::str::from_utf8(&l.buf[..l.len]).unwrap();
+        assert!(
+            s.contains(
+                "ioctl (16): request 0xc008ae77 (type 0xae, number 0x77) on fd -1, of unknown kind;"
+            ),
+            "{s}"
+        );
+        let l = report_line(b"vcpu0", libc::SYS_ioctl, (7, 0x4048_ae9b));
+        let s = std::str::from_utf8(&l.buf[..l.len]).unwrap();
+        assert!(
+            s.contains("request KVM_SET_GUEST_DEBUG (0x4048ae9b) on fd 7"),
+            "{s}"
         );
     }
 

@@ -34,6 +34,38 @@ mod kvm {
     ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
     ioctl_io_nr!(KVM_GET_TSC_KHZ, KVMIO, 0xa3);
     ioctl_iow_nr!(KVM_SIGNAL_MSI, KVMIO, 0xa5, kvm_msi);
+    // Named in a forbidden call's report only (no VMM thread may make them after setup).
+    ioctl_io_nr!(KVM_CREATE_VM, KVMIO, 0x01);
+    ioctl_io_nr!(KVM_CHECK_EXTENSION, KVMIO, 0x03);
+    ioctl_io_nr!(KVM_GET_VCPU_MMAP_SIZE, KVMIO, 0x04);
+    ioctl_iowr_nr!(KVM_GET_SUPPORTED_CPUID, KVMIO, 0x05, kvm_cpuid2);
+    ioctl_io_nr!(KVM_CREATE_VCPU, KVMIO, 0x41);
+    ioctl_iow_nr!(
+        KVM_SET_USER_MEMORY_REGION,
+        KVMIO,
+        0x46,
+        kvm_userspace_memory_region
+    );
+    ioctl_io_nr!(KVM_CREATE_IRQCHIP, KVMIO, 0x60);
+    ioctl_iow_nr!(KVM_IRQ_LINE, KVMIO, 0x61, kvm_irq_level);
+    ioctl_iowr_nr!(KVM_IRQ_LINE_STATUS, KVMIO, 0x67, kvm_irq_level);
+    ioctl_iow_nr!(KVM_IRQFD, KVMIO, 0x76, kvm_irqfd);
+    ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
+    ioctl_iow_nr!(KVM_SET_CLOCK, KVMIO, 0x7b, kvm_clock_data);
+    ioctl_ior_nr!(KVM_GET_CLOCK, KVMIO, 0x7c, kvm_clock_data);
+    ioctl_iow_nr!(KVM_SET_CPUID2, KVMIO, 0x90, kvm_cpuid2);
+    ioctl_iowr_nr!(KVM_GET_CPUID2, KVMIO, 0x91, kvm_cpuid2);
+    ioctl_iow_nr!(KVM_SET_MP_STATE, KVMIO, 0x99, kvm_mp_state);
+    ioctl_iow_nr!(KVM_SET_GUEST_DEBUG, KVMIO, 0x9b, kvm_guest_debug);
+    ioctl_ior_nr!(KVM_GET_DEBUGREGS, KVMIO, 0xa1, kvm_debugregs);
+    ioctl_io_nr!(KVM_SET_TSC_KHZ, KVMIO, 0xa2);
+    ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
+    ioctl_iow_nr!(KVM_SET_XSAVE, KVMIO, 0xa5, kvm_xsave);
+    ioctl_io_nr!(KVM_KVMCLOCK_CTRL, KVMIO, 0xad);
+    ioctl_iow_nr!(KVM_ENABLE_CAP, KVMIO, 0xa3, kvm_enable_cap);
+    ioctl_iow_nr!(KVM_SET_PMU_EVENT_FILTER, KVMIO, 0xb2, kvm_pmu_event_filter);
+    ioctl_iow_nr!(KVM_X86_SET_MSR_FILTER, KVMIO, 0xc6, kvm_msr_filter);
+    ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
 }
 
 /// (name, request) of every ioctl the vCPU thread may make.
@@ -65,6 +97,45 @@ pub fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
         ("PERF_EVENT_IOC_PERIOD", perf::PERIOD.into()),
         ("PERF_EVENT_IOC_ID", perf::ID.into()),
     ]
+}
+
+/// (name, request) of every ioctl a forbidden call's report can name: those some thread may
+/// make, and the KVM ioctls of setup, which none may.
+pub fn known_ioctls() -> Vec<(&'static str, u64)> {
+    let mut all = vcpu_ioctls();
+    all.extend(main_ioctls());
+    all.extend([
+        ("KVM_CREATE_VM", kvm::KVM_CREATE_VM()),
+        ("KVM_CHECK_EXTENSION", kvm::KVM_CHECK_EXTENSION()),
+        ("KVM_GET_VCPU_MMAP_SIZE", kvm::KVM_GET_VCPU_MMAP_SIZE()),
+        ("KVM_GET_SUPPORTED_CPUID", kvm::KVM_GET_SUPPORTED_CPUID()),
+        ("KVM_CREATE_VCPU", kvm::KVM_CREATE_VCPU()),
+        (
+            "KVM_SET_USER_MEMORY_REGION",
+            kvm::KVM_SET_USER_MEMORY_REGION(),
+        ),
+        ("KVM_CREATE_IRQCHIP", kvm::KVM_CREATE_IRQCHIP()),
+        ("KVM_IRQ_LINE", kvm::KVM_IRQ_LINE()),
+        ("KVM_IRQ_LINE_STATUS", kvm::KVM_IRQ_LINE_STATUS()),
+        ("KVM_IRQFD", kvm::KVM_IRQFD()),
+        ("KVM_IOEVENTFD", kvm::KVM_IOEVENTFD()),
+        ("KVM_SET_CLOCK", kvm::KVM_SET_CLOCK()),
+        ("KVM_GET_CLOCK", kvm::KVM_GET_CLOCK()),
+        ("KVM_SET_CPUID2", kvm::KVM_SET_CPUID2()),
+        ("KVM_GET_CPUID2", kvm::KVM_GET_CPUID2()),
+        ("KVM_SET_MP_STATE", kvm::KVM_SET_MP_STATE()),
+        ("KVM_SET_GUEST_DEBUG", kvm::KVM_SET_GUEST_DEBUG()),
+        ("KVM_GET_DEBUGREGS", kvm::KVM_GET_DEBUGREGS()),
+        ("KVM_SET_TSC_KHZ", kvm::KVM_SET_TSC_KHZ()),
+        ("KVM_GET_XSAVE", kvm::KVM_GET_XSAVE()),
+        ("KVM_SET_XSAVE", kvm::KVM_SET_XSAVE()),
+        ("KVM_KVMCLOCK_CTRL", kvm::KVM_KVMCLOCK_CTRL()),
+        ("KVM_ENABLE_CAP", kvm::KVM_ENABLE_CAP()),
+        ("KVM_SET_PMU_EVENT_FILTER", kvm::KVM_SET_PMU_EVENT_FILTER()),
+        ("KVM_X86_SET_MSR_FILTER", kvm::KVM_X86_SET_MSR_FILTER()),
+        ("KVM_GET_STATS_FD", kvm::KVM_GET_STATS_FD()),
+    ]);
+    all
 }
 
 /// (name, request) of the ioctls the main thread may make after setup: terminal queries only

@@ -140,6 +140,11 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
     // Threads started from here on confine themselves (docs/security.md).
     let seccomp = seccomp::Scope::enter(cfg.seccomp)?;
     let vm = builder::build(cfg)?;
+    if seccomp.is_on() {
+        // What each descriptor is, for the report of a forbidden ioctl (before any thread of
+        // this run is confined; perf events opened later are noted where they are opened).
+        seccomp::fds::snapshot();
+    }
     let setup_time = t0.elapsed();
     log::info!(
         "VM ready in {:.1} ms: {} vCPU(s), {} MiB, vPMU {:?}",
