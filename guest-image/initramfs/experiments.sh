@@ -60,8 +60,15 @@ VPMU_SECS=${VPMU_SECS:-30}
 #     ~37 ms wall on a busy one, where 50M cycles (~19 ms) made the guest sample its own handler
 #     (perf record -a of `sleep 20` took 436 s). 200M cycles is ~13 samples/s at 2.6 GHz.
 #   VPMU_PROFILE_ROUNDS: cpu_split rounds for the sampled runs (perf record, operf): ~11.7M
-#     cycles a round, so ~350 samples at 200M, ~260 of them in cpu_split's own code (the rest is
-#     the emulated timer tick); ~2 min of guest time here.
+#     cycles a round, so ~1400 samples at VPMU_CONTROL_PERIOD, most of them in cpu_split's own
+#     code (the rest is the emulated timer tick); ~1 min of guest time here.
+#   VPMU_CONTROL_PERIOD: the sampling period of those cpu_split runs (the CPU-bound control of
+#     `compare --profiler` and the experiments' hot_75 check). 50M cycles (~19 ms) leaves the
+#     emulated PMI handler (2-3 ms, ~6-8M cycles; a few times that on a busy host) well inside
+#     the period while user code runs, and gives the control ~1000 samples of cpu_split, so its
+#     sampling noise (3 sd) is ~5-6 pp instead of the ~24 pp of the 60 samples 200M gave
+#     (issue 31). The system-wide profiles keep VPMU_PERIOD: an idle guest's emulated ticks
+#     are kernel code that a shorter period samples over and over.
 #   VPMU_SYSCALL_ITERS: syscall_heavy iterations (1M took ~1000 s here on an idle host; 20000
 #     took 139 s under perf stat on a busy one: each relayed SYSCALL costs ~0.5-3 ms of emulated
 #     kernel code).
@@ -72,6 +79,7 @@ VPMU_SECS=${VPMU_SECS:-30}
 #     pipelines; 2000 take about a minute here.
 VPMU_PERIOD=${VPMU_PERIOD:-200000000}
 VPMU_PROFILE_ROUNDS=${VPMU_PROFILE_ROUNDS:-6000}
+VPMU_CONTROL_PERIOD=${VPMU_CONTROL_PERIOD:-50000000}
 VPMU_SYSCALL_ITERS=${VPMU_SYSCALL_ITERS:-5000}
 VPMU_IO_ARGS=${VPMU_IO_ARGS:-all 4}
 VPMU_OP_EVENT=${VPMU_OP_EVENT:-CPU_CLK_UNHALTED}
@@ -169,7 +177,7 @@ exp_perf_stat() {
 
 exp_perf_record() {
 	vpmu_step perf-record record-cpu_split.log \
-		perf record -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/cpu_split.data" -- \
+		perf record -N -e "$VPMU_EVENT" -c "$VPMU_CONTROL_PERIOD" -o "$dir/cpu_split.data" -- \
 		cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step perf-record report-cpu_split.txt \
 		perf report -i "$dir/cpu_split.data" --stdio --sort comm,dso,symbol
@@ -195,7 +203,7 @@ exp_ocount() {
 
 exp_operf() {
 	mkdir -p "$dir/oprofile_data"
-	vpmu_step operf operf-cpu_split.log operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" \
+	vpmu_step operf operf-cpu_split.log operf -e "$VPMU_OP_EVENT:$VPMU_CONTROL_PERIOD" \
 		-d "$dir/oprofile_data" cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step operf opreport.txt opreport --session-dir="$dir/oprofile_data"
 	vpmu_step operf opreport-symbols.txt opreport -l --session-dir="$dir/oprofile_data" \
@@ -217,7 +225,7 @@ exp_compare_perf() {
 	vpmu_step compare-perf report-system.txt \
 		perf report -i "$dir/system.data" --stdio -n --sort symbol
 	vpmu_step compare-perf record-control.log \
-		perf record -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/control.data" -- \
+		perf record -N -e "$VPMU_EVENT" -c "$VPMU_CONTROL_PERIOD" -o "$dir/control.data" -- \
 		cpu_split "$VPMU_PROFILE_ROUNDS"
 	# The control is cpu_split's own code (hot_75, cold_25): what the VMM does for the packets that
 	# arrive meanwhile is not part of it.
@@ -292,7 +300,7 @@ exp_compare_oprofile() {
 	vpmu_step compare-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_operf_diagnostics compare-oprofile "$dir/op_system"
 	vpmu_step compare-oprofile operf-control.log \
-		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
+		operf -e "$VPMU_OP_EVENT:$VPMU_CONTROL_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
 	# --exclude-dependent: cpu_split's own symbols only (its kernel samples are an image of their
 	# own, kallsyms, which opreport would list with it), as perf report --dsos cpu_split does.
 	vpmu_step compare-oprofile report-control.txt opreport -l --exclude-dependent \
@@ -321,7 +329,7 @@ exp_compare_command_perf() {
 	vpmu_step compare-command-perf report-system.txt \
 		perf report -i "$dir/system.data" --stdio -n --sort symbol
 	vpmu_step compare-command-perf record-control.log \
-		perf record -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/control.data" -- \
+		perf record -N -e "$VPMU_EVENT" -c "$VPMU_CONTROL_PERIOD" -o "$dir/control.data" -- \
 		cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step compare-command-perf report-control.txt \
 		perf report -i "$dir/control.data" --stdio -n --sort symbol --dsos cpu_split
@@ -334,7 +342,7 @@ exp_compare_command_oprofile() {
 	vpmu_step compare-command-oprofile report-system.txt opreport -l --session-dir="$dir/op_system"
 	vpmu_operf_diagnostics compare-command-oprofile "$dir/op_system"
 	vpmu_step compare-command-oprofile operf-control.log \
-		operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
+		operf -e "$VPMU_OP_EVENT:$VPMU_CONTROL_PERIOD" -d "$dir/op_control" cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step compare-command-oprofile report-control.txt opreport -l --exclude-dependent \
 		--session-dir="$dir/op_control" image:/usr/bin/cpu_split
 }

@@ -133,15 +133,19 @@ pub struct GuestComparison {
     pub run: RunReport,
 }
 
-/// cpu_split rounds of the control profile: ~170 samples at the guest library's fixed period
-/// (experiments.sh), a few minutes of one mode where guest kernel code is emulated.
-pub const CONTROL_ROUNDS: u32 = 1000;
+/// cpu_split rounds of the control profile: ~1400 samples (~1000 in cpu_split's own code) at
+/// [`CONTROL_PERIOD`], ~1 min of one mode where guest kernel code is emulated: enough that the
+/// control's sampling noise (3 sd) is ~5-6 pp (issue 31: 1000 rounds at the system-wide period
+/// gave ~60 samples and a 24 pp bar, which passes nearly anything).
+pub const CONTROL_ROUNDS: u32 = 6000;
+/// The control's sampling period in cycles (experiments.sh, VPMU_CONTROL_PERIOD).
+pub const CONTROL_PERIOD: u64 = 50_000_000;
 
 /// The kernel command line for the guest's experiment.
 pub fn cmdline(profiler: GuestProfiler, window: &Window) -> String {
     let mut c = format!(
         "vpmu.experiment={} vpmu.modes=cpu-switch,domain-switch vpmu.secs={} \
-         vpmu.profile_rounds={CONTROL_ROUNDS}",
+         vpmu.profile_rounds={CONTROL_ROUNDS} vpmu.control_period={CONTROL_PERIOD}",
         window.experiment(profiler),
         window.secs()
     );

@@ -310,6 +310,7 @@ fn in_guest_comparison(
             "guest profiler, fixed period (VPMU_PERIOD in experiments.sh)",
         ),
         param("control_rounds", in_guest::CONTROL_ROUNDS),
+        param("control_period_cycles", in_guest::CONTROL_PERIOD),
     ];
     match &window {
         in_guest::Window::Packets { .. } => {
