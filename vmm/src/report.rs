@@ -361,6 +361,9 @@ fn host_line(h: &crate::vm::HostReport) -> String {
                 h.exit_cost_ns as f64 / 1000.0
             ));
         }
+        if h.kvm_answers_rdpmc == Some(true) {
+            line.push_str("; KVM answers guest RDPMC itself (not trappable)");
+        }
     }
     line
 }
@@ -499,6 +502,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             "kind": if r.host.quirks { "emulated-kernel" } else { "vt-x/svm" },
             "vpmu_backend": r.host.backend.map(backend_name),
             "cpu_switch_exit_cost_ns": r.host.exit_cost_ns,
+            "kvm_answers_rdpmc": r.host.kvm_answers_rdpmc,
         },
         "setup_secs": r.setup_time.as_secs_f64(),
         "run_secs": r.run_time.as_secs_f64(),
@@ -575,6 +579,7 @@ mod tests {
                 quirks: false,
                 backend: Some(crate::pmu::BackendChoice::Soft),
                 exit_cost_ns: 41_500,
+                kvm_answers_rdpmc: Some(true),
             },
             end: crate::end::VmEnd::Timeout(Duration::from_secs(4)),
             exits: vec![exits.clone(), exits],

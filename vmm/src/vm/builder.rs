@@ -87,6 +87,18 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         log::info!("host quirks on: {why}");
     }
     let (hv, vm) = create_vm()?;
+    // The guest's PMU is the VMM's (or none, with --vpmu off): KVM's own must not answer the
+    // guest's RDPMC from counters nobody programs. Before the vCPUs are created.
+    let kvm_pmu_off =
+        pmu::setup::disable_kvm_pmu(&vm).map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
+    log::debug!(
+        "KVM's own PMU: {}",
+        if kvm_pmu_off {
+            "turned off for this VM"
+        } else {
+            "not offered to turn off (absent, or an older KVM)"
+        }
+    );
     let mem = create_memory(&vm, cfg.memory_mib)?;
     let guest = load_guest(cfg, &mem, quirks.is_some())?;
     let control = Arc::new(VmControl::new(cfg.panic_vcpu_at_exit));
@@ -107,9 +119,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         &mode_switch,
         quirks.is_some(),
     )?;
-    if let Some(v) = vpmu.as_mut().filter(|v| v.backend == BackendChoice::Soft) {
-        v.exit_cost_ns = soft_exit_cost_ns(cfg, &hv);
-    }
+    let probe = vpmu.as_mut().and_then(|v| apply_host_probe(cfg, &hv, v));
     if vpmu.is_none() {
         filter_const_msrs(&vm, &cfg.const_msrs)?;
     }
@@ -165,6 +175,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         quirks: quirks.is_some(),
         backend: vpmu.as_ref().map(|v| v.backend),
         exit_cost_ns: vpmu.as_ref().map_or(0, |v| v.exit_cost_ns),
+        kvm_answers_rdpmc: probe.map(|p| p.kvm_answers_rdpmc),
     };
     Ok(BuiltVm {
         host,
@@ -687,16 +698,7 @@ fn plan_vpmu(
         RdpmcSetting::Off => (RdpmcSites::default(), None),
     };
     if let Some(mark) = rdpmc_trap {
-        let off = pmu::setup::disable_kvm_pmu(vm)
-            .map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
-        log::info!(
-            "RDPMC trap: {mark:?} over the guest's #GP handler; KVM's own PMU {}",
-            if off {
-                "turned off for this VM"
-            } else {
-                "absent (RDPMC faults already)"
-            }
-        );
+        log::info!("RDPMC trap: {mark:?} over the guest's #GP handler");
     }
     let rdpmc_ranges = if rdpmc.is_empty() {
         Vec::new()
@@ -732,33 +734,51 @@ fn plan_vpmu(
     }))
 }
 
-/// What the soft backend's cpu-switch takes off each KVM_RUN interval: `--exit-cost-ns`, or
-/// measured on this host (`exit_cost`); 0, said so, if it cannot be measured.
-fn soft_exit_cost_ns(cfg: &VmConfig, hv: &Kvm) -> u64 {
-    if let Some(ns) = cfg.exit_cost_ns {
-        log::info!("cpu-switch (soft backend): {ns} ns of KVM's exit path left out per exit (--exit-cost-ns)");
-        return ns;
-    }
-    match super::exit_cost::measure_ns(hv) {
-        Ok(ns) => {
-            log::info!(
-                "cpu-switch (soft backend): KVM's exit path costs {:.1} us per exit to user space \
-                 on this host (p{} of {} port-I/O exits of a calibration VM); left out of each \
-                 KVM_RUN interval the guest is charged",
-                ns as f64 / 1000.0,
-                super::exit_cost::PERCENTILE,
-                super::exit_cost::SAMPLES
-            );
-            ns
-        }
-        Err(e) => {
+/// What the vPMU takes from the host probe (`host_probe`, once per process): the soft
+/// backend's cpu-switch exit cost (or `--exit-cost-ns`), and a warning where KVM answers RDPMC
+/// itself, so the trap cannot serve the RDPMCs it is there for. None if the probe failed
+/// (said so; whole KVM_RUN intervals are then charged).
+fn apply_host_probe(
+    cfg: &VmConfig,
+    hv: &Kvm,
+    plan: &mut VpmuPlan,
+) -> Option<super::host_probe::HostProbe> {
+    use super::host_probe::{probe, PERCENTILE, SAMPLES};
+    let probed = probe(hv)
+        .inspect_err(|e| {
             log::warn!(
-                "cpu-switch (soft backend): cannot measure KVM's exit path ({e}); whole KVM_RUN \
-                 intervals are charged to the guest"
-            );
-            0
-        }
+                "cannot probe this host's KVM ({e}); cpu-switch (soft backend) charges whole \
+                 KVM_RUN intervals to the guest"
+            )
+        })
+        .ok();
+    if plan.backend == BackendChoice::Soft {
+        plan.exit_cost_ns = match (cfg.exit_cost_ns, probed) {
+            (Some(ns), _) => {
+                log::info!("cpu-switch (soft backend): {ns} ns of KVM's exit path left out per exit (--exit-cost-ns)");
+                ns
+            }
+            (None, Some(p)) => {
+                log::info!(
+                    "cpu-switch (soft backend): KVM's exit path costs {:.1} us per exit to user \
+                     space on this host (p{PERCENTILE} of {SAMPLES} port-I/O exits of a probe VM); \
+                     left out of each KVM_RUN interval the guest is charged",
+                    p.exit_cost_ns as f64 / 1000.0,
+                );
+                p.exit_cost_ns
+            }
+            (None, None) => 0,
+        };
     }
+    if plan.rdpmc_trap.is_some() && probed.is_some_and(|p| p.kvm_answers_rdpmc) {
+        log::warn!(
+            "RDPMC trap: this host's KVM answers guest RDPMC itself (reading 0) although its PMU \
+             is off for the VM (Linux 6.1 kvm_amd does), so no #GP comes to trap: guest RDPMCs \
+             outside the rewritten kernel sites (user space reading its counters through the \
+             perf mmap page, a Multiboot kernel) read 0, not the vPMU's counters"
+        );
+    }
+    probed
 }
 
 /// The int3 over the guest's #GP handler that serves RDPMC (`--rdpmc trap`).

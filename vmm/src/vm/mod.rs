@@ -5,7 +5,7 @@
 
 mod builder;
 pub mod config;
-mod exit_cost;
+mod host_probe;
 mod run;
 
 use std::path::PathBuf;
@@ -132,6 +132,9 @@ pub struct HostReport {
     pub backend: Option<BackendChoice>,
     /// ns of KVM's exit path the soft backend's cpu-switch leaves out of each KVM_RUN interval.
     pub exit_cost_ns: u64,
+    /// Whether this host's KVM answers guest RDPMC itself with its PMU off (`host_probe`; None
+    /// with the vPMU off or the probe failed).
+    pub kvm_answers_rdpmc: Option<bool>,
 }
 
 /// Builds the VM described by `cfg`, runs it to the end and reports.

@@ -25,14 +25,11 @@ pub fn kvm_available() -> bool {
     panic!("{msg}; set VPMU_ALLOW_NO_KVM=1 to skip it knowingly");
 }
 
-/// Whether the host's KVM may answer a guest RDPMC itself, from a PMU of its own (its
-/// `enable_pmu` parameter on, and a host PMU to back it). Where it may not (kvm_pvm; the SVM host
-/// under QEMU's emulator: "PMU virtualization is disabled"), an RDPMC the VMM does not serve is a
-/// #GP, as `--rdpmc off` tests check.
-pub fn kvm_may_serve_rdpmc() -> bool {
-    let param =
-        std::fs::read_to_string("/sys/module/kvm/parameters/enable_pmu").unwrap_or_default();
-    param.trim() != "N" && vmm::pmu::setup::host_has_pmu()
+/// Whether the run's host answered guest RDPMC itself (the VMM's host probe, in its report):
+/// then an RDPMC the VMM does not rewrite reads KVM's 0 instead of faulting (Linux 6.1's
+/// kvm_amd, even with its PMU off), and there is no #GP to trap.
+pub fn kvm_answers_rdpmc(report: &RunReport) -> bool {
+    report.host.kvm_answers_rdpmc == Some(true)
 }
 
 pub struct TinyRun {
