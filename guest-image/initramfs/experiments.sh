@@ -60,15 +60,17 @@ VPMU_SECS=${VPMU_SECS:-30}
 #     ~37 ms wall on a busy one, where 50M cycles (~19 ms) made the guest sample its own handler
 #     (perf record -a of `sleep 20` took 436 s). 200M cycles is ~13 samples/s at 2.6 GHz.
 #   VPMU_PROFILE_ROUNDS: cpu_split rounds for the sampled runs (perf record, operf): ~11.7M
-#     cycles a round, so ~1400 samples at VPMU_CONTROL_PERIOD, most of them in cpu_split's own
-#     code (the rest is the emulated timer tick); ~1 min of guest time here.
-#   VPMU_CONTROL_PERIOD: the sampling period of those cpu_split runs (the CPU-bound control of
-#     `compare --profiler` and the experiments' hot_75 check). 50M cycles (~19 ms) leaves the
-#     emulated PMI handler (2-3 ms, ~6-8M cycles; a few times that on a busy host) well inside
-#     the period while user code runs, and gives the control ~1000 samples of cpu_split, so its
-#     sampling noise (3 sd) is ~5-6 pp instead of the ~24 pp of the 60 samples 200M gave
-#     (issue 31). The system-wide profiles keep VPMU_PERIOD: an idle guest's emulated ticks
-#     are kernel code that a shorter period samples over and over.
+#     cycles a round, so ~350 samples at 200M, ~260 of them in cpu_split's own code (the rest is
+#     the emulated timer tick); ~2 min of guest time here.
+#   VPMU_CONTROL_PERIOD: the sampling period of the CPU-bound control of `compare --profiler`
+#     (cpu_split, compare passes 4000 rounds). 50M cycles (~19 ms) leaves the emulated PMI
+#     handler (2-3 ms, ~6-8M cycles; a few times that on a busy host) well inside the period
+#     while user code runs, and gives the control ~900 samples of cpu_split, so its sampling
+#     noise (3 sd) is ~6 pp instead of the ~24 pp of the 60 samples 1000 rounds at 200M gave
+#     (issue 31). Each sample costs the guest's profiler ~0.1 s of emulated kernel work here
+#     (its ring buffer, its writes), so more samples cost minutes. The system-wide profiles keep
+#     VPMU_PERIOD: an idle guest's emulated ticks are kernel code that a shorter period samples
+#     over and over.
 #   VPMU_SYSCALL_ITERS: syscall_heavy iterations (1M took ~1000 s here on an idle host; 20000
 #     took 139 s under perf stat on a busy one: each relayed SYSCALL costs ~0.5-3 ms of emulated
 #     kernel code).
@@ -177,7 +179,7 @@ exp_perf_stat() {
 
 exp_perf_record() {
 	vpmu_step perf-record record-cpu_split.log \
-		perf record -N -e "$VPMU_EVENT" -c "$VPMU_CONTROL_PERIOD" -o "$dir/cpu_split.data" -- \
+		perf record -N -e "$VPMU_EVENT" -c "$VPMU_PERIOD" -o "$dir/cpu_split.data" -- \
 		cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step perf-record report-cpu_split.txt \
 		perf report -i "$dir/cpu_split.data" --stdio --sort comm,dso,symbol
@@ -203,7 +205,7 @@ exp_ocount() {
 
 exp_operf() {
 	mkdir -p "$dir/oprofile_data"
-	vpmu_step operf operf-cpu_split.log operf -e "$VPMU_OP_EVENT:$VPMU_CONTROL_PERIOD" \
+	vpmu_step operf operf-cpu_split.log operf -e "$VPMU_OP_EVENT:$VPMU_PERIOD" \
 		-d "$dir/oprofile_data" cpu_split "$VPMU_PROFILE_ROUNDS"
 	vpmu_step operf opreport.txt opreport --session-dir="$dir/oprofile_data"
 	vpmu_step operf opreport-symbols.txt opreport -l --session-dir="$dir/oprofile_data" \
