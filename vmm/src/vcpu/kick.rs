@@ -66,11 +66,20 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
     }
 }
 
-/// Installs the kick handler (once per process).
+/// Installs the kick handler (once per process), for the kick signal and for SIGIO: when a
+/// thread's queue of real-time signals is full, the kernel sends a perf event's overflow
+/// notification as SIGIO instead of the signal F_SETSIG named (fcntl(2)), and SIGIO's default
+/// action ends the process. That happened on the SVM host under QEMU's emulator, where the
+/// vCPU thread takes overflow signals slower than a short period raises them: a guest's tiny
+/// sampling period killed the VMM. A SIGIO is taken as a kick: every consumer looks at its own
+/// counters after any signal, so a merged notification loses nothing.
 pub fn install_handler() -> Result<(), vmm_sys_util::errno::Error> {
     static ONCE: std::sync::Once = std::sync::Once::new();
     let mut res = Ok(());
-    ONCE.call_once(|| res = register_signal_handler(kick_signal(), on_kick));
+    ONCE.call_once(|| {
+        res = register_signal_handler(kick_signal(), on_kick)
+            .and_then(|()| register_signal_handler(libc::SIGIO, on_kick))
+    });
     res
 }
 
