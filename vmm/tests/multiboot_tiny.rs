@@ -211,6 +211,17 @@ fn xbegin_at_cpl0_is_an_abort_through_the_trap_or_a_ud_the_guest_receives() {
     let kernel = dir.path().join("xbegin.elf");
     std::fs::write(&kernel, XBEGIN_MULTIBOOT64.image).unwrap();
     let with = boot(&kernel, &["--memory", "32"]);
+    if !quirks && common::host_cpu_is_qemus_emulator() {
+        // The SVM host under QEMU's TCG: the emulator runs the nested guest's instructions
+        // with its own CPU's features, whatever KVM's CPUID for it says; there XBEGIN neither
+        // raises #UD nor aborts as the architecture describes (EAX came back 3 and 0xe).
+        testkit::not_checked(
+            "XBEGIN at CPL 0",
+            "this host's CPU is QEMU's emulator, which executes XBEGIN whatever the guest's \
+             CPUID offers",
+        );
+        return;
+    }
     match (quirks, rtm) {
         (true, true) => xbegin_aborted_through_the_trap(&with),
         (_, false) => {

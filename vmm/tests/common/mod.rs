@@ -32,6 +32,13 @@ pub fn kvm_answers_rdpmc(report: &RunReport) -> bool {
     report.host.kvm_answers_rdpmc == Some(true)
 }
 
+/// Whether this host's CPU is QEMU's emulator (the SVM host of `scripts/svm-host.sh`: Linux
+/// under `qemu-system-x86_64 -accel tcg -cpu max`), whose nested guests see its emulation's own
+/// quirks beside KVM's.
+pub fn host_cpu_is_qemus_emulator() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("QEMU TCG CPU"))
+}
+
 pub struct TinyRun {
     pub report: RunReport,
     pub console: String,
