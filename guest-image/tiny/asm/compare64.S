@@ -14,15 +14,9 @@
 #define GLOBAL_CTRL 0xc0000301
 #define SAMPLE_ON   0x530076 | (1 << 20)
 #define CTR_MAX     0x1000000000000
-#define PERIOD      400000
-#define ROUNDS      160
+#define PERIOD      2600000
+#define ROUNDS      480
 #include "msr.inc"
-
-.macro BUSY n
-    mov $\n, %ecx
-1:  dec %ecx
-    jnz 1b
-.endm
 
 .macro SET_MODE m
     mov $0x511, %dx
@@ -52,6 +46,7 @@
 start:
     cli
     NMI_SETUP nmi_handler
+    CALIBRATE_BUSY
     WRMSR64 GLOBAL_CTRL, 1
 
     SET_MODE 1
@@ -88,12 +83,12 @@ io_heavy:
 io_heavy_end:
 
 cpu_a:
-    BUSY 1500
+    BUSY_US 1350
     ret
 cpu_a_end:
 
 cpu_b:
-    BUSY 500
+    BUSY_US 450
     ret
 cpu_b_end:
 
@@ -143,5 +138,6 @@ nmi_handler:
     iretq
 
 NMI_IDT_DATA
+BUSY_DATA
     .balign 8
 hist:   .quad 0, 0, 0, 0
