@@ -86,7 +86,12 @@ pub struct Gate {
     tsc: TscSource,
     tsc_khz: u64,
     /// KVM's exit path per KVM_RUN (ns of CPU time), left out of each closed interval.
-    pub(super) exit_cost_ns: u64,
+    exit_path: super::exit_path::ExitPath,
+    /// The thread's signal count when KVM_RUN was entered: an interval a signal ended (a kick,
+    /// an overflow notification) is not evidence of the exit path's length (exit_path.rs).
+    signals_at_enter: u64,
+    /// Thread CPU time outside KVM_RUN before the open (or last) interval: the VMM's work.
+    outside_ns: u64,
 }
 
 impl Gate {
@@ -108,8 +113,24 @@ impl Gate {
             clock_reads: 0,
             tsc,
             tsc_khz,
-            exit_cost_ns,
+            exit_path: super::exit_path::ExitPath::new(exit_cost_ns),
+            signals_at_enter: 0,
+            outside_ns: 0,
         }
+    }
+
+    /// What the gate leaves out of each interval now (ns): the probe's measure, raised by this
+    /// VM's short exit intervals (exit_path.rs). A counter's overflow notification must come
+    /// that much later than the rest of its guest period, or the interval it ends counts
+    /// nothing.
+    pub(super) fn exit_path_ns(&mut self) -> u64 {
+        self.exit_path.ns(self.outside_ns)
+    }
+
+    /// The exit path the gate was given (the host probe's measure, or `--exit-cost-ns`).
+    #[cfg(test)]
+    pub(super) fn exit_cost_ns(&self) -> u64 {
+        self.exit_path.probe_ns()
     }
 
     /// The TSC now.
@@ -232,7 +253,10 @@ impl Gate {
         if self.seq() != self.seq_at_leave {
             self.switched_intervals += 1;
         }
-        self.entered_at = Some(self.thread_ns(sys));
+        let now = self.thread_ns(sys);
+        self.outside_ns = now.saturating_sub(self.left_at);
+        self.entered_at = Some(now);
+        self.signals_at_enter = crate::vcpu::kick::signals();
     }
 
     /// Just after KVM_RUN.
@@ -241,7 +265,11 @@ impl Gate {
             // This interval's CPU time less KVM's exit path, never less than 0: an error here
             // stays here.
             let left = self.thread_ns(sys);
-            let d = left.saturating_sub(t).saturating_sub(self.exit_cost_ns);
+            let whole = left.saturating_sub(t);
+            let d = whole.saturating_sub(self.exit_path.ns(self.outside_ns));
+            if crate::vcpu::kick::signals() == self.signals_at_enter {
+                self.exit_path.note(self.outside_ns, whole);
+            }
             self.inside += d;
             self.last_interval = d;
             self.left_at = left;

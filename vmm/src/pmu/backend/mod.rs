@@ -16,6 +16,7 @@
 //! * domain-switch — count whenever the vCPU thread runs (KVM and the VMM's exit handling on
 //!   that thread included): the host kernel's per-task perf context switch is the save/restore.
 
+mod exit_path;
 mod gate;
 mod hw;
 mod sim;
@@ -69,7 +70,8 @@ trait SourceBackend: Send {
 }
 
 enum Imp {
-    Soft(soft::Soft),
+    // Boxed: the soft source carries its gate's exit-path windows, the hw source little.
+    Soft(Box<soft::Soft>),
     Hw(hw::Hw),
 }
 
@@ -87,7 +89,7 @@ impl PerfBackend {
             Source::Soft {
                 tsc_khz,
                 exit_cost_ns,
-            } => Imp::Soft(soft::Soft::new(tsc_khz, exit_cost_ns, mode)),
+            } => Imp::Soft(Box::new(soft::Soft::new(tsc_khz, exit_cost_ns, mode))),
             Source::Hw => Imp::Hw(hw::Hw::new(mode)),
         };
         PerfBackend {
@@ -101,7 +103,7 @@ impl PerfBackend {
     /// The source and the perf layer, borrowed apart.
     fn parts(&mut self) -> (&mut dyn SourceBackend, &mut dyn PerfSys) {
         let src: &mut dyn SourceBackend = match &mut self.imp {
-            Imp::Soft(s) => s,
+            Imp::Soft(s) => s.as_mut(),
             Imp::Hw(h) => h,
         };
         (src, self.sys.as_mut())
@@ -109,7 +111,7 @@ impl PerfBackend {
 
     fn source(&self) -> &dyn SourceBackend {
         match &self.imp {
-            Imp::Soft(s) => s,
+            Imp::Soft(s) => s.as_ref(),
             Imp::Hw(h) => h,
         }
     }

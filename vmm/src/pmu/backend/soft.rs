@@ -26,6 +26,12 @@ use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
 /// Shortest host sample period a soft counter is armed with (ns of thread CPU time): a guest
 /// that arms a counter to overflow after 1 cycle must not turn into a signal storm on the host.
 pub const MIN_SOFT_PERIOD_NS: u64 = 50_000;
+/// ... and at least this many exits' worth (the host probe's exit cost): perf's sampling event
+/// fires every period of thread CPU time, and where taking one notification (an exit, the
+/// PMI, the guest handler's MSR exits) costs more than the period, notifications queue up
+/// without end: on the SVM host under QEMU's emulator (40 µs an exit) a 50 µs period
+/// overflowed the thread's real-time signal queue.
+pub const MIN_SOFT_PERIOD_EXITS: u64 = 10;
 
 struct SoftCounter {
     fd: RawFd,
@@ -57,6 +63,9 @@ pub(super) struct Soft {
     pub(super) gate: Gate,
     /// The thread's CPU time when host work the guest is not charged for began (domain-switch).
     host_work_from: Option<u64>,
+    /// The shortest host sample period here: [`MIN_SOFT_PERIOD_NS`], or
+    /// [`MIN_SOFT_PERIOD_EXITS`] exits where exits cost more.
+    min_period_ns: u64,
 }
 
 impl Soft {
@@ -77,6 +86,7 @@ impl Soft {
             counters: BTreeMap::new(),
             gate: Gate::new(TscSource::Cpu, tsc_khz, exit_cost_ns),
             host_work_from: None,
+            min_period_ns: MIN_SOFT_PERIOD_NS.max(MIN_SOFT_PERIOD_EXITS * exit_cost_ns),
         }
     }
 
@@ -157,12 +167,12 @@ impl Soft {
     }
 
     /// Sets the sampling event of counter `bit` to notify `period` ns of thread CPU time from
-    /// now (at least [`MIN_SOFT_PERIOD_NS`]). With `track`, notes where (for
+    /// now (at least `min_period_ns`). With `track`, notes where (for
     /// [`take_notification_lag`](Self::take_notification_lag); it reads the host count, which
     /// may cost a `read(2)`: only the host-side sampler's re-arm asks for it, not the guest's
     /// counters on the PMI path).
     fn arm(&mut self, sys: &mut dyn PerfSys, bit: u8, period: u64, track: bool) {
-        let period = period.max(MIN_SOFT_PERIOD_NS);
+        let period = period.max(self.min_period_ns);
         let now = track.then(|| self.raw(sys, bit));
         if let Some(c) = self.counters.get_mut(&bit) {
             sys.set_period(c.fd, period);
@@ -282,7 +292,7 @@ impl SourceBackend for Soft {
             self.gate.open_clock(sys);
         }
         let req = PerfRequest {
-            sample_period: overflow_after.map(|p| p.max(MIN_SOFT_PERIOD_NS)),
+            sample_period: overflow_after.map(|p| p.max(self.min_period_ns)),
             ..PerfRequest::counting(PerfEvent::TaskClock)
         };
         let fd = open_events(sys, &[req])?[0];
@@ -331,8 +341,15 @@ impl SourceBackend for Soft {
             } else {
                 // Early: the host also counted time outside KVM_RUN (cpu-switch), or time the
                 // counter was told to forget (`forget_host_time`). Ask for a notification when
-                // the rest of the guest's period has run (perf restarts the period now).
-                self.arm(sys, bit, at - v, false);
+                // the rest of the guest's period has run (perf restarts the period now), plus,
+                // in cpu-switch, the exit path the gate will leave out of the interval that
+                // notification ends (else a rest shorter than it never counts down: a storm).
+                let exit_path = if self.gates() {
+                    self.gate.exit_path_ns()
+                } else {
+                    0
+                };
+                self.arm(sys, bit, at - v + exit_path, false);
             }
         }
         bits

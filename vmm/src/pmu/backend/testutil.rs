@@ -85,7 +85,11 @@ pub(super) fn backend(source: Source, mode: AccountingMode) -> (PerfBackend, Arc
 /// Makes a soft backend's gate read the fake TSC (1 GHz: 1 cycle = 1 ns at `tsc_khz` 1e6).
 pub(super) fn with_fake_tsc(b: &mut PerfBackend) {
     if let Imp::Soft(s) = &mut b.imp {
-        s.gate = Gate::new(TscSource::Fake(fake_now), s.tsc_khz(), s.gate.exit_cost_ns);
+        s.gate = Gate::new(
+            TscSource::Fake(fake_now),
+            s.tsc_khz(),
+            s.gate.exit_cost_ns(),
+        );
     }
 }
 
