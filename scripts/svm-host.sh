@@ -5,8 +5,9 @@
 #
 #   scripts/svm-host.sh setup        install qemu-system-x86 etc. if missing, fetch the newest
 #                                    linux-image-6.1.0-NN-amd64-unsigned, build L1's initramfs
-#   scripts/svm-host.sh run [--cpus N] [--memory MiB] [--timeout SECS] -- CMD ARGS...
-#                                    boot L1 (setup first if needed), run CMD there; exit with its code
+#   scripts/svm-host.sh run [--cpus N] [--memory MiB] [--timeout SECS] [--share DIR] -- CMD ARGS...
+#                                    boot L1 (setup first if needed), run CMD there; exit with its code;
+#                                    --share DIR: the host's DIR is writable at DIR in L1 (results)
 #
 # Design:
 # - The host's / is exported read-only into L1 with virtio-9p (multidevs=remap: no inode clashes
@@ -134,6 +135,11 @@ cd /newroot || fail "cd /newroot"
 mount -t proc proc proc && mount -t sysfs sys sys && mount -t devtmpfs dev dev || fail "proc/sys/dev"
 mkdir -p dev/pts dev/shm run/svm-host
 mount -t devpts devpts dev/pts; mount -t tmpfs shm dev/shm; mount --bind /x run/svm-host
+# --share DIR: the host's DIR, writable, at DIR (its path is in /x/share).
+if [ -s /x/share ]; then
+  d=$(cat /x/share); mkdir -p /svmshare "/newroot$d"
+  mount -t 9p -o "$o" svmshare /svmshare && mount --bind /svmshare "/newroot$d" || fail "mount 9p svmshare"
+fi
 stty -F /dev/ttyS1 raw -echo && stty -F /dev/ttyS2 raw -echo || fail "stty"
 # CMD writes to pipes, not to the ttys themselves: it should not think it has a terminal.
 mkfifo /o /e && { cat /o >/dev/ttyS1 & cat /e >/dev/ttyS2 & } || fail "fifos"
@@ -159,14 +165,15 @@ EOI
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
 
 run() {
-  local cpus=2 mem=6144 tmo=3600
+  local cpus=2 mem=6144 tmo=3600 share=''
   while [ $# -gt 0 ]; do
     case $1 in
+      --share) share=$(cd "$2" && pwd) || die "run: --share $2: not a directory"; shift 2 ;;
       --cpus) cpus=$2; shift 2 ;;
       --memory) mem=$2; shift 2 ;;
       --timeout) tmo=$2; shift 2 ;;
       --) shift; break ;;
-      *) die "run: unknown option $1 (usage: run [--cpus N] [--memory MiB] [--timeout SECS] -- CMD ARGS...)" ;;
+      *) die "run: unknown option $1 (usage: run [--cpus N] [--memory MiB] [--timeout SECS] [--share DIR] -- CMD ARGS...)" ;;
     esac
   done
   [ $# -gt 0 ] || die "run: no command (usage: run [options] -- CMD ARGS...)"
@@ -187,6 +194,11 @@ run() {
     echo
   } >"$X/cmd.sh"
   : >"$X/out"; : >"$X/err"; : >"$X/console.log"
+  local sharearg=()
+  if [ -n "$share" ]; then
+    printf '%s\n' "$share" >"$X/share"
+    sharearg=(-virtfs "local,path=$share,mount_tag=svmshare,security_model=none,multidevs=remap")
+  fi
   say "booting L1 ($cpus CPUs, $mem MiB, timeout $tmo s): $*"
   local t0=$EPOCHREALTIME
   timeout -k 10 "$tmo" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$cpus" -m "$mem" \
@@ -195,7 +207,7 @@ run() {
     -append 'console=ttyS0 rdinit=/init panic=-1 mitigations=off nokaslr quiet' \
     -serial "file:$X/console.log" -serial "file:$X/out" -serial "file:$X/err" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-    -virtfs "local,path=$X,mount_tag=svmx,security_model=none,multidevs=remap" \
+    -virtfs "local,path=$X,mount_tag=svmx,security_model=none,multidevs=remap" "${sharearg[@]}" \
     </dev/null >"$X/qemu.log" 2>&1 &
   qpid=$!
   tail -c +1 -f --pid="$qpid" "$X/out" & tails+=($!)
