@@ -361,6 +361,13 @@ fn host_line(h: &crate::vm::HostReport) -> String {
                 h.exit_cost_ns as f64 / 1000.0
             ));
         }
+        if h.notify_cost_ns > 0 {
+            line.push_str(&format!(
+                "; a notification costs {:.1} us, so soft counters notify no sooner than every {:.0} us",
+                h.notify_cost_ns as f64 / 1000.0,
+                crate::pmu::backend::min_soft_period_ns(h.notify_cost_ns) as f64 / 1000.0
+            ));
+        }
         if h.kvm_answers_rdpmc == Some(true) {
             line.push_str("; KVM answers guest RDPMC itself (not trappable)");
         }
@@ -503,6 +510,8 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             "vpmu_backend": r.host.backend.map(backend_name),
             "cpu_switch_exit_cost_ns": r.host.exit_cost_ns,
             "kvm_answers_rdpmc": r.host.kvm_answers_rdpmc,
+            "notify_cost_ns": r.host.notify_cost_ns,
+            "min_soft_period_ns": crate::pmu::backend::min_soft_period_ns(r.host.notify_cost_ns),
         },
         "setup_secs": r.setup_time.as_secs_f64(),
         "run_secs": r.run_time.as_secs_f64(),
@@ -580,6 +589,7 @@ mod tests {
                 backend: Some(crate::pmu::BackendChoice::Soft),
                 exit_cost_ns: 41_500,
                 kvm_answers_rdpmc: Some(true),
+                notify_cost_ns: 60_000,
             },
             end: crate::end::VmEnd::Timeout(Duration::from_secs(4)),
             exits: vec![exits.clone(), exits],
@@ -641,6 +651,8 @@ mod tests {
             )
         );
         assert_eq!(h["cpu_switch_exit_cost_ns"], 41_500);
+        assert_eq!(h["notify_cost_ns"], 60_000);
+        assert_eq!(h["min_soft_period_ns"], 600_000);
         assert!(text.contains(
             "host: kvm_amd (VT-x/SVM, host quirks off); vPMU backend soft, cpu-switch leaves \
              41.5 us of KVM's exit path out of each KVM_RUN"

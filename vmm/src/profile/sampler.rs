@@ -75,11 +75,14 @@ pub struct Sampler {
 unsafe impl Send for Sampler {}
 
 impl Sampler {
-    /// `clock` must not be [`SampleClock::None`]; `hz` > 0.
+    /// `clock` must not be [`SampleClock::None`]; `hz` > 0. `notify_cost_ns`: what taking one
+    /// notification costs here (`vm::host_probe`): the counter's re-arms are no shorter than
+    /// `pmu::backend::min_soft_period_ns` of it.
     pub fn new(
         clock: SampleClock,
         hz: u32,
         tsc_khz: u32,
+        notify_cost_ns: u64,
         follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
     ) -> Sampler {
         let mut mode = None;
@@ -106,6 +109,7 @@ impl Sampler {
                         Source::Soft {
                             tsc_khz: u64::from(tsc_khz),
                             exit_cost_ns: 0,
+                            notify_cost_ns,
                         },
                         m,
                         Box::new(HostPerf {

@@ -490,6 +490,18 @@ fn task_layout(
     }
 }
 
+/// What the recorders need to know of the host.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordHost {
+    /// The vCPUs' TSC rate.
+    pub tsc_khz: u32,
+    /// Guest kernel code is emulated here (host quirks on): its samples' interruptions are not
+    /// forgotten ([`VcpuRecorder::after_exit`]).
+    pub guest_kernel_emulated: bool,
+    /// What one notification costs the vCPU thread here (`vm::host_probe`; 0: not measured).
+    pub notify_cost_ns: u64,
+}
+
 /// The writers of one run and the recorders not yet handed to vCPU threads.
 pub struct Recording {
     writers: Vec<(PathBuf, TraceWriter)>,
@@ -501,15 +513,19 @@ impl Recording {
     pub fn start(
         cfg: &RecordConfig,
         vcpus: u32,
-        tsc_khz: u32,
+        host: RecordHost,
         vpmu: crate::pmu::VpmuSetting,
         kernel: Option<&std::path::Path>,
         follow: Option<std::sync::Arc<crate::pmu::mode::ModeSwitch>>,
-        guest_kernel_emulated: bool,
     ) -> Result<Option<Recording>, RecordError> {
         if !cfg.is_on() {
             return Ok(None);
         }
+        let RecordHost {
+            tsc_khz,
+            guest_kernel_emulated,
+            notify_cost_ns,
+        } = host;
         let kernel = kernel
             .map(|k| {
                 std::fs::canonicalize(k)
@@ -581,7 +597,7 @@ impl Recording {
                 samples,
                 sampler: cfg.profile.as_ref().map(|p| {
                     let follow = follow.clone().filter(|_| p.clock == ProfileClock::Auto);
-                    Sampler::new(clock, p.hz, tsc_khz, follow)
+                    Sampler::new(clock, p.hz, tsc_khz, notify_cost_ns, follow)
                 }),
                 tasks: layout.clone().map(|l| TaskReader::new(l, i as u32)),
                 task_reads: (0, 0, 0),

@@ -120,6 +120,12 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         quirks.is_some(),
     )?;
     let probe = vpmu.as_mut().and_then(|v| apply_host_probe(cfg, &hv, v));
+    // The host-side profile's sampler is a soft counter too, with or without a vPMU.
+    let notify_cost_ns = match (probe, cfg.record.profile.is_some()) {
+        (Some(p), _) => p.notify_cost_ns(),
+        (None, true) => super::host_probe::probe(&hv).map_or(0, |p| p.notify_cost_ns()),
+        (None, false) => 0,
+    };
     if vpmu.is_none() {
         filter_const_msrs(&vm, &cfg.const_msrs)?;
     }
@@ -169,13 +175,20 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .and_then(|r| r.fd.get_tsc_khz().ok())
         .map(u64::from)
         .filter(|&k| k > 0);
-    let recording = start_recording(cfg, &mut runners, &mode_switch, quirks.is_some())?;
+    let recording = start_recording(
+        cfg,
+        &mut runners,
+        &mode_switch,
+        quirks.is_some(),
+        notify_cost_ns,
+    )?;
     let host = super::HostReport {
         kvm: host_quirks::kvm_module(),
         quirks: quirks.is_some(),
         backend: vpmu.as_ref().map(|v| v.backend),
         exit_cost_ns: vpmu.as_ref().map_or(0, |v| v.exit_cost_ns),
         kvm_answers_rdpmc: probe.map(|p| p.kvm_answers_rdpmc),
+        notify_cost_ns,
     };
     Ok(BuiltVm {
         host,
@@ -639,6 +652,9 @@ pub(super) struct VpmuPlan {
     /// ns of KVM's exit path taken off each KVM_RUN interval the soft backend's cpu-switch
     /// charges (0: whole intervals; other backends: 0, `exclude_host` does it).
     pub exit_cost_ns: u64,
+    /// ns one notification costs the vCPU thread here (`host_probe`; 0: not measured): the
+    /// soft backend's shortest period follows from it.
+    pub notify_cost_ns: u64,
 }
 
 /// Chooses the vPMU's model and backend, rewrites the guest's RDPMCs and installs the MSR filter
@@ -731,6 +747,7 @@ fn plan_vpmu(
         rdpmc: Arc::new(rdpmc),
         rdpmc_trap,
         exit_cost_ns: 0,
+        notify_cost_ns: 0,
     }))
 }
 
@@ -770,6 +787,7 @@ fn apply_host_probe(
             (None, None) => 0,
         };
     }
+    plan.notify_cost_ns = probed.map_or(0, |p| p.notify_cost_ns());
     if plan.rdpmc_trap.is_some() && probed.is_some_and(|p| p.kvm_answers_rdpmc) {
         log::warn!(
             "RDPMC trap: this host's KVM answers guest RDPMC itself (reading 0) although its PMU \
@@ -917,6 +935,7 @@ fn vcpu_pmu(
             Source::Soft {
                 tsc_khz: tsc_khz()?,
                 exit_cost_ns: plan.exit_cost_ns,
+                notify_cost_ns: plan.notify_cost_ns,
             },
             host,
         ),
@@ -940,11 +959,16 @@ fn start_recording(
     runners: &mut [VcpuRunner],
     mode_switch: &Option<Arc<ModeSwitch>>,
     quirks: bool,
+    notify_cost_ns: u64,
 ) -> Result<Option<Recording>, VmError> {
     let Some(first) = runners.first().filter(|_| cfg.record.is_on()) else {
         return Ok(None);
     };
-    let tsc_khz = first.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?;
+    let host = crate::trace::recorder::RecordHost {
+        tsc_khz: first.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?,
+        guest_kernel_emulated: quirks,
+        notify_cost_ns,
+    };
     let kernel = match &cfg.boot {
         Boot::Linux { kernel, .. } => Some(kernel.as_path()),
         Boot::Flat { .. } => None,
@@ -952,11 +976,10 @@ fn start_recording(
     let mut recording = Recording::start(
         &cfg.record,
         cfg.vcpus,
-        tsc_khz,
+        host,
         cfg.vpmu,
         kernel,
         mode_switch.clone(),
-        quirks,
     )?;
     if let Some(rec) = recording.as_mut() {
         for r in runners.iter_mut() {

@@ -3,6 +3,10 @@
 //! * what one exit to user space costs inside KVM_RUN ([`HostProbe::exit_cost_ns`]): the soft
 //!   backend's cpu-switch gate takes it off each KVM_RUN interval, so the guest is charged its
 //!   own time and not KVM's entry and exit path (issue 32 item 4);
+//! * what taking one notification costs the vCPU thread ([`HostProbe::notify_cost_ns`]): the
+//!   exit above and a signal's delivery to the thread, as a counter's overflow or a sample's
+//!   timer comes; the soft backend arms no notification sooner than ten of those
+//!   (`pmu::backend::min_soft_period_ns`), or the thread would do nothing but take them;
 //! * whether KVM answers a guest RDPMC itself although its own PMU is off for the VM
 //!   ([`HostProbe::kvm_answers_rdpmc`]): then no #GP comes for the RDPMC trap to serve (Linux
 //!   6.1's kvm_amd reads its never-programmed counter, 0, where VT-x and later kernels inject
@@ -70,6 +74,18 @@ pub struct HostProbe {
     /// Whether a guest RDPMC at CPL 0 returns (KVM answered it) rather than faulting, with
     /// KVM's own PMU turned off for the VM where KVM offers that (as the RDPMC trap does).
     pub kvm_answers_rdpmc: bool,
+    /// ns of thread CPU time one signal's delivery to the calling thread takes (the kick
+    /// signal, raised with tgkill, through the VMM's handler and back): the
+    /// [`PERCENTILE`]th percentile of [`SAMPLES`].
+    pub signal_cost_ns: u64,
+}
+
+impl HostProbe {
+    /// What one notification (a counter's overflow signal, the profile sampler's) costs the
+    /// vCPU thread at least: the signal's delivery and the exit from KVM_RUN it forces.
+    pub fn notify_cost_ns(&self) -> u64 {
+        self.exit_cost_ns.saturating_add(self.signal_cost_ns)
+    }
 }
 
 /// The host probed once per process (the first call measures; later ones return the same).
@@ -143,7 +159,40 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
     Ok(HostProbe {
         exit_cost_ns,
         kvm_answers_rdpmc,
+        signal_cost_ns: signal_cost_ns(),
     })
+}
+
+/// ns of thread CPU time one kick signal raised at the calling thread takes to deliver (the
+/// handler runs before tgkill returns): the [`PERCENTILE`]th percentile of [`SAMPLES`], after
+/// as many to warm up. 0 where the handler cannot be installed.
+fn signal_cost_ns() -> u64 {
+    if crate::vcpu::kick::install_handler().is_err() {
+        return 0;
+    }
+    let thread_ns = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes the timespec it is given, which lives for the call.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    };
+    // SAFETY: getpid/gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    let mut samples: Vec<u64> = (0..2 * SAMPLES)
+        .map(|_| {
+            let t0 = thread_ns();
+            // SAFETY: tgkill sends this process's kick signal, whose handler
+            // (vcpu::kick::install_handler) only counts it on threads that are not in KVM_RUN.
+            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, crate::vcpu::kick::kick_signal()) };
+            thread_ns().saturating_sub(t0)
+        })
+        .skip(SAMPLES)
+        .collect();
+    percentile(&mut samples, PERCENTILE)
 }
 
 /// Moves the vCPU to `rip` with RCX = `rcx`, once the port write it stopped on is complete

@@ -135,6 +135,10 @@ pub struct HostReport {
     /// Whether this host's KVM answers guest RDPMC itself with its PMU off (`host_probe`; None
     /// with the vPMU off or the probe failed).
     pub kvm_answers_rdpmc: Option<bool>,
+    /// ns one notification (a soft counter's overflow signal, a profile sample's) costs the
+    /// vCPU thread here (`host_probe`; 0: not measured): no soft counter is armed sooner than
+    /// ten of them (`pmu::backend::min_soft_period_ns`).
+    pub notify_cost_ns: u64,
 }
 
 /// Builds the VM described by `cfg`, runs it to the end and reports.

@@ -324,6 +324,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
@@ -367,6 +368,7 @@ mod tests {
                 Source::Soft {
                     tsc_khz: 1_000_000,
                     exit_cost_ns: 200,
+                    notify_cost_ns: 0,
                 },
                 mode,
             );
@@ -400,6 +402,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
@@ -442,6 +445,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );

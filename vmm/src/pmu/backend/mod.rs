@@ -34,13 +34,18 @@ use super::perf::{PerfRequest, PerfSys};
 pub use gate::Gate;
 pub use hw::MIN_HW_PERIOD;
 pub use sim_host::SimHost;
-pub use soft::MIN_SOFT_PERIOD_NS;
+pub use soft::{min_period_ns as min_soft_period_ns, MIN_SOFT_PERIOD_NS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// perf task-clock, scaled to cycles at `tsc_khz`; cpu-switch leaves `exit_cost_ns` (KVM's
-    /// exit path, `vm::exit_cost`) out of each KVM_RUN interval.
-    Soft { tsc_khz: u64, exit_cost_ns: u64 },
+    /// exit path, `vm::host_probe`) out of each KVM_RUN interval; no notification is armed
+    /// sooner than [`soft::min_period_ns`] of `notify_cost_ns` (what taking one costs here).
+    Soft {
+        tsc_khz: u64,
+        exit_cost_ns: u64,
+        notify_cost_ns: u64,
+    },
     /// perf raw hardware events.
     Hw,
 }
@@ -89,7 +94,13 @@ impl PerfBackend {
             Source::Soft {
                 tsc_khz,
                 exit_cost_ns,
-            } => Imp::Soft(Box::new(soft::Soft::new(tsc_khz, exit_cost_ns, mode))),
+                notify_cost_ns,
+            } => Imp::Soft(Box::new(soft::Soft::new(
+                tsc_khz,
+                exit_cost_ns,
+                notify_cost_ns,
+                mode,
+            ))),
             Source::Hw => Imp::Hw(hw::Hw::new(mode)),
         };
         PerfBackend {

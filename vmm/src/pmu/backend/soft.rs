@@ -26,12 +26,20 @@ use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
 /// Shortest host sample period a soft counter is armed with (ns of thread CPU time): a guest
 /// that arms a counter to overflow after 1 cycle must not turn into a signal storm on the host.
 pub const MIN_SOFT_PERIOD_NS: u64 = 50_000;
-/// ... and at least this many exits' worth (the host probe's exit cost): perf's sampling event
-/// fires every period of thread CPU time, and where taking one notification (an exit, the
-/// PMI, the guest handler's MSR exits) costs more than the period, notifications queue up
-/// without end: on the SVM host under QEMU's emulator (40 µs an exit) a 50 µs period
-/// overflowed the thread's real-time signal queue.
-pub const MIN_SOFT_PERIOD_EXITS: u64 = 10;
+/// ... and at least this many notifications' worth (the host probe's cost of taking one: the
+/// signal's delivery and the exit it ends): perf's sampling event fires every period of thread
+/// CPU time, and taking a notification is itself thread CPU time. Where that costs more than
+/// the period, notifications queue up without end and the guest starves: on the SVM host under
+/// QEMU's emulator (a 40 µs exit, a signal's delivery slower still) a 50 µs period overflowed
+/// the thread's real-time signal queue, and a 270 µs re-arm of the host-side profile's
+/// sampler left ~16,000 signals queued and the guest running one instruction a second.
+pub const MIN_SOFT_PERIOD_NOTIFICATIONS: u64 = 10;
+
+/// The shortest period a soft source arms on a host where taking one notification costs
+/// `notify_cost_ns` (0: not measured).
+pub fn min_period_ns(notify_cost_ns: u64) -> u64 {
+    MIN_SOFT_PERIOD_NS.max(MIN_SOFT_PERIOD_NOTIFICATIONS.saturating_mul(notify_cost_ns))
+}
 
 struct SoftCounter {
     fd: RawFd,
@@ -64,7 +72,7 @@ pub(super) struct Soft {
     /// The thread's CPU time when host work the guest is not charged for began (domain-switch).
     host_work_from: Option<u64>,
     /// The shortest host sample period here: [`MIN_SOFT_PERIOD_NS`], or
-    /// [`MIN_SOFT_PERIOD_EXITS`] exits where exits cost more.
+    /// [`MIN_SOFT_PERIOD_NOTIFICATIONS`] notifications where they cost more.
     min_period_ns: u64,
 }
 
@@ -74,7 +82,12 @@ impl Soft {
         self.tsc_khz
     }
 
-    pub(super) fn new(tsc_khz: u64, exit_cost_ns: u64, mode: AccountingMode) -> Soft {
+    pub(super) fn new(
+        tsc_khz: u64,
+        exit_cost_ns: u64,
+        notify_cost_ns: u64,
+        mode: AccountingMode,
+    ) -> Soft {
         // Tests and users compare a guest's cycles / task-clock with this (docs/vpmu.md).
         log::info!(
             "soft counter backend: cycle events count thread CPU time at the TSC rate, {tsc_khz} kHz \
@@ -86,7 +99,7 @@ impl Soft {
             counters: BTreeMap::new(),
             gate: Gate::new(TscSource::Cpu, tsc_khz, exit_cost_ns),
             host_work_from: None,
-            min_period_ns: MIN_SOFT_PERIOD_NS.max(MIN_SOFT_PERIOD_EXITS * exit_cost_ns),
+            min_period_ns: min_period_ns(notify_cost_ns),
         }
     }
 
@@ -400,6 +413,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 2_600_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -428,6 +442,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
@@ -462,6 +477,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -480,6 +496,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
             Box::new(CountingReads(FakePerf(log.clone()), reads.clone())),
@@ -510,6 +527,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
@@ -543,6 +561,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
@@ -581,6 +600,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -633,6 +653,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -650,6 +671,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
@@ -668,6 +690,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -694,6 +717,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -734,6 +758,7 @@ mod tests {
                 Source::Soft {
                     tsc_khz: 1_000_000,
                     exit_cost_ns: 0,
+                    notify_cost_ns: 0,
                 },
                 AccountingMode::DomainSwitch,
             );
@@ -771,6 +796,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1_000_000,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::DomainSwitch,
         );
@@ -792,6 +818,7 @@ mod tests {
             Source::Soft {
                 tsc_khz: 1,
                 exit_cost_ns: 0,
+                notify_cost_ns: 0,
             },
             AccountingMode::CpuSwitch,
         );
