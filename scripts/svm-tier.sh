@@ -9,8 +9,9 @@
 #   both modes, compare --profiler, the shell, the host-side profile), over the cached images
 #   guest-image/build.sh made (scripts/test.sh builds them first).
 # Each test binary's whole output is kept in $VPMU_SVM_OUT (default target/svm-tier/) and its
-# summary printed; checks that cannot run there are named in $VPMU_NOT_CHECKED_LOG, as on the
-# first host. Exit status: 0 when every binary passed, 1 otherwise, 125 when L1 failed.
+# summary printed; a binary still running after its limit (600 s for a tiny-guest binary,
+# VPMU_SVM_TINY_LIMIT) is a hang: its threads' stacks (gdb) go into its log and it fails.
+# Checks that cannot run there are named in $VPMU_NOT_CHECKED_LOG, as on the first host. Exit status: 0 when every binary passed, 1 otherwise, 125 when L1 failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[svm-tier] %s\n' "$*" >&2; }
@@ -25,6 +26,11 @@ TINY=(tiny_guests vpmu_tiny vpmu_gating vpmu_filter rdpmc_trap multiboot_tiny sy
   trace_tiny trace_gating compare_tiny guest_wrong blk_tiny virtio_tiny seccomp stop_signal
   vcpu_access cli)
 LEFT_OUT="host_profile_perturbation: nine rotations of three 1000 Hz host-profiled runs take over 8 minutes under QEMU's emulator"
+# Single tests left out there, each for its reason (NOT CHECKED below; open in issue 32):
+SKIP_TESTS=(
+  "trace_tiny host_profile_follows_the_accounting_mode|its guest's compute phase is sized for hosts that emulate guest kernel code: on this host it runs ~180x faster and took 0 of 73 host-profile samples"
+  "trace_tiny vpmu_overflows_and_profile_samples_share_the_signal|guest PMIs and 2000 Hz host samples under QEMU's emulator: the guest did not finish within the test's 120 s"
+)
 
 out=${VPMU_SVM_OUT:-$PWD/target/svm-tier}
 rm -rf "$out" && mkdir -p "$out"
@@ -56,12 +62,22 @@ runner=$out/run-in-l1.sh
   echo 'set -u'
   echo "export VPMU_NOT_CHECKED_LOG='$inner_log'"
   echo 'rc=0'
-  # one NAME BIN ARGS...: a test binary, its output kept, its summary shown.
+  # one NAME LIMIT BIN ARGS...: a test binary, its output kept, its summary shown; LIMIT s at most.
   cat <<'EOF'
 one() {
-  name=$1; shift
+  name=$1; limit=$2; shift 2
   t0=$(date +%s)
-  "$@" >"$OUT/$name.log" 2>&1
+  "$@" >"$OUT/$name.log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 2; done
+  if kill -0 "$pid" 2>/dev/null; then
+    # A hang: every thread's stack goes into the log, then the binary is killed.
+    echo "[svm-tier] $name: still running after $limit s: HUNG; its threads' stacks follow" >>"$OUT/$name.log"
+    if command -v gdb >/dev/null; then gdb -p "$pid" -batch -ex 'thread apply all bt 30' >>"$OUT/$name.log" 2>&1; else echo 'no gdb here: no stacks' >>"$OUT/$name.log"; fi
+    kill -9 "$pid"
+    echo "[svm-tier] $name: HUNG after $limit s (stacks in $OUT/$name.log)"
+  fi
+  wait "$pid"
   r=$?
   echo "[svm-tier] $name: exit $r after $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$OUT/$name.log" | tail -n 1)"
   grep -E '^test .* FAILED$|panicked at' "$OUT/$name.log" | head -n 20
@@ -73,7 +89,12 @@ EOF
     for t in "${TINY[@]}"; do
       b=$(bin "$t")
       [ -n "$b" ] || { say "no test binary $t"; exit 1; }
-      echo "one $t '$b' --test-threads 1"
+      skips=""
+      for e in "${SKIP_TESTS[@]}"; do
+        read -r sb st <<<"${e%%|*}"
+        [ "$sb" != "$t" ] || skips="$skips --skip $st"
+      done
+      echo "one $t ${VPMU_SVM_TINY_LIMIT:-600} '$b' --test-threads 1$skips"
     done
   fi
   if [ "$what" != tiny ]; then
@@ -81,10 +102,12 @@ EOF
     : "${DEFAULT_BZIMAGE:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE: build the images first}"
     echo "export VPMU_TEST_KERNEL='$DEFAULT_BZIMAGE' VPMU_TEST_XZ_KERNEL='$DEFAULT_BZIMAGE_XZ'"
     echo "export VPMU_TEST_NOPCI_KERNEL='$NOPCI_BZIMAGE' VPMU_TEST_INITRD='$INITRAMFS_TINY'"
-    echo "one linux_boot '$(bin linux_boot)' --ignored --test-threads 1 --nocapture"
-    if [ -n "${ROOTFS:-}" ]; then
+    echo "one linux_boot 1200 '$(bin linux_boot)' --ignored --test-threads 1 --nocapture"
+    if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
+      printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: VPMU_GUEST_PROFILERS=0" >>"$VPMU_NOT_CHECKED_LOG"
+    elif [ -n "${ROOTFS:-}" ] && [ -e "$ROOTFS" ]; then
       echo "export VPMU_TEST_ROOTFS='$ROOTFS' VPMU_TEST_TIMEOUT=1800"
-      echo "one guest_profilers '$(bin guest_profilers)' --ignored --test-threads 1 --nocapture"
+      echo "one guest_profilers ${VPMU_SVM_PROFILERS_LIMIT:-2400} '$(bin guest_profilers)' --ignored --test-threads 1 --nocapture"
     else
       printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: no root filesystem image (guest-image/build.sh rootfs)" >>"$VPMU_NOT_CHECKED_LOG"
     fi
@@ -94,11 +117,20 @@ EOF
 
 if [ "$what" != linux ]; then
   printf '[SVM host] [svm-tier] %s\n' "$LEFT_OUT" >>"$VPMU_NOT_CHECKED_LOG"
+  for e in "${SKIP_TESTS[@]}"; do
+    read -r sb st <<<"${e%%|*}"
+    printf '[SVM host] [svm-tier] %s::%s: %s\n' "$sb" "$st" "${e#*|}" >>"$VPMU_NOT_CHECKED_LOG"
+  done
 fi
 say "running in L1 (kvm_amd under QEMU's emulator): $what; logs in $out"
 t0=$SECONDS
 rc=0
-scripts/svm-host.sh run --timeout "${VPMU_SVM_TIMEOUT:-3600}" --share "$out" -- sh "$runner" || rc=$?
+# One CPU in L1 (VPMU_SVM_CPUS): with two, L1 as a whole stopped (its clock and every process)
+# in 2 of 3 runs of the tiny tier, within a minute of a tiny guest's first busy loop; with one,
+# three rounds of the same binaries passed (an emulator problem of nested SVM under QEMU's
+# multi-threaded TCG, not chased further). The guests' own vCPUs are threads and share it.
+scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-3600}" \
+  --share "$out" -- sh "$runner" || rc=$?
 if [ -s "$inner_log" ]; then
   sed 's/^/[SVM host] /' "$inner_log" >>"$VPMU_NOT_CHECKED_LOG"
 fi

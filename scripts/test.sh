@@ -16,6 +16,10 @@
 #                                     cpu-switch; scripts/kvm-unit-tests.sh runs the other
 #                                     configurations), its results compared with
 #                                     guest-image/kvm-unit-tests/*.expected for the host's vendor
+#   4. the SVM host                   tiers 2 and 3 again (tiny guests; linux_boot and the guest
+#                                     profilers) on a real kvm_amd, host quirks off, nested under
+#                                     QEMU's emulator (scripts/svm-tier.sh; VPMU_SVM_TIER=0 skips
+#                                     it, said loudly; =tiny or =linux runs a part)
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 # A failing step does not stop the others (cargo runs with --no-fail-fast): the script ends with
@@ -58,6 +62,24 @@ summary() {
   exit 0
 }
 
+# Tier 4: the same tests on the second kind of host, a real kvm_amd with host quirks off
+# (nested under QEMU's emulator: scripts/svm-host.sh, scripts/svm-tier.sh). VPMU_SVM_TIER picks
+# what runs there: tiny (the tiny-guest binaries), linux (stock Linux: linux_boot and the
+# guest profilers), all (both; the default), 0 (nothing, said loudly).
+svm_tier() {
+  local what=${VPMU_SVM_TIER:-all}
+  if [ "$what" = 0 ]; then
+    not_checked "tier 4 (the SVM host: kvm_amd nested under QEMU's emulator, host quirks off): VPMU_SVM_TIER=0"
+    return
+  fi
+  if [ "$what" != tiny ] && [ "${VPMU_SKIP_LINUX:-0}" = 1 ]; then
+    not_checked "tier 4: stock Linux on the SVM host: VPMU_SKIP_LINUX=1"
+    what=tiny
+  fi
+  say "tier 4: on a real kvm_amd nested under QEMU's emulator, host quirks off (scripts/svm-tier.sh $what; logs in target/svm-tier/)"
+  step "tier 4: the SVM host ($what)" scripts/svm-tier.sh "$what"
+}
+
 say "installing build dependencies if missing"
 scripts/deps.sh
 
@@ -85,6 +107,7 @@ step "tiers 1 and 2 (cargo test --workspace)" cargo test --workspace --release -
 
 if [ "${VPMU_SKIP_LINUX:-0}" = 1 ]; then
   not_checked "tier 3 (stock Linux, kvm-unit-tests, the guest profilers): VPMU_SKIP_LINUX=1"
+  svm_tier
   summary
 fi
 
@@ -125,6 +148,7 @@ step "tier 3: kvm_unit_tests" env VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KU
 # still ends a hung run before CI's 90 minutes.
 if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
   not_checked "tier 3: stock perf/OProfile in the guest (guest_profilers): VPMU_GUEST_PROFILERS=0"
+  svm_tier
   summary
 fi
 say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf|oprofile (builds the root filesystem image once; the guests boot from it, read-only)"
@@ -135,4 +159,5 @@ step "tier 3: guest_profilers" env VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST
   VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}" \
   cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture --test-threads 3
 
+svm_tier
 summary

@@ -185,7 +185,19 @@ impl Soft {
     /// may cost a `read(2)`: only the host-side sampler's re-arm asks for it, not the guest's
     /// counters on the PMI path).
     fn arm(&mut self, sys: &mut dyn PerfSys, bit: u8, period: u64, track: bool) {
-        let period = period.max(self.min_period_ns);
+        self.arm_no_sooner(sys, bit, period, track, self.min_period_ns);
+    }
+
+    /// [`arm`](Self::arm) with a floor of its own.
+    fn arm_no_sooner(
+        &mut self,
+        sys: &mut dyn PerfSys,
+        bit: u8,
+        period: u64,
+        track: bool,
+        floor: u64,
+    ) {
+        let period = period.max(floor);
         let now = track.then(|| self.raw(sys, bit));
         if let Some(c) = self.counters.get_mut(&bit) {
             sys.set_period(c.fd, period);
@@ -362,7 +374,12 @@ impl SourceBackend for Soft {
                 } else {
                     0
                 };
-                self.arm(sys, bit, at - v + exit_path, false);
+                // The rest's own floor is the fixed one: the guest's period was no shorter
+                // than `min_period_ns`, and this notification's signal is the last one for
+                // it (the next is an overflow, re-armed by the model for a whole period);
+                // holding the rest to `min_period_ns` delayed the guest's PMI by up to that
+                // much, and moved the tiny guest's samples from one function to the next.
+                self.arm_no_sooner(sys, bit, at - v + exit_path, false, MIN_SOFT_PERIOD_NS);
             }
         }
         bits
