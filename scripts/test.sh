@@ -16,10 +16,11 @@
 #                                     cpu-switch; scripts/kvm-unit-tests.sh runs the other
 #                                     configurations), its results compared with
 #                                     guest-image/kvm-unit-tests/*.expected for the host's vendor
-#   4. the SVM host                   tiers 2 and 3 again (tiny guests; linux_boot and the guest
-#                                     profilers) on a real kvm_amd, host quirks off, nested under
-#                                     QEMU's emulator (scripts/svm-tier.sh; VPMU_SVM_TIER=0 skips
-#                                     it, said loudly; =tiny or =linux runs a part)
+#   4. the SVM host                   tiers 2 and 3 again (tiny guests; linux_boot; the guest
+#                                     profilers with VPMU_SVM_PROFILERS=1) on a real kvm_amd, host
+#                                     quirks off, nested under QEMU's emulator (scripts/svm-tier.sh;
+#                                     VPMU_SVM_TIER=0 skips it, said loudly; =tiny or =linux runs
+#                                     a part)
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 # A failing step does not stop the others (cargo runs with --no-fail-fast): the script ends with
