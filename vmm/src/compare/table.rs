@@ -613,12 +613,7 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-fn xml(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
+use crate::trace::series::xml;
 
 #[cfg(test)]
 mod tests {

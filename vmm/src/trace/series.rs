@@ -334,10 +334,12 @@ pub fn svg(iv: &[Interval], secs: f64, title: &str) -> String {
     s
 }
 
-fn xml(s: &str) -> String {
+/// `s` as XML text or attribute value (the SVG charts here and `compare`'s).
+pub fn xml(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 #[cfg(test)]
@@ -399,5 +401,6 @@ mod tests {
         let g = svg(&iv, 0.001, "t<1>");
         assert!(g.starts_with("<svg") && g.trim_end().ends_with("</svg>"));
         assert!(g.contains("t&lt;1&gt;"));
+        assert_eq!(xml(r#"a "b" & <c>"#), "a &quot;b&quot; &amp; &lt;c&gt;");
     }
 }
