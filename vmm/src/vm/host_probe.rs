@@ -170,16 +170,7 @@ fn signal_cost_ns() -> u64 {
     if crate::vcpu::kick::install_handler().is_err() {
         return 0;
     }
-    let thread_ns = || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes the timespec it is given, which lives for the call.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(ts.tv_nsec).unwrap_or(0)
-    };
+    let thread_ns = crate::trace::recorder::thread_cpu_ns;
     // SAFETY: getpid/gettid have no preconditions.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
     let mut samples: Vec<u64> = (0..2 * SAMPLES)
