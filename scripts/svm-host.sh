@@ -5,9 +5,11 @@
 #
 #   scripts/svm-host.sh setup        install qemu-system-x86 etc. if missing, fetch the newest
 #                                    linux-image-6.1.0-NN-amd64-unsigned, build L1's initramfs
-#   scripts/svm-host.sh run [--cpus N] [--memory MiB] [--timeout SECS] [--share DIR] -- CMD ARGS...
+#   scripts/svm-host.sh run [--cpus N] [--memory MiB] [--timeout SECS] [--share DIR]
+#                           [--clock icount|host] -- CMD ARGS...
 #                                    boot L1 (setup first if needed), run CMD there; exit with its code;
-#                                    --share DIR: the host's DIR is writable at DIR in L1 (results)
+#                                    --share DIR: the host's DIR is writable at DIR in L1 (results);
+#                                    --clock: L1's clock (below; default icount)
 #
 # Design:
 # - The host's / is exported read-only into L1 with virtio-9p (multidevs=remap: no inode clashes
@@ -26,6 +28,17 @@
 # - The initramfs holds static busybox and the modules, insmod-ed in dependency order (the .deb has
 #   no modules.dep; the order comes from each .ko's modinfo "depends=" at setup time): virtio_pci,
 #   9pnet_virtio, 9p, overlay, and kvm-amd (irqbypass kvm ccp kvm-amd).
+# - L1's clock (--clock). `icount` (the default): QEMU's `-icount shift=0,sleep=on`, one ns of
+#   L1 time per emulated instruction (idle time passes in real time). L1's time, and so every
+#   count and timeout of the tests in it, no longer depends on the host's load: with `host` (the
+#   emulator's clock is the host's wall clock), a host busy with two spinning loops preempts
+#   QEMU for milliseconds at a time and L1 charges that time to whatever it was running (guest
+#   counters, the VMM's exit handling, timers), and the hw-over-sim test got 1 sample of ~120
+#   and trace_gating measured 1.06x against its 0.05 tolerance. With icount, four runs beside
+#   the same loops counted the same (117 samples each, tracing 1.0000x). Its price: one
+#   emulator thread (no multi-threaded TCG), and L1 time runs ~5-8x slower than the wall clock
+#   when L1 is busy. Its exits cost what KVM's and the VMM's instructions cost, not the
+#   emulator's time to emulate VMRUN and #VMEXIT.
 # - Exit codes: CMD's own; 124 on timeout; 125 when L1 fails (boot, kvm_amd, mounts); 130/143
 #   when interrupted (QEMU is killed, $X removed).
 # - Cache: ${VPMU_CACHE:-~/.cache/vpmu}/svm-host/<package>_<version>_<hash of this script>/
@@ -165,17 +178,24 @@ EOI
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
 
 run() {
-  local cpus=2 mem=6144 tmo=3600 share=''
+  local cpus=2 mem=6144 tmo=3600 share='' clock=icount
   while [ $# -gt 0 ]; do
     case $1 in
       --share) share=$(cd "$2" && pwd) || die "run: --share $2: not a directory"; shift 2 ;;
       --cpus) cpus=$2; shift 2 ;;
       --memory) mem=$2; shift 2 ;;
       --timeout) tmo=$2; shift 2 ;;
+      --clock) clock=$2; shift 2 ;;
       --) shift; break ;;
-      *) die "run: unknown option $1 (usage: run [--cpus N] [--memory MiB] [--timeout SECS] [--share DIR] -- CMD ARGS...)" ;;
+      *) die "run: unknown option $1 (usage: run [--cpus N] [--memory MiB] [--timeout SECS] [--share DIR] [--clock icount|host] -- CMD ARGS...)" ;;
     esac
   done
+  local accel
+  case $clock in
+    icount) accel=(-accel tcg -icount shift=0,sleep=on) ;;
+    host) accel=(-accel tcg,thread=multi) ;;
+    *) die "run: --clock $clock: icount or host" ;;
+  esac
   [ $# -gt 0 ] || die "run: no command (usage: run [options] -- CMD ARGS...)"
   setup
   X=$(mktemp -d "${TMPDIR:-/tmp}/svm-host.XXXXXX")
@@ -199,9 +219,9 @@ run() {
     printf '%s\n' "$share" >"$X/share"
     sharearg=(-virtfs "local,path=$share,mount_tag=svmshare,security_model=none,multidevs=remap")
   fi
-  say "booting L1 ($cpus CPUs, $mem MiB, timeout $tmo s): $*"
+  say "booting L1 ($cpus CPUs, $mem MiB, $clock clock, timeout $tmo s): $*"
   local t0=$EPOCHREALTIME
-  timeout -k 10 "$tmo" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp "$cpus" -m "$mem" \
+  timeout -k 10 "$tmo" qemu-system-x86_64 "${accel[@]}" -cpu max -smp "$cpus" -m "$mem" \
     -nodefaults -no-user-config -display none -no-reboot \
     -kernel "$D/vmlinuz" -initrd "$D/l1.cpio" \
     -append 'console=ttyS0 rdinit=/init panic=-1 mitigations=off nokaslr quiet' \

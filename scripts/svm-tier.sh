@@ -10,9 +10,15 @@
 #   profile; sized for kvm_pvm hosts so far: NOT CHECKED by default), over the cached images
 #   guest-image/build.sh made (scripts/test.sh builds them first).
 # Each test binary's whole output is kept in $VPMU_SVM_OUT (default target/svm-tier/) and its
-# summary printed; a binary still running after its limit (600 s for a tiny-guest binary,
-# VPMU_SVM_TINY_LIMIT) is a hang: its threads' stacks (gdb) go into its log and it fails.
-# Checks that cannot run there are named in $VPMU_NOT_CHECKED_LOG, as on the first host. Exit status: 0 when every binary passed, 1 otherwise, 125 when L1 failed.
+# summary printed with its wall time and L1 time; a binary still running after its limit in
+# wall time (600 s for a tiny-guest binary, VPMU_SVM_TINY_LIMIT) is a hang: its threads' stacks
+# (gdb) go into its log, their top frames are printed, and it fails. L1 runs on the emulator's
+# instruction clock (VPMU_SVM_CLOCK=icount, the default; `host` for the wall clock: see
+# scripts/svm-host.sh); linux_boot gets VPMU_SVM_LINUX_LIMIT (900 s) and L1 as a whole
+# VPMU_SVM_TIMEOUT (2100 s) of wall time.
+# Checks that cannot run there are named in $VPMU_NOT_CHECKED_LOG, as on the first host. Exit
+# status: 0 when every binary passed, 1 otherwise, 124 when L1 ran out of time, 125 when L1
+# failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[svm-tier] %s\n' "$*" >&2; }
@@ -32,6 +38,22 @@ SKIP_TESTS=(
   "trace_tiny host_profile_follows_the_accounting_mode|its guest's compute phase is sized for hosts that emulate guest kernel code: on this host it runs ~180x faster and took 0 of 73 host-profile samples"
   "trace_tiny vpmu_overflows_and_profile_samples_share_the_signal|guest PMIs and 2000 Hz host samples under QEMU's emulator: the guest did not finish within the test's 120 s"
 )
+# The 2-vCPU boot (VPMU_SVM_TWO_VCPUS=1 runs it): on the instruction clock it passed once (beside
+# two busy loops, 31 s of L1 time) and twice did not finish within 20 minutes of wall time; the
+# other three boots passed every time. Open in issue 32.
+if [ "${VPMU_SVM_TWO_VCPUS:-0}" != 1 ]; then
+  SKIP_TESTS+=("linux_boot stock_linux_boots_on_two_vcpus|2 vCPUs on L1's one CPU: in 2 of 3 runs on the emulator's instruction clock the boot did not finish within 20 minutes (VPMU_SVM_TWO_VCPUS=1 runs it; issue 32)")
+fi
+# Whether test binary $1 runs in this invocation.
+runs() { if [ "$1" = linux_boot ]; then [ "$what" != tiny ]; else [ "$what" != linux ]; fi; }
+# " --skip TEST" for each test of binary $1 left out above.
+skips_for() {
+  local e sb st
+  for e in "${SKIP_TESTS[@]}"; do
+    read -r sb st <<<"${e%%|*}"
+    [ "$sb" != "$1" ] || printf ' --skip %s' "$st"
+  done
+}
 
 out=${VPMU_SVM_OUT:-$PWD/target/svm-tier}
 rm -rf "$out" && mkdir -p "$out"
@@ -65,22 +87,47 @@ runner=$out/run-in-l1.sh
   echo 'rc=0'
   # one NAME LIMIT BIN ARGS...: a test binary, its output kept, its summary shown; LIMIT s at most.
   cat <<'EOF'
+# The host's wall clock, which the host writes into the share each second: L1's own clock is
+# the emulator's (scripts/svm-host.sh --clock), which runs slower than the wall clock.
+wall() { cat "$OUT/wall" 2>/dev/null || date +%s; }
+# PID and its descendants (a test binary runs the VMM as a child process).
+tree() { echo "$1"; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$c"; done; }
+# Where each thread of PID's tree is: state, kernel stack (quick, from /proc), then user stacks
+# (gdb, bounded: it is slow under the emulator).
+stacks() {
+  for p in $(tree "$1"); do
+    echo "== pid $p: $(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | cut -c1-200)"
+    for t in /proc/"$p"/task/*; do
+      echo "task ${t##*/} $(cat "$t"/comm 2>/dev/null) state $(awk '{print $3}' "$t"/stat 2>/dev/null) wchan $(cat "$t"/wchan 2>/dev/null)"
+      sed 's/^/    /' "$t"/stack 2>/dev/null | head -n 12
+    done
+  done
+  if command -v gdb >/dev/null; then
+    for p in $(tree "$1"); do
+      echo "== gdb, pid $p"
+      timeout 300 gdb -p "$p" -batch -ex 'thread apply all bt 20' 2>&1 | grep -E '^Thread |^#'
+    done
+  fi
+}
 one() {
   name=$1; limit=$2; shift 2
-  t0=$(date +%s)
+  t0=$(date +%s) w0=$(wall)
   "$@" >"$OUT/$name.log" 2>&1 &
   pid=$!
-  while kill -0 "$pid" 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 2; done
+  while kill -0 "$pid" 2>/dev/null && [ $(( $(wall) - w0 )) -lt "$limit" ]; do sleep 1; done
   if kill -0 "$pid" 2>/dev/null; then
-    # A hang: every thread's stack goes into the log, then the binary is killed.
-    echo "[svm-tier] $name: still running after $limit s: HUNG; its threads' stacks follow" >>"$OUT/$name.log"
-    if command -v gdb >/dev/null; then gdb -p "$pid" -batch -ex 'thread apply all bt 30' >>"$OUT/$name.log" 2>&1; else echo 'no gdb here: no stacks' >>"$OUT/$name.log"; fi
-    kill -9 "$pid"
-    echo "[svm-tier] $name: HUNG after $limit s (stacks in $OUT/$name.log)"
+    # A hang: every thread's stack goes into the log (the vCPU threads' also here), then the
+    # binary is killed.
+    echo "[svm-tier] $name: still running after $limit s of wall time: HUNG; its threads' stacks follow" >>"$OUT/$name.log"
+    stacks "$pid" >"$OUT/$name.stacks" 2>&1
+    cat "$OUT/$name.stacks" >>"$OUT/$name.log"
+    grep -E '^== |^task |^#[0-3] ' "$OUT/$name.stacks" | cut -c1-160 | head -n 60
+    kill -9 $(tree "$pid") 2>/dev/null
+    echo "[svm-tier] $name: HUNG after $limit s of wall time (stacks in $OUT/$name.log)"
   fi
   wait "$pid"
   r=$?
-  echo "[svm-tier] $name: exit $r after $(( $(date +%s) - t0 )) s: $(grep -E '^test result' "$OUT/$name.log" | tail -n 1)"
+  echo "[svm-tier] $name: exit $r after $(( $(wall) - w0 )) s ($(( $(date +%s) - t0 )) s of L1 time): $(grep -E '^test result' "$OUT/$name.log" | tail -n 1)"
   grep -E '^test .* FAILED$|panicked at' "$OUT/$name.log" | head -n 20
   [ "$r" = 0 ] || rc=1
 }
@@ -90,12 +137,7 @@ EOF
     for t in "${TINY[@]}"; do
       b=$(bin "$t")
       [ -n "$b" ] || { say "no test binary $t"; exit 1; }
-      skips=""
-      for e in "${SKIP_TESTS[@]}"; do
-        read -r sb st <<<"${e%%|*}"
-        [ "$sb" != "$t" ] || skips="$skips --skip $st"
-      done
-      echo "one $t ${VPMU_SVM_TINY_LIMIT:-600} '$b' --test-threads 1$skips"
+      echo "one $t ${VPMU_SVM_TINY_LIMIT:-600} '$b' --test-threads 1$(skips_for "$t")"
     done
   fi
   if [ "$what" != tiny ]; then
@@ -103,7 +145,7 @@ EOF
     : "${DEFAULT_BZIMAGE:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE: build the images first}"
     echo "export VPMU_TEST_KERNEL='$DEFAULT_BZIMAGE' VPMU_TEST_XZ_KERNEL='$DEFAULT_BZIMAGE_XZ'"
     echo "export VPMU_TEST_NOPCI_KERNEL='$NOPCI_BZIMAGE' VPMU_TEST_INITRD='$INITRAMFS_TINY'"
-    echo "one linux_boot 1200 '$(bin linux_boot)' --ignored --test-threads 1 --nocapture"
+    echo "one linux_boot ${VPMU_SVM_LINUX_LIMIT:-900} '$(bin linux_boot)' --ignored --test-threads 1 --nocapture$(skips_for linux_boot)"
     if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
       printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: VPMU_GUEST_PROFILERS=0" >>"$VPMU_NOT_CHECKED_LOG"
     elif [ "${VPMU_SVM_PROFILERS:-0}" != 1 ]; then
@@ -118,13 +160,12 @@ EOF
   echo 'exit $rc'
 } >"$runner"
 
-if [ "$what" != linux ]; then
-  printf '[SVM host] [svm-tier] %s\n' "$LEFT_OUT" >>"$VPMU_NOT_CHECKED_LOG"
-  for e in "${SKIP_TESTS[@]}"; do
-    read -r sb st <<<"${e%%|*}"
-    printf '[SVM host] [svm-tier] %s::%s: %s\n' "$sb" "$st" "${e#*|}" >>"$VPMU_NOT_CHECKED_LOG"
-  done
-fi
+runs tiny_guests && printf '[SVM host] [svm-tier] %s\n' "$LEFT_OUT" >>"$VPMU_NOT_CHECKED_LOG"
+for e in "${SKIP_TESTS[@]}"; do
+  read -r sb st <<<"${e%%|*}"
+  runs "$sb" || continue
+  printf '[SVM host] [svm-tier] %s::%s: %s\n' "$sb" "$st" "${e#*|}" >>"$VPMU_NOT_CHECKED_LOG"
+done
 say "running in L1 (kvm_amd under QEMU's emulator): $what; logs in $out"
 t0=$SECONDS
 rc=0
@@ -132,8 +173,12 @@ rc=0
 # in 2 of 3 runs of the tiny tier, within a minute of a tiny guest's first busy loop; with one,
 # three rounds of the same binaries passed (an emulator problem of nested SVM under QEMU's
 # multi-threaded TCG, not chased further). The guests' own vCPUs are threads and share it.
-scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-3600}" \
-  --share "$out" -- sh "$runner" || rc=$?
+# The wall clock for the runner's limits (above), while L1 runs.
+(while :; do date +%s >"$out/wall.new" && mv -f "$out/wall.new" "$out/wall"; sleep 1; done) &
+clock_pid=$!
+scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-2100}" \
+  --clock "${VPMU_SVM_CLOCK:-icount}" --share "$out" -- sh "$runner" || rc=$?
+kill "$clock_pid" 2>/dev/null || true
 if [ -s "$inner_log" ]; then
   sed 's/^/[SVM host] /' "$inner_log" >>"$VPMU_NOT_CHECKED_LOG"
 fi

@@ -570,11 +570,14 @@ fn document(
 pub fn summary(io: &table::Comparison, control: &table::Comparison, io_function: &str) -> String {
     let mut s = String::new();
     if let Some(r) = io.row(io_function) {
+        let ratio = if r.ratio().is_finite() {
+            format!("{:.1}x", r.ratio())
+        } else {
+            "none in cpu-switch".to_string()
+        };
         s.push_str(&format!(
-            "{io_function}: {:.1}% of samples in cpu-switch, {:.1}% in domain-switch ({:.1}x)\n",
-            r.cpu_percent,
-            r.domain_percent,
-            r.ratio()
+            "{io_function}: {:.1}% of samples in cpu-switch, {:.1}% in domain-switch ({ratio})\n",
+            r.cpu_percent, r.domain_percent,
         ));
     }
     let top = control
