@@ -176,6 +176,7 @@ rc=0
 # The wall clock for the runner's limits (above), while L1 runs.
 (while :; do date +%s >"$out/wall.new" && mv -f "$out/wall.new" "$out/wall"; sleep 1; done) &
 clock_pid=$!
+trap 'kill "$clock_pid" 2>/dev/null || true' EXIT
 scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-2100}" \
   --clock "${VPMU_SVM_CLOCK:-icount}" --share "$out" -- sh "$runner" || rc=$?
 kill "$clock_pid" 2>/dev/null || true
