@@ -8,6 +8,11 @@
 // Each workload runs in cpu-switch, then in domain-switch (switched through the vPMU control
 // port 0x511). After each (mode, workload) the histogram goes to COM2 as 4 words:
 // io_heavy, cpu_a, cpu_b, other. Order: cpu/io, cpu/control, domain/io, domain/control.
+// Each period is drawn at random from PERIOD - 1M .. PERIOD + 1M cycles (xorshift64): a round
+// lasts ~1.8 ms, about one period, and with one fixed period the samples fell on a few phases
+// of the round (aliasing: 79.8% of them in cpu_a in one mode and 71.8% in the other on a busy
+// host, where the rounds' length had come out different), not independently as the test's
+// sampling-noise bar assumes.
 #define CTL0        0xc0010200
 #define CTR0        0xc0010201
 #define STATUS_CLR  0xc0000302
@@ -15,6 +20,7 @@
 #define SAMPLE_ON   0x530076 | (1 << 20)
 #define CTR_MAX     0x1000000000000
 #define PERIOD      2600000
+#define JITTER_MASK 0x1fffff
 #define ROUNDS      480
 #include "msr.inc"
 
@@ -30,8 +36,7 @@
     movq $0, hist+8(%rip)
     movq $0, hist+16(%rip)
     movq $0, hist+24(%rip)
-    movabs $(CTR_MAX - PERIOD), %rax
-    WRMSR_RAX CTR0
+    call arm_counter
     WRMSR64 CTL0, SAMPLE_ON
     mov $ROUNDS, %r15d
 3:  call \workload
@@ -92,6 +97,27 @@ cpu_b:
     ret
 cpu_b_end:
 
+// arm_counter: counter 0 overflows after the next random period. Clobbers RAX, RBX, RCX, RDX.
+arm_counter:
+    mov rng(%rip), %rax
+    mov %rax, %rbx
+    shl $13, %rbx
+    xor %rbx, %rax
+    mov %rax, %rbx
+    shr $7, %rbx
+    xor %rbx, %rax
+    mov %rax, %rbx
+    shl $17, %rbx
+    xor %rbx, %rax
+    mov %rax, rng(%rip)
+    and $JITTER_MASK, %rax
+    add $(PERIOD - (JITTER_MASK + 1) / 2), %rax
+    neg %rax
+    movabs $CTR_MAX, %rbx
+    add %rbx, %rax
+    WRMSR_RAX CTR0
+    ret
+
 emit_hist:
     mov hist(%rip), %rax
     call emit
@@ -129,8 +155,7 @@ nmi_handler:
     FILE cpu_b, cpu_b_end, 2
     incq hist+24(%rip)
 9:  WRMSR64 STATUS_CLR, 1
-    movabs $(CTR_MAX - PERIOD), %rax
-    WRMSR_RAX CTR0
+    call arm_counter
     pop %rdx
     pop %rcx
     pop %rbx
@@ -141,3 +166,4 @@ NMI_IDT_DATA
 BUSY_DATA
     .balign 8
 hist:   .quad 0, 0, 0, 0
+rng:    .quad 0x9e3779b97f4a7c15

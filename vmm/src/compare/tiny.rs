@@ -16,10 +16,11 @@ use super::CompareError;
 
 /// The functions the guest files samples under, in its histogram order.
 pub const FUNCTIONS: [&str; 4] = ["io_heavy", "cpu_a", "cpu_b", "(other)"];
-/// The guest's sampling period in cycles, and rounds of each workload in each mode (`PERIOD`
-/// and `ROUNDS` in guest-image/tiny/asm/compare64.S).
-pub const SAMPLE_PERIOD_CYCLES: u64 = 400_000;
-pub const ROUNDS: u32 = 160;
+/// The guest's mean sampling period in cycles (each period is drawn from this +- 1M, so the
+/// samples do not alias with the workload's rounds), and rounds of each workload in each mode
+/// (`PERIOD` and `ROUNDS` in guest-image/tiny/asm/compare64.S; a test holds them equal).
+pub const SAMPLE_PERIOD_CYCLES: u64 = 2_600_000;
+pub const ROUNDS: u32 = 480;
 /// Emulation time of each port write to the delay device (VMM work on the guest's behalf).
 pub const DEFAULT_IO_DELAY_US: u32 = 300;
 
@@ -81,6 +82,20 @@ pub fn parse(bytes: &[u8]) -> Result<[[u64; 4]; 4], CompareError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The report's parameters say what the guest does.
+    #[test]
+    fn period_and_rounds_are_the_guests() {
+        let asm = include_str!("../../../guest-image/tiny/asm/compare64.S");
+        let define = |name: &str| {
+            asm.lines()
+                .find_map(|l| l.strip_prefix("#define ")?.strip_prefix(name))
+                .and_then(|rest| rest.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("compare64.S: no numeric #define {name}"))
+        };
+        assert_eq!(define("PERIOD "), SAMPLE_PERIOD_CYCLES);
+        assert_eq!(define("ROUNDS "), u64::from(ROUNDS));
+    }
 
     #[test]
     fn parse_reads_four_histograms_and_rejects_short_reports() {
