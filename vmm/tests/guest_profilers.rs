@@ -33,8 +33,8 @@
 //! 90 s system-wide windows: the functions that access the card's registers (vm_interrupt,
 //! vm_notify) have >= 50 samples in domain-switch and >= 3x their cpu-switch share with perf (with
 //! OProfile, which loses most of them here, only some and no smaller share), and the
-//! CPU-bound control's hot_75 moves less than 3 standard deviations of its sampling noise (one
-//! boot per profiler). A fourth boot drives the shell the rootfs image gives on the console.
+//! CPU-bound control's hot_75 moves less than `testkit::NOISE_SDS` (4) standard deviations of
+//! its sampling noise (one boot per profiler). A fourth boot drives the shell the rootfs image gives on the console.
 //!
 //! On hosts whose /dev/kvm emulates guest kernel code (kvm_pvm, shared/HOST-FACTS.md) guest user
 //! space runs through the VMM's SYSCALL relay; each boot takes 15-50 minutes there (docs/guest.md,
@@ -200,11 +200,11 @@ fn check_hot_share(mode: &str, what: &str, samples: &[(String, u64)], report: &s
         "{mode}: {what}: only {n} samples in cpu_split's hot_75/cold_25 (at least 100 needed):\n{report}"
     );
     let share = 100.0 * hot as f64 / n as f64;
-    let sd = 100.0 * (0.75 * 0.25 / n as f64).sqrt();
-    let bound = (3.0 * sd).max(2.0);
+    let sds = testkit::NOISE_SDS;
+    let bound = (sds * testkit::share_sd_pp(0.75, n)).max(2.0);
     eprintln!(
         "{mode}: {what}: hot_75 {hot} + cold_25 {cold} samples: hot_75 {share:.1}% \
-         (75 +- {bound:.1} pp allowed: 3 sd of {n} samples, at least 2 pp)"
+         (75 +- {bound:.1} pp allowed: {sds} sd of {n} samples, at least 2 pp)"
     );
     assert!(
         (share - 75.0).abs() <= bound,
@@ -243,8 +243,8 @@ fn table_lines(report: &str) -> String {
 /// samples of the same run (passive), in one mode. Of the passive samples naming a cpu_split
 /// process, >= 95% must name its executable (the comm and the mm read from guest memory agree),
 /// <= 1% of other processes' samples may resolve into cpu_split's functions, and hot_75's share
-/// of cpu_split's two functions must agree with perf's within 3 sd of the two samples'
-/// binomial noise.
+/// of cpu_split's two functions must agree with perf's within `testkit::NOISE_SDS` sd of the two
+/// samples' binomial noise.
 fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) {
     let files = Path::new(rootfs).with_file_name("files");
     let files = files.to_str().unwrap();
@@ -323,20 +323,18 @@ fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) 
     let share = |h: u64, c: u64| h as f64 / (h + c).max(1) as f64;
     let (p_passive, p_active) = (share(hot, cold), share(ahot, acold));
     let pooled = share(hot + ahot, cold + acold);
-    let sd = (pooled
-        * (1.0 - pooled)
-        * (1.0 / (hot + cold).max(1) as f64 + 1.0 / (ahot + acold).max(1) as f64))
-        .sqrt();
+    let sds = testkit::NOISE_SDS;
+    let bar = sds * testkit::share_diff_sd_pp(pooled, hot + cold, ahot + acold) / 100.0;
     eprintln!(
         "{mode}: active (perf record) hot_75 {:.1}% of {}; passive (host-side) {:.1}% of {} \
-         (3 sd = {:.1} pp); passive user samples of cpu_split: {split_exe} of {split_user} name \
+         ({sds} sd = {:.1} pp); passive user samples of cpu_split: {split_exe} of {split_user} name \
          its executable; other processes' user samples: {others}, {others_in_split} of them in \
          cpu_split's functions",
         100.0 * p_active,
         ahot + acold,
         100.0 * p_passive,
         hot + cold,
-        300.0 * sd
+        100.0 * bar
     );
     assert!(
         hot + cold >= 100,
@@ -352,11 +350,11 @@ fn check_active_and_passive(b: &Boot, mode: &str, profile: &Path, rootfs: &str) 
         "{mode}: {others_in_split} of {others} other processes' user samples in cpu_split's functions"
     );
     assert!(
-        (p_passive - p_active).abs() <= 3.0 * sd,
-        "{mode}: hot_75's share: passive {:.1}% vs active {:.1}%, more than 3 sd ({:.1} pp) apart",
+        (p_passive - p_active).abs() <= bar,
+        "{mode}: hot_75's share: passive {:.1}% vs active {:.1}%, more than {sds} sd ({:.1} pp) apart",
         100.0 * p_passive,
         100.0 * p_active,
-        300.0 * sd
+        100.0 * bar
     );
 }
 
@@ -876,7 +874,7 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
         share(dom, dom_total) >= min_ratio * share(cpu, cpu_total),
         "{profiler}: register-access functions {cpu}/{cpu_total} in cpu-switch, {dom}/{dom_total} in domain-switch: less than {min_ratio}x:\n{stdout}"
     );
-    // The CPU-bound control moves less than 3 standard deviations of its sampling noise.
+    // The CPU-bound control moves less than NOISE_SDS standard deviations of its sampling noise.
     let hot = control
         .iter()
         .find(|r| r.function == "hot_75")
@@ -884,18 +882,19 @@ fn compare_in_the_guest(profiler: &str, model: &str) {
     let (n1, n2) = totals(&control);
     let (p1, p2) = (share(hot.cpu_samples, n1), share(hot.domain_samples, n2));
     let p = (hot.cpu_samples + hot.domain_samples) as f64 / (n1 + n2).max(1) as f64;
-    let sd = (p * (1.0 - p) * (1.0 / n1.max(1) as f64 + 1.0 / n2.max(1) as f64)).sqrt();
+    let sds = testkit::NOISE_SDS;
+    let bar = sds * testkit::share_diff_sd_pp(p, n1, n2) / 100.0;
     eprintln!(
-        "{profiler}: control hot_75 {:.1}% -> {:.1}% ({n1}/{n2} samples; 3 sd = {:.1} pp)",
+        "{profiler}: control hot_75 {:.1}% -> {:.1}% ({n1}/{n2} samples; {sds} sd = {:.1} pp)",
         100.0 * p1,
         100.0 * p2,
-        300.0 * sd
+        100.0 * bar
     );
     assert!(
-        (p2 - p1).abs() < 3.0 * sd,
-        "{profiler}: the control moved {:.1} pp, more than 3 sd ({:.1} pp)",
+        (p2 - p1).abs() < bar,
+        "{profiler}: the control moved {:.1} pp, more than {sds} sd ({:.1} pp)",
         100.0 * (p2 - p1),
-        300.0 * sd
+        100.0 * bar
     );
     if let Some(out) = std::env::var_os("VPMU_TEST_KEEP") {
         let out = Path::new(&out).join(format!("compare-{profiler}"));

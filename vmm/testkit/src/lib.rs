@@ -86,6 +86,27 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// How many standard deviations of binomial sampling noise a check of a sample share allows.
+/// One `scripts/test.sh` run makes about a dozen such checks (the 3:1 controls of the tiny and
+/// Linux comparisons, hot_75's share for each profiler and mode, active against passive); at 3 sd
+/// each fails a correct build with probability 0.27%, so about one run in thirty failed by
+/// chance alone (a run beside two busy loops failed two, at 3.0 and 2.9 sd: 68.0% of 359
+/// samples, and an aliased control that random periods have since fixed). At 4 sd the whole
+/// run fails by chance about once in a thousand, and a charging error of the size these checks
+/// exist for (tens of points) still fails every time.
+pub const NOISE_SDS: f64 = 4.0;
+
+/// The standard deviation (in percentage points) of a share `p` (0..1) measured on `n` samples.
+pub fn share_sd_pp(p: f64, n: u64) -> f64 {
+    100.0 * (p * (1.0 - p) / n.max(1) as f64).sqrt()
+}
+
+/// The standard deviation (in percentage points) of the difference of two shares measured on
+/// `n1` and `n2` samples, whose common share is `p` (0..1).
+pub fn share_diff_sd_pp(p: f64, n1: u64, n2: u64) -> f64 {
+    100.0 * (p * (1.0 - p) * (1.0 / n1.max(1) as f64 + 1.0 / n2.max(1) as f64)).sqrt()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,5 +134,14 @@ mod tests {
     #[test]
     fn multi_line_reasons_become_one_line() {
         assert_eq!(one_line(" a\n b\tc "), "a b c");
+    }
+
+    #[test]
+    fn share_noise_is_binomial() {
+        // 75% of 400 samples: sd = sqrt(0.1875 / 400) = 2.165 pp.
+        assert!((share_sd_pp(0.75, 400) - 2.165).abs() < 0.001);
+        // The difference of two such shares: sqrt(2) times that.
+        assert!((share_diff_sd_pp(0.75, 400, 400) - 3.062).abs() < 0.001);
+        assert!(share_sd_pp(0.75, 0).is_finite());
     }
 }
