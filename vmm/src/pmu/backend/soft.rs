@@ -34,6 +34,9 @@ pub const MIN_SOFT_PERIOD_NS: u64 = 50_000;
 /// the thread's real-time signal queue, and a 270 µs re-arm of the host-side profile's
 /// sampler left ~16,000 signals queued and the guest running one instruction a second.
 pub const MIN_SOFT_PERIOD_NOTIFICATIONS: u64 = 10;
+/// The most times the floor of an early notification's re-arm doubles (see
+/// [`Soft::rest_floor_ns`]): 50 us x 2^8 = 12.8 ms.
+const MAX_EARLY_DOUBLINGS: u32 = 8;
 
 /// The shortest period a soft source arms on a host where taking one notification costs
 /// `notify_cost_ns` (0: not measured).
@@ -56,6 +59,15 @@ struct SoftCounter {
     /// notifies each time the count passes a multiple of the period from its last
     /// PERF_EVENT_IOC_PERIOD, or from its opening).
     notify: Option<Notify>,
+    /// Since the counter was last armed for a whole period: how many times the floor of its
+    /// early re-arms doubled, and the guest's rest (counter units) at the last early re-arm.
+    early: Early,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Early {
+    doublings: u32,
+    rest: Option<u64>,
 }
 
 #[derive(Clone, Copy)]
@@ -175,6 +187,7 @@ impl Soft {
             c.base = base;
             c.armed = overflow_after;
             c.last = 0;
+            c.early = Early::default();
         }
         true
     }
@@ -216,6 +229,31 @@ impl Soft {
         let now = self.raw(sys, bit);
         let n = self.counters.get_mut(&bit)?.notify.as_mut()?;
         (super::periods_passed(now, &mut n.next, n.period) > 0).then(|| now - (n.next - n.period))
+    }
+
+    /// The floor of the re-arm after counter `bit`'s early notification, with `rest` of the
+    /// guest's period still to run: [`MIN_SOFT_PERIOD_NS`], doubled each time the guest ran
+    /// less than half the floor since the last early re-arm (at most [`MAX_EARLY_DOUBLINGS`]
+    /// times; back to the fixed floor when the counter is armed for a new period). Usually one
+    /// notification in a period is early (the host also counted the VMM's time) and the fixed
+    /// floor holds: `min_period_ns` there delayed the guest's PMI by up to that much and moved
+    /// the tiny guest's samples from one function to the next. But where taking a notification
+    /// costs the thread as much as that floor (the nested SVM host on the wall clock: a 40 us
+    /// exit, a signal's delivery slower still), each re-arm's period would go on the VMM's
+    /// handling of the last one and the guest would gain nothing: a livelock just short of the
+    /// overflow. Doubling ends it within a few re-arms. (Other counters' signals re-arm this one
+    /// too, with the guest's progress in between: no doubling.)
+    fn rest_floor_ns(&mut self, bit: u8, rest: u64) -> u64 {
+        let Some(c) = self.counters.get_mut(&bit) else {
+            return MIN_SOFT_PERIOD_NS;
+        };
+        let floor = MIN_SOFT_PERIOD_NS << c.early.doublings;
+        let ran = c.early.rest.map(|before| before.saturating_sub(rest));
+        if ran.is_some_and(|ran| ran < floor / 2) {
+            c.early.doublings = (c.early.doublings + 1).min(MAX_EARLY_DOUBLINGS);
+        }
+        c.early.rest = Some(rest);
+        MIN_SOFT_PERIOD_NS << c.early.doublings
     }
 
     /// `ns` of thread CPU time since the last entry was the host's, not the guest's (see
@@ -337,6 +375,7 @@ impl SourceBackend for Soft {
                 period,
                 next: period,
             }),
+            early: Early::default(),
         };
         self.counters.insert(bit, c);
         Ok(())
@@ -374,12 +413,8 @@ impl SourceBackend for Soft {
                 } else {
                     0
                 };
-                // The rest's own floor is the fixed one: the guest's period was no shorter
-                // than `min_period_ns`, and this notification's signal is the last one for
-                // it (the next is an overflow, re-armed by the model for a whole period);
-                // holding the rest to `min_period_ns` delayed the guest's PMI by up to that
-                // much, and moved the tiny guest's samples from one function to the next.
-                self.arm_no_sooner(sys, bit, at - v + exit_path, false, MIN_SOFT_PERIOD_NS);
+                let floor = self.rest_floor_ns(bit, at - v);
+                self.arm_no_sooner(sys, bit, at - v + exit_path, false, floor);
             }
         }
         bits
@@ -567,6 +602,56 @@ mod tests {
         unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
         assert_eq!(b.take_overflows(), 1);
         assert_eq!(log.lock().unwrap().periods.len(), 1);
+    }
+
+    /// When a notification costs the thread about the fixed floor, the guest must still reach
+    /// its overflow: each early re-arm after which the guest ran less than half the floor
+    /// doubles the floor; one with progress keeps it; a new period starts from the fixed floor.
+    #[test]
+    fn early_rearms_without_guest_progress_double_their_floor() {
+        crate::vcpu::kick::install_handler().unwrap();
+        let e = event(Vendor::Amd, 0x76, 0, true, true);
+        let (mut b, log) = backend(
+            Source::Soft {
+                tsc_khz: 1_000_000,
+                exit_cost_ns: 0,
+                notify_cost_ns: 0,
+            },
+            AccountingMode::CpuSwitch,
+        );
+        let signal = |b: &mut PerfBackend| {
+            // SAFETY: raising the kick signal on this thread, whose handler is installed.
+            unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+            b.take_overflows()
+        };
+        let last_period = |log: &Arc<Mutex<Log>>| log.lock().unwrap().periods.last().unwrap().1;
+        b.leave_guest();
+        b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
+        // 800 us in the guest, 200 us outside: early, the rest (200 us) asked for.
+        for _ in 0..800 {
+            exit_cycle(&mut b, &log, 1000, 250);
+        }
+        assert_eq!(signal(&mut b), 0);
+        assert_eq!(last_period(&log), 200_000);
+        // The guest ran 180 us of it: 20 us left, asked for at the fixed floor.
+        exit_cycle(&mut b, &log, 180_000, 20_000);
+        assert_eq!(signal(&mut b), 0);
+        assert_eq!(last_period(&log), MIN_SOFT_PERIOD_NS);
+        // The notification's handling ate that floor: 5 us in the guest, then 10 us, then 5 us
+        // (each less than half the floor): the floor doubles each time.
+        exit_cycle(&mut b, &log, 5_000, 45_000);
+        assert_eq!(signal(&mut b), 0);
+        assert_eq!(last_period(&log), 2 * MIN_SOFT_PERIOD_NS);
+        exit_cycle(&mut b, &log, 10_000, 90_000);
+        assert_eq!(signal(&mut b), 0);
+        assert_eq!(last_period(&log), 4 * MIN_SOFT_PERIOD_NS);
+        exit_cycle(&mut b, &log, 5_000, 195_000);
+        assert_eq!(signal(&mut b), 1, "the guest's period has run");
+        // A new period: an early notification's re-arm starts from the fixed floor again.
+        b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
+        exit_cycle(&mut b, &log, 990_000, 10_000);
+        assert_eq!(signal(&mut b), 0);
+        assert_eq!(last_period(&log), MIN_SOFT_PERIOD_NS);
     }
 
     /// A host-side sampler's interruption (profile::sampler): how much host time since perf's
