@@ -159,6 +159,13 @@ pub struct CompareArgs {
     #[arg(long, value_name = "US",
           value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub net_access_cost_us: Option<u32>,
+    /// --profiler perf|oprofile: the guest profiler's sampling period, in cycles, while it
+    /// profiles the whole system (perf record -c, operf EVENT:PERIOD). Default: 200000000 where
+    /// guest kernel code is emulated (this project's build hosts: each emulated PMI handler
+    /// takes milliseconds), 5000000 on a VT-x/SVM host. The CPU-bound control keeps its own.
+    #[arg(long, value_name = "CYCLES",
+          value_parser = clap::value_parser!(u64).range(100_000..=10_000_000_000))]
+    pub guest_period: Option<u64>,
     /// packet-rx: host-profile samples per second of the sampled clock.
     #[arg(long, value_name = "N", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=20_000))]

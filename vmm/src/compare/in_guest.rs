@@ -116,6 +116,7 @@ impl Window {
 
 pub struct Settings {
     pub profiler: GuestProfiler,
+    pub sampling: Sampling,
     pub kernel: PathBuf,
     pub root: GuestRoot,
     /// Disks after the root (/dev/vdb, ...), for the command's data.
@@ -133,22 +134,69 @@ pub struct GuestComparison {
     pub run: RunReport,
 }
 
-/// cpu_split rounds of the control profile: ~900 samples of cpu_split's own code at
-/// [`CONTROL_PERIOD`], ~3 min of one mode where guest kernel code is emulated (each sample costs
-/// the guest's profiler ~0.1 s of emulated kernel work there): the control's sampling noise
-/// (3 sd) is ~6 pp (issue 31: 1000 rounds at the system-wide period gave ~60 samples and a
-/// 24 pp bar, which passes nearly anything).
-pub const CONTROL_ROUNDS: u32 = 4000;
-/// The control's sampling period in cycles (experiments.sh, VPMU_CONTROL_PERIOD).
-pub const CONTROL_PERIOD: u64 = 50_000_000;
+/// How the guest's profiler samples, chosen by host kind: the system-wide window's period, and
+/// the CPU-bound control's cpu_split rounds and period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sampling {
+    /// Cycles between samples in the system-wide window (`--guest-period`).
+    pub period: u64,
+    pub control_rounds: u32,
+    pub control_period: u64,
+}
+
+/// Where the host emulates guest kernel code (kvm_pvm). The window's period is experiments.sh's
+/// VPMU_PERIOD: the emulated PMI handler takes 2-3 ms, and an idle guest's emulated ticks are
+/// kernel code that a shorter period samples over and over. The control: ~900 samples of
+/// cpu_split's own code, ~3 min of one mode there (each sample costs the guest's profiler ~0.1 s
+/// of emulated kernel work); issue 31: 1000 rounds at the window's period gave ~60 samples and a
+/// 24 pp bar, which passes nearly anything.
+pub const EMULATED_HOST_SAMPLING: Sampling = Sampling {
+    period: 200_000_000,
+    control_rounds: 4000,
+    control_period: 50_000_000,
+};
+
+/// On a VT-x/SVM host, where the guest's kernel runs in hardware and a PMI costs the guest a
+/// few exits: ~500 samples a second of guest or charged VMM time at 2.6 GHz, and a control of
+/// ~900-1300 samples in seconds (800 rounds of ~11.7M cycles). On the nested SVM host of the
+/// tests (a 1 GHz TSC, guest user code ~3.5x slower than native) the control took ~13 s a mode.
+pub const VTX_SVM_HOST_SAMPLING: Sampling = Sampling {
+    period: 5_000_000,
+    control_rounds: 800,
+    control_period: 10_000_000,
+};
+
+impl Sampling {
+    /// By host kind, with the window's period as asked if it was; and why.
+    pub fn for_host(
+        guest_kernel_emulated: bool,
+        asked_period: Option<u64>,
+    ) -> (Sampling, &'static str) {
+        let (base, why) = if guest_kernel_emulated {
+            (
+                EMULATED_HOST_SAMPLING,
+                "this host emulates guest kernel code",
+            )
+        } else {
+            (VTX_SVM_HOST_SAMPLING, "a VT-x/SVM host")
+        };
+        match asked_period {
+            Some(period) => (Sampling { period, ..base }, "as asked"),
+            None => (base, why),
+        }
+    }
+}
 
 /// The kernel command line for the guest's experiment.
-pub fn cmdline(profiler: GuestProfiler, window: &Window) -> String {
+pub fn cmdline(profiler: GuestProfiler, window: &Window, sampling: Sampling) -> String {
     let mut c = format!(
-        "vpmu.experiment={} vpmu.modes=cpu-switch,domain-switch vpmu.secs={} \
-         vpmu.profile_rounds={CONTROL_ROUNDS} vpmu.control_period={CONTROL_PERIOD}",
+        "vpmu.experiment={} vpmu.modes=cpu-switch,domain-switch vpmu.secs={} vpmu.period={} \
+         vpmu.profile_rounds={} vpmu.control_period={}",
         window.experiment(profiler),
-        window.secs()
+        window.secs(),
+        sampling.period,
+        sampling.control_rounds,
+        sampling.control_period,
     );
     if let Window::Command { command, .. } = window {
         c.push_str(" vpmu.workload=");
@@ -192,7 +240,7 @@ pub fn run(s: &Settings) -> Result<GuestComparison, CompareError> {
     let mut cfg = VmConfig::new(Boot::Linux {
         kernel: s.kernel.clone(),
         initrd,
-        cmdline: cmdline(s.profiler, &s.window),
+        cmdline: cmdline(s.profiler, &s.window, s.sampling),
     });
     // With a disk and no initrd the VMM mounts the disk as the root (`root=/dev/vda ro`).
     cfg.disks = disks;
@@ -438,14 +486,39 @@ mod tests {
     }
 
     #[test]
+    fn sampling_follows_the_host_kind_and_the_asked_period() {
+        let (s, why) = Sampling::for_host(true, None);
+        assert_eq!(
+            (s, why),
+            (
+                EMULATED_HOST_SAMPLING,
+                "this host emulates guest kernel code"
+            )
+        );
+        let (s, why) = Sampling::for_host(false, Some(1_000_000));
+        assert_eq!(why, "as asked");
+        assert_eq!(s.period, 1_000_000);
+        assert_eq!(s.control_rounds, VTX_SVM_HOST_SAMPLING.control_rounds);
+    }
+
+    #[test]
     fn the_command_line_names_the_experiment_and_both_modes() {
         let packets = Window::Packets {
             secs: 20,
             pps: 10,
             access_cost_us: 0,
         };
-        let c = cmdline(GuestProfiler::Oprofile, &packets);
+        let sampling = Sampling {
+            period: 7_000_000,
+            ..VTX_SVM_HOST_SAMPLING
+        };
+        let c = cmdline(GuestProfiler::Oprofile, &packets, sampling);
         assert!(c.contains("vpmu.experiment=compare-oprofile"));
+        assert!(c.contains("vpmu.period=7000000"), "{c}");
+        assert!(
+            c.contains("vpmu.profile_rounds=800 vpmu.control_period=10000000"),
+            "{c}"
+        );
         assert!(c.contains("vpmu.modes=cpu-switch,domain-switch"));
         assert!(c.contains("vpmu.secs=20"));
         assert!(!c.contains("vpmu.workload"));
@@ -454,7 +527,7 @@ mod tests {
                 .into(),
             max_secs: 60,
         };
-        let c = cmdline(GuestProfiler::Perf, &command);
+        let c = cmdline(GuestProfiler::Perf, &command, EMULATED_HOST_SAMPLING);
         assert!(c.contains("vpmu.experiment=compare-command-perf"), "{c}");
         // One word, decoded by /init's percent_decode.
         let word = c

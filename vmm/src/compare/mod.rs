@@ -144,10 +144,14 @@ fn check_workload_args(
     }
 }
 
+/// Whether this host emulates guest kernel code (kvm_pvm, whose quirks the VMM fixes up).
+fn guest_kernel_emulated() -> bool {
+    crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some()
+}
+
 /// The extra device-model work per card register access: as asked, else by host, and why.
 fn access_cost(args: &crate::cli::CompareArgs) -> (u32, &'static str) {
-    let emulated = crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some();
-    match (args.net_access_cost_us, emulated) {
+    match (args.net_access_cost_us, guest_kernel_emulated()) {
         (Some(us), _) => (us, "as asked"),
         (None, true) => (
             linux::EMULATED_ACCESS_COST_US,
@@ -260,6 +264,9 @@ fn in_guest_comparison(
         })
         .collect();
     let (access_cost_us, why) = access_cost(args);
+    let (sampling, period_why) =
+        in_guest::Sampling::for_host(guest_kernel_emulated(), args.guest_period);
+    let period = sampling.period;
     let window = match args.workload {
         Workload::Command => in_guest::Window::Command {
             command: args.command.join(" "),
@@ -278,19 +285,20 @@ fn in_guest_comparison(
     match &window {
         in_guest::Window::Packets { .. } => eprintln!(
             "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
-             {} echo requests/s; the guest's {tool} profiles the whole system for {} s and cpu_split (the control) in each mode, switching through the vPMU control port",
+             {} echo requests/s; the guest's {tool} profiles the whole system for {} s (one sample every {period} cycles: {period_why}) and cpu_split (the control) in each mode, switching through the vPMU control port",
             kernel.display(),
             args.net_rx_pps,
             args.phase_secs,
         ),
         in_guest::Window::Command { command, .. } => eprintln!(
             "[compare] booting {} from its root disk; in each mode the guest's {tool} profiles the whole system while `{command}` runs \
-             (disks: {disk_cost} us of extra device-model work per register access), then cpu_split (the control), switching through the vPMU control port",
+             (one sample every {period} cycles: {period_why}; disks: {disk_cost} us of extra device-model work per register access), then cpu_split (the control), switching through the vPMU control port",
             kernel.display(),
         ),
     }
     let g = in_guest::run(&in_guest::Settings {
         profiler,
+        sampling,
         kernel,
         root,
         extra_disks,
@@ -305,12 +313,10 @@ fn in_guest_comparison(
         param("guest_root", guest_root_param(args)),
         param("phase_secs", args.phase_secs),
         param("rounds", 1),
-        param(
-            "sampling",
-            "guest profiler, fixed period (VPMU_PERIOD in experiments.sh)",
-        ),
-        param("control_rounds", in_guest::CONTROL_ROUNDS),
-        param("control_period_cycles", in_guest::CONTROL_PERIOD),
+        param("sampling", "guest profiler, fixed period"),
+        param("period_cycles", period),
+        param("control_rounds", sampling.control_rounds),
+        param("control_period_cycles", sampling.control_period),
     ];
     match &window {
         in_guest::Window::Packets { .. } => {
