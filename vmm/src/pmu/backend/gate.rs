@@ -320,14 +320,7 @@ mod tests {
     #[test]
     fn a_host_thread_switch_is_never_charged_inside_or_outside_kvm_run() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
         b.program(CounterId::gp(0), &e, None).unwrap();
         for _ in 0..10 {
@@ -398,14 +391,7 @@ mod tests {
     #[test]
     fn preemptions_in_wall_time_busy_waits_do_not_eat_guest_time() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
         b.program(CounterId::gp(0), &e, None).unwrap();
         // Clean exits first (what the subtracting gate learnt its typical outside time from).
@@ -441,14 +427,7 @@ mod tests {
     #[test]
     fn an_unseen_switch_costs_at_most_one_interval() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
         b.program(CounterId::gp(0), &e, None).unwrap();
         for _ in 0..10 {

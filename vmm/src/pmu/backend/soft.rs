@@ -490,14 +490,7 @@ mod tests {
     #[test]
     fn soft_cpu_switch_counts_time_inside_kvm_run_without_syscalls_per_exit() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
         b.program(CounterId::gp(0), &e, None).unwrap();
         // The switch-recording event, the gate's thread clock, then the counter; all run from
@@ -525,14 +518,7 @@ mod tests {
         assert_eq!(b.clock_reads(), 1, "one read(2) of the clock, then the TSC");
 
         // domain-switch charges everything.
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::DomainSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         b.program(CounterId::gp(0), &e, None).unwrap();
         for _ in 0..100 {
             exit_cycle(&mut b, &log, 1000, 300);
@@ -575,14 +561,7 @@ mod tests {
     fn soft_cpu_switch_rearms_an_early_overflow_signal_for_the_rest_of_the_period() {
         crate::vcpu::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
         b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
         assert_eq!(log.lock().unwrap().opened[2].sample_period, Some(1_000_000));
@@ -591,16 +570,12 @@ mod tests {
             exit_cycle(&mut b, &log, 1000, 250);
         }
         // (the fake count: 800 x 1250 = 1 ms of host time)
-        // SAFETY: raising the kick signal on this thread, whose handler is installed.
-        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
-        assert_eq!(b.take_overflows(), 0, "not yet in guest time");
+        assert_eq!(kick_and_take_overflows(&mut b), 0, "not yet in guest time");
         assert_eq!(log.lock().unwrap().periods, vec![(103, 200_000)]);
         for _ in 0..200 {
             exit_cycle(&mut b, &log, 1000, 250);
         }
-        // SAFETY: as above.
-        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
-        assert_eq!(b.take_overflows(), 1);
+        assert_eq!(kick_and_take_overflows(&mut b), 1);
         assert_eq!(log.lock().unwrap().periods.len(), 1);
     }
 
@@ -611,19 +586,7 @@ mod tests {
     fn early_rearms_without_guest_progress_double_their_floor() {
         crate::vcpu::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
-        let signal = |b: &mut PerfBackend| {
-            // SAFETY: raising the kick signal on this thread, whose handler is installed.
-            unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
-            b.take_overflows()
-        };
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         let last_period = |log: &Arc<Mutex<Log>>| log.lock().unwrap().periods.last().unwrap().1;
         b.leave_guest();
         b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
@@ -631,26 +594,30 @@ mod tests {
         for _ in 0..800 {
             exit_cycle(&mut b, &log, 1000, 250);
         }
-        assert_eq!(signal(&mut b), 0);
+        assert_eq!(kick_and_take_overflows(&mut b), 0);
         assert_eq!(last_period(&log), 200_000);
         // The guest ran 180 us of it: 20 us left, asked for at the fixed floor.
         exit_cycle(&mut b, &log, 180_000, 20_000);
-        assert_eq!(signal(&mut b), 0);
+        assert_eq!(kick_and_take_overflows(&mut b), 0);
         assert_eq!(last_period(&log), MIN_SOFT_PERIOD_NS);
         // The notification's handling ate that floor: 5 us in the guest, then 10 us, then 5 us
         // (each less than half the floor): the floor doubles each time.
         exit_cycle(&mut b, &log, 5_000, 45_000);
-        assert_eq!(signal(&mut b), 0);
+        assert_eq!(kick_and_take_overflows(&mut b), 0);
         assert_eq!(last_period(&log), 2 * MIN_SOFT_PERIOD_NS);
         exit_cycle(&mut b, &log, 10_000, 90_000);
-        assert_eq!(signal(&mut b), 0);
+        assert_eq!(kick_and_take_overflows(&mut b), 0);
         assert_eq!(last_period(&log), 4 * MIN_SOFT_PERIOD_NS);
         exit_cycle(&mut b, &log, 5_000, 195_000);
-        assert_eq!(signal(&mut b), 1, "the guest's period has run");
+        assert_eq!(
+            kick_and_take_overflows(&mut b),
+            1,
+            "the guest's period has run"
+        );
         // A new period: an early notification's re-arm starts from the fixed floor again.
         b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
         exit_cycle(&mut b, &log, 990_000, 10_000);
-        assert_eq!(signal(&mut b), 0);
+        assert_eq!(kick_and_take_overflows(&mut b), 0);
         assert_eq!(last_period(&log), MIN_SOFT_PERIOD_NS);
     }
 
@@ -659,14 +626,7 @@ mod tests {
     #[test]
     fn a_samplers_interruption_is_measured_and_forgotten_in_cpu_switch() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
         let ctr = CounterId::gp(0);
         b.program(ctr, &e, Some(1_000_000)).unwrap();
@@ -698,14 +658,7 @@ mod tests {
     fn a_samplers_interruption_is_forgotten_in_domain_switch_and_overflows_come_late_not_never() {
         crate::vcpu::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::DomainSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         let (sampler, guest) = (CounterId::gp(0), CounterId::gp(1));
         b.program(sampler, &e, Some(1_000_000)).unwrap();
         b.program(guest, &e, Some(2_000_000)).unwrap();
@@ -736,29 +689,18 @@ mod tests {
         // perf notifies the guest's counter at 2 ms of thread time, 40 us before the guest
         // counted its 2 ms: the signal is early and the rest is asked for.
         run(&log, 880_000);
-        // SAFETY: raising the kick signal on this thread, whose handler is installed.
-        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
         // (The sampler's counter, bit 0, is past its own point: reported, not re-armed.)
-        assert_eq!(b.take_overflows(), 1 << 0);
+        assert_eq!(kick_and_take_overflows(&mut b), 1 << 0);
         assert_eq!(log.lock().unwrap().periods, vec![(103, 50_000)]);
         run(&log, 50_000);
-        // SAFETY: as above.
-        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
-        assert_eq!(b.take_overflows() & (1 << 1), 1 << 1);
+        assert_eq!(kick_and_take_overflows(&mut b) & (1 << 1), 1 << 1);
     }
 
     #[test]
     fn a_samples_work_is_left_out_in_domain_switch_only() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let ctr = CounterId::gp(0);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::DomainSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         b.program(ctr, &e, None).unwrap();
         run(&log, 100_000);
         b.host_work_begins();
@@ -769,14 +711,7 @@ mod tests {
         assert_eq!(b.read(ctr), 110_000, "what follows counts");
         assert_eq!(b.host_work_ends(), None, "nothing began");
         // cpu-switch counts nothing outside KVM_RUN: nothing to leave out.
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::CpuSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.program(ctr, &e, None).unwrap();
         exit_cycle(&mut b, &log, 100_000, 1000);
         b.host_work_begins();
@@ -788,14 +723,7 @@ mod tests {
     #[test]
     fn switching_to_cpu_switch_starts_gating_from_there() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::DomainSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         b.program(CounterId::gp(0), &e, None).unwrap();
         exit_cycle(&mut b, &log, 1000, 300);
         assert_eq!(b.read(CounterId::gp(0)), 1300);
@@ -815,14 +743,7 @@ mod tests {
     #[test]
     fn soft_reprogramming_keeps_the_host_event() {
         let e = event(Vendor::Amd, 0x76, 0, true, true);
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::DomainSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         b.program(CounterId::gp(0), &e, Some(1_000_000)).unwrap();
         exit_cycle(&mut b, &log, 1000, 300);
         assert_eq!(b.read(CounterId::gp(0)), 1300);
@@ -894,14 +815,7 @@ mod tests {
 
     #[test]
     fn tiny_periods_are_clamped() {
-        let (mut b, log) = backend(
-            Source::Soft {
-                tsc_khz: 1_000_000,
-                exit_cost_ns: 0,
-                notify_cost_ns: 0,
-            },
-            AccountingMode::DomainSwitch,
-        );
+        let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         b.program(
             CounterId::gp(1),
             &event(Vendor::Amd, 0x76, 0, true, true),

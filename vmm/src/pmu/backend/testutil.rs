@@ -82,6 +82,25 @@ pub(super) fn backend(source: Source, mode: AccountingMode) -> (PerfBackend, Arc
     (b, log)
 }
 
+/// A soft backend over the fake perf ABI at a 1 GHz TSC (1 cycle = 1 ns), with no exit-path or
+/// notification cost measured.
+pub(super) fn soft_backend(mode: AccountingMode) -> (PerfBackend, Arc<Mutex<Log>>) {
+    let source = Source::Soft {
+        tsc_khz: 1_000_000,
+        exit_cost_ns: 0,
+        notify_cost_ns: 0,
+    };
+    backend(source, mode)
+}
+
+/// Raises the kick signal on this thread (as perf's notification would) and takes the
+/// overflows the backend then reports. The kick handler must be installed.
+pub(super) fn kick_and_take_overflows(b: &mut PerfBackend) -> u64 {
+    // SAFETY: raising the kick signal on this thread, whose handler the caller installed.
+    unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+    b.take_overflows()
+}
+
 /// Makes a soft backend's gate read the fake TSC (1 GHz: 1 cycle = 1 ns at `tsc_khz` 1e6).
 pub(super) fn with_fake_tsc(b: &mut PerfBackend) {
     if let Imp::Soft(s) = &mut b.imp {
