@@ -150,8 +150,8 @@ fn guest_kernel_emulated() -> bool {
 }
 
 /// The extra device-model work per card register access: as asked, else by host, and why.
-fn access_cost(args: &crate::cli::CompareArgs) -> (u32, &'static str) {
-    match (args.net_access_cost_us, guest_kernel_emulated()) {
+fn access_cost(args: &crate::cli::CompareArgs, emulated: bool) -> (u32, &'static str) {
+    match (args.net_access_cost_us, emulated) {
         (Some(us), _) => (us, "as asked"),
         (None, true) => (
             linux::EMULATED_ACCESS_COST_US,
@@ -164,7 +164,7 @@ fn access_cost(args: &crate::cli::CompareArgs) -> (u32, &'static str) {
 fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
     let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
         .map_err(CompareError::Input)?;
-    let (access_cost_us, why) = access_cost(args);
+    let (access_cost_us, why) = access_cost(args, guest_kernel_emulated());
     eprintln!(
         "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
          {} echo requests/s; then 4 phases of {} s (packets and a CPU-bound control, each in cpu-switch and domain-switch) \
@@ -263,9 +263,9 @@ fn in_guest_comparison(
             access_cost_us: disk_cost,
         })
         .collect();
-    let (access_cost_us, why) = access_cost(args);
-    let (sampling, period_why) =
-        in_guest::Sampling::for_host(guest_kernel_emulated(), args.guest_period);
+    let emulated = guest_kernel_emulated();
+    let (access_cost_us, why) = access_cost(args, emulated);
+    let (sampling, period_why) = in_guest::Sampling::for_host(emulated, args.guest_period);
     let period = sampling.period;
     let window = match args.workload {
         Workload::Command => in_guest::Window::Command {
