@@ -54,12 +54,13 @@ pub struct NodeLayout {
 }
 
 impl NodeLayout {
-    /// Whether every field lies inside a node.
+    /// Whether every field lies inside a node (checked: the values come from a file).
     fn fits(&self) -> bool {
         let n = NODE as u64;
+        let ends_inside = |at: u64, len: u64| at.checked_add(len).is_some_and(|end| end <= n);
         (2..=32).contains(&self.slots)
-            && self.pivot + 8 * (self.slots - 1) <= n
-            && self.slot + 8 * self.slots <= n
+            && ends_inside(self.pivot, 8 * (self.slots - 1))
+            && ends_inside(self.slot, 8 * self.slots)
             && self.meta < n
     }
 }
@@ -373,5 +374,32 @@ mod tests {
         );
         let big = |n: &str| Some(if n.ends_with("slots") { 64 } else { 8 });
         assert!(MapLayout::from_values(&big).is_err());
+    }
+
+    #[test]
+    fn offsets_that_wrap_past_the_node_are_refused_not_sliced() {
+        // A crafted task-layout file: a pivot offset near 2^64, so that offset + 8 * slots
+        // wraps below the node's size. Taken as it was, the lookup sliced out of the node.
+        for field in [
+            "maple_range_64_pivot",
+            "maple_range_64_slot",
+            "maple_arange_64_pivot",
+        ] {
+            let values: std::collections::HashMap<&str, u64> = MAP_LAYOUT_LINES
+                .lines()
+                .map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f[1], f[2].parse().unwrap())
+                })
+                .collect();
+            let wrap = |n: &str| match n {
+                n if n == field => Some(u64::MAX - 7),
+                n => values.get(n).copied(),
+            };
+            assert!(
+                MapLayout::from_values(&wrap).is_err(),
+                "{field} = 2^64 - 8 was taken"
+            );
+        }
     }
 }

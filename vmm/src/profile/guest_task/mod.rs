@@ -116,6 +116,11 @@ impl TaskLayout {
                         None => num.parse::<u64>(),
                     };
                     let n = parsed.map_err(|e| bad(format!("{num:?} is not a number: {e}")))?;
+                    // Offsets, sizes, counts and flags: far below 2^32, so that no sum of
+                    // two of them below can wrap.
+                    if word == "value" && n > u64::from(u32::MAX) {
+                        return Err(bad(format!("value {name} {n} is not below 2^32")));
+                    }
                     get.insert(name.to_string(), n);
                 }
                 other => return Err(bad(format!("unknown line kind {other:?}"))),
@@ -1065,5 +1070,31 @@ mod tests {
         );
         let nan = LAYOUT.replace("0x1fc40", "0xzz");
         assert!(TaskLayout::parse(&nan).is_err());
+    }
+
+    #[test]
+    fn no_value_in_a_layout_file_overflows_the_checks() {
+        // A crafted task-layout file (read from beside the kernel): each value line in turn
+        // set to numbers near 2^64, whose sums with other fields wrapped (a panic in a
+        // debug build, offsets past task_struct taken in a release one).
+        let maps = super::fake::MAP_LAYOUT_LINES;
+        let text = format!("{LAYOUT}{maps}");
+        for (i, line) in text.lines().enumerate() {
+            let Some(name) = line
+                .strip_prefix("value ")
+                .and_then(|r| r.split(' ').next())
+            else {
+                continue;
+            };
+            for v in [u64::MAX, u64::MAX - 3, 1 << 63, 1 << 32] {
+                let mut lines: Vec<String> = text.lines().map(String::from).collect();
+                lines[i] = format!("value {name} {v}");
+                let crafted = lines.join("\n");
+                assert!(
+                    TaskLayout::parse(&crafted).is_err(),
+                    "value {name} {v} was taken"
+                );
+            }
+        }
     }
 }
