@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 
 use super::guest_task::maps::GuestMapping;
-use super::guest_task::{GuestExe, GuestTask, Unresolved};
+use super::guest_task::{printable, GuestExe, GuestTask, Unresolved};
 use super::report::{bucket, USER_BUCKET_NAMED};
 use super::symbols::SymbolTable;
 use super::user_symbols::{GuestFiles, UserFrame};
@@ -173,6 +173,7 @@ fn user_frame(exe: &GuestExe, rip: u64, files: Option<&mut GuestFiles>) -> (Stri
 
 /// A file name as a sample recorded it (its first bytes; `...` when it was longer).
 fn shown_name(name: String, truncated: bool) -> String {
+    let name = printable(&name);
     if truncated {
         format!("{name}...")
     } else {

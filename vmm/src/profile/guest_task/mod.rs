@@ -221,10 +221,23 @@ impl GuestTask {
         String::from_utf8_lossy(&self.comm[..end]).into_owned()
     }
 
-    /// `comm[tgid]`, as the reports show a process.
+    /// `comm[tgid]`, as the reports show a process (control characters escaped).
     pub fn label(&self) -> String {
-        format!("{}[{}]", self.comm(), self.tgid)
+        format!("{}[{}]", printable(&self.comm()), self.tgid)
     }
+}
+
+/// A name the guest chose (a process's comm, a file's name), as text output shows it: control
+/// characters (a terminal's escape sequences, line breaks) written as `\u{..}` escapes, so a
+/// name cannot rewrite the reader's terminal or split a report line. Bytes that were not
+/// UTF-8 are already U+FFFD (the names are read with `from_utf8_lossy`).
+pub fn printable(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// The most executable-name bytes an exe record keeps.
@@ -1070,6 +1083,21 @@ mod tests {
         );
         let nan = LAYOUT.replace("0x1fc40", "0xzz");
         assert!(TaskLayout::parse(&nan).is_err());
+    }
+
+    #[test]
+    fn names_from_the_guest_reach_text_output_without_control_characters() {
+        let mut comm = [0u8; COMM_MAX];
+        comm[..9].copy_from_slice(b"a\x1b[2J\nb\xff\x7f");
+        let t = GuestTask {
+            pid: 7,
+            tgid: 7,
+            comm,
+            kernel_thread: false,
+        };
+        let shown = t.label();
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(shown, "a\\u{1b}[2J\\u{a}b\u{fffd}\\u{7f}[7]");
     }
 
     #[test]
