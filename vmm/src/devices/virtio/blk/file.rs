@@ -40,12 +40,18 @@ impl RawFile {
         let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         };
-        // SAFETY: fallocate on a file descriptor this struct owns; no memory is passed.
-        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+        loop {
+            // SAFETY: fallocate on a file descriptor this struct owns; no memory is passed.
+            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
+            if r == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            // A signal (the run's stop or timer signals) interrupted it: nothing was done
+            // that a second call would not do again.
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 }
@@ -103,7 +109,7 @@ pub enum DiskError {
     Empty { path: PathBuf },
     #[error("--disk {path}: {size} bytes is not a whole number of 512-byte sectors (pad it, e.g. `truncate -s %512 {path}`)")]
     NotWholeSectors { path: PathBuf, size: u64 },
-    #[error("--disk {path}: the image is in use: another process holds a lock on it (another vpmu-vmm, or the same image given twice)")]
+    #[error("--disk {path}: the image is in use: another process holds a lock on it (another vpmu-vmm or QEMU, or the same image given twice)")]
     Locked { path: PathBuf },
     #[error("--disk {path}: cannot lock the image: {source}")]
     Lock { path: PathBuf, source: io::Error },
@@ -120,10 +126,10 @@ pub struct DiskImage {
 /// Length of the GET_ID answer (VIRTIO_BLK_ID_BYTES).
 pub const ID_BYTES: usize = 20;
 
-/// Opens the raw image at `path` (read-write unless `readonly`) and locks it with flock: an
-/// exclusive lock for a writable disk, a shared one for a read-only disk, so any number of
-/// read-only users may share an image but a writer has it alone. Refuses what is not a
-/// regular file, an empty image and a size that is not whole sectors.
+/// Opens the raw image at `path` (read-write unless `readonly`) and locks it as QEMU does
+/// ([`lock`]): any number of read-only users (vpmu-vmm or QEMU) may share an image, a writer
+/// has it alone. Refuses what is not a regular file, an empty image and a size that is not
+/// whole sectors.
 pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
     let p = || path.to_path_buf();
     let file = OpenOptions::new()
@@ -147,28 +153,91 @@ pub fn open(path: &Path, readonly: bool) -> Result<DiskImage, DiskError> {
     if !size.is_multiple_of(SECTOR_SIZE) {
         return Err(DiskError::NotWholeSectors { path: p(), size });
     }
-    let how = if readonly {
-        libc::LOCK_SH
-    } else {
-        libc::LOCK_EX
-    };
-    // SAFETY: flock on the descriptor `file` owns; no memory is passed.
-    if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            DiskError::Locked { path: p() }
-        } else {
-            DiskError::Lock {
-                path: p(),
-                source: e,
-            }
-        });
-    }
+    lock(&file, readonly).map_err(|e| match e {
+        LockError::Held => DiskError::Locked { path: p() },
+        LockError::Os(source) => DiskError::Lock { path: p(), source },
+    })?;
     Ok(DiskImage {
         file: RawFile::new(file),
         sectors: size / SECTOR_SIZE,
         id: disk_id(path),
     })
+}
+
+/// QEMU's lock bytes (block/file-posix.c): a user holding permission `i` takes a shared OFD
+/// lock on byte `PERM_BASE + i`; one that does not share permission `i` with others takes
+/// byte `SHARED_BASE + i`. Permissions (include/block/block-common.h): 0 consistent read,
+/// 1 write, 2 write unchanged, 3 resize.
+const PERM_BASE: i64 = 100;
+const SHARED_BASE: i64 = 200;
+const CONSISTENT_READ: i64 = 0;
+const WRITE: i64 = 1;
+const RESIZE: i64 = 3;
+
+enum LockError {
+    /// Another user's lock conflicts.
+    Held,
+    Os(io::Error),
+}
+
+/// Locks `file` with open-file-description locks on QEMU's lock bytes, then checks for
+/// conflicts as QEMU does (raw_apply_lock_bytes, raw_check_lock_bytes): a reader takes
+/// consistent read and does not share write; a writer also takes write and does not share
+/// write or resize. Conflicts: someone who does not share what we take, or who holds what we
+/// do not share. So vpmu-vmm and QEMU (share-rw=off, the default) exclude each other's
+/// writers, and two vpmu-vmm runs do too (OFD locks belong to the open file, so even within
+/// one process). The locks go with the file's last descriptor.
+fn lock(file: &File, readonly: bool) -> Result<(), LockError> {
+    let (take, unshared): (&[i64], &[i64]) = if readonly {
+        (&[CONSISTENT_READ], &[WRITE])
+    } else {
+        (&[CONSISTENT_READ, WRITE], &[WRITE, RESIZE])
+    };
+    let held = take.iter().map(|p| PERM_BASE + p);
+    for b in held.chain(unshared.iter().map(|p| SHARED_BASE + p)) {
+        ofd_lock(file, b).map_err(|e| match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) => LockError::Held,
+            _ => LockError::Os(e),
+        })?;
+    }
+    let refused_by_others = take.iter().map(|p| SHARED_BASE + p);
+    for b in refused_by_others.chain(unshared.iter().map(|p| PERM_BASE + p)) {
+        if ofd_held_by_other(file, b).map_err(LockError::Os)? {
+            return Err(LockError::Held);
+        }
+    }
+    Ok(())
+}
+
+fn ofd_request(kind: libc::c_int, byte: i64) -> libc::flock {
+    // SAFETY: `flock` is plain data; all-zero is a valid value, and the fields that matter
+    // are set below.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l.l_start = byte;
+    l.l_len = 1;
+    l
+}
+
+/// A shared (read) OFD lock on byte `byte` of `file`, without waiting.
+fn ofd_lock(file: &File, byte: i64) -> io::Result<()> {
+    let l = ofd_request(libc::F_RDLCK, byte);
+    // SAFETY: F_OFD_SETLK reads the `flock` passed by reference, which lives for the call.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &l) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether another open file holds a lock on byte `byte` (F_OFD_GETLK of a write lock).
+fn ofd_held_by_other(file: &File, byte: i64) -> io::Result<bool> {
+    let mut l = ofd_request(libc::F_WRLCK, byte);
+    // SAFETY: F_OFD_GETLK writes the `flock` passed by reference, which lives for the call.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut l) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(l.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 /// The GET_ID answer: the image's file name, cut to 20 bytes, zero-padded (Linux shows it as
@@ -230,6 +299,43 @@ mod tests {
         let e = open(&dir.path().join("missing.img"), false).err().unwrap();
         assert!(matches!(e, DiskError::Open { .. }), "{e}");
         assert!(e.to_string().contains("missing.img"), "{e}");
+    }
+
+    /// Takes a shared OFD lock on each of `bytes` of `path` as QEMU's file-posix driver
+    /// does (raw_apply_lock_bytes); the locks last as long as the returned file.
+    fn qemu_locks(path: &Path, bytes: &[i64]) -> File {
+        let f = OpenOptions::new().read(true).open(path).unwrap();
+        for &b in bytes {
+            ofd_lock(&f, b).unwrap();
+        }
+        f
+    }
+
+    #[test]
+    fn images_interlock_with_qemu_s_byte_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = image(dir.path(), "q.img", 8 * SECTOR_SIZE);
+        // QEMU writing the image (default share-rw=off): consistent read and write taken
+        // (bytes 100, 101), write and resize not shared (201, 203).
+        let writer = qemu_locks(&img, &[100, 101, 201, 203]);
+        assert!(matches!(open(&img, true), Err(DiskError::Locked { .. })));
+        assert!(matches!(open(&img, false), Err(DiskError::Locked { .. })));
+        drop(writer);
+        // QEMU reading it (readonly=on): consistent read taken, write not shared.
+        let reader = qemu_locks(&img, &[100, 201]);
+        assert!(matches!(open(&img, false), Err(DiskError::Locked { .. })));
+        let ro = open(&img, true).unwrap();
+        drop(reader);
+        // And QEMU sees ours: a read-only vpmu-vmm does not share write (201), a writer holds
+        // write (101), which is what QEMU tests before it takes the permission.
+        assert!(ofd_held_by_other(&qemu_locks(&img, &[]), 201).unwrap());
+        drop(ro);
+        let rw = open(&img, false).unwrap();
+        let probe = qemu_locks(&img, &[]);
+        assert!(ofd_held_by_other(&probe, 101).unwrap());
+        assert!(ofd_held_by_other(&probe, 201).unwrap());
+        drop(rw);
+        assert!(!ofd_held_by_other(&probe, 101).unwrap());
     }
 
     #[test]

@@ -261,6 +261,10 @@ impl<F: DiskFile> Disk<F> {
                     return Err(RequestError::NotNegotiated(kind));
                 }
                 self.ranges(mem, &data_in, kind)?;
+                if !self.accepted(VIRTIO_BLK_F_FLUSH) {
+                    // Write-through, as for a write: zeroes read back after a crash too.
+                    self.sync()?;
+                }
                 Ok(0)
             }
             Kind::Other(t) => Err(RequestError::Unsupported(t)),

@@ -415,6 +415,35 @@ fn discard_and_write_zeroes_when_negotiated() {
 }
 
 #[test]
+fn without_flush_discard_and_write_zeroes_are_durable_before_they_complete() {
+    // A driver that did not accept FLUSH has a write-through disk: what it was told is done
+    // is on stable storage. That held for writes; DISCARD and WRITE_ZEROES change the image
+    // too (zeroes read back), so each completes after an fdatasync as well.
+    let probe = Rig::new(false, 0);
+    let no_flush = probe.all_features() & !(1 << VIRTIO_BLK_F_FLUSH);
+    let mut r = Rig::new(false, no_flush);
+    for (t, sector) in [
+        (VIRTIO_BLK_T_WRITE_ZEROES, 2u64),
+        (VIRTIO_BLK_T_DISCARD, 10),
+    ] {
+        let a = r.buf(16, 0);
+        r.mem.write_obj(sector, GuestAddress(a)).unwrap();
+        r.mem.write_obj(1u32, GuestAddress(a + 8)).unwrap();
+        let req = r.request(t, 0, Some((a, 16, OUT)));
+        r.dev.disk.file.watch = vec![req];
+        r.notify();
+        assert_eq!(r.status(req), OK);
+        let log = r.take_log();
+        assert_eq!(
+            log.last().map(|l| l.starts_with("fdatasync returned")),
+            Some(true),
+            "type {t}: {log:?}"
+        );
+        assert!(log.last().unwrap().ends_with("status [0xff]"), "{log:?}");
+    }
+}
+
+#[test]
 fn config_space_follows_virtio_blk_config() {
     let r = rig();
     let mut c = [0u8; CONFIG_LEN];
