@@ -10,6 +10,8 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 const KEPT_LINES: usize = 40;
 const PANIC_MARKER: &str = "Kernel panic - not syncing";
@@ -94,6 +96,67 @@ impl ConsoleLog {
     }
 }
 
+/// Default `--output-file-cap-mib`.
+pub const DEFAULT_FILE_CAP_MIB: u64 = 256;
+
+/// A file the guest writes into (`--console`, `--serial2`), holding at most `cap` bytes: then
+/// one line says so and later writes are dropped (each counted as a guest-triggered event of
+/// kind `output-file-full`, which the end-of-run report shows), so a guest printing forever
+/// cannot fill the host's disk.
+pub struct Capped<W: Write> {
+    out: W,
+    left: u64,
+    cap: u64,
+    path: std::path::PathBuf,
+}
+
+impl<W: Write> Capped<W> {
+    pub fn new(out: W, cap: u64, path: std::path::PathBuf) -> Self {
+        Capped {
+            out,
+            left: cap,
+            cap,
+            path,
+        }
+    }
+}
+
+impl<W: Write> Write for Capped<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        static FULL: GuestLog = GuestLog::new("output-file-full");
+        if self.left == 0 {
+            FULL.occur();
+            return Ok(buf.len());
+        }
+        let n = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        self.out.write_all(&buf[..n])?;
+        self.left -= n as u64;
+        if self.left == 0 {
+            writeln!(
+                self.out,
+                "\n[vpmu-vmm: this file reached its cap of {} bytes (--output-file-cap-mib); \
+                 later guest output is dropped]",
+                self.cap
+            )?;
+            self.out.flush()?;
+            guest_warn!(
+                FULL,
+                "{}: the guest wrote {} bytes, the cap (--output-file-cap-mib): later output \
+                 to it is dropped",
+                self.path.display(),
+                self.cap
+            );
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
 /// A `Write` that copies guest console output to `out` and into a shared [`ConsoleLog`].
 pub struct Tee<W: Write> {
     out: W,
@@ -128,6 +191,24 @@ impl<W: Write> Write for Tee<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capped_file_keeps_its_cap_then_one_line_and_drops_the_rest() {
+        let mut c = Capped::new(Vec::new(), 1000, "/tmp/console.log".into());
+        for _ in 0..10_000 {
+            assert_eq!(
+                c.write(b"0123456789abcdef").unwrap(),
+                16,
+                "taken, as a port is"
+            );
+        }
+        let text = String::from_utf8(c.out).unwrap();
+        assert!(text.starts_with("0123456789abcdef"));
+        let (kept, note) = text.split_at(1000);
+        assert!(kept.bytes().all(|b| b.is_ascii_hexdigit()), "{kept}");
+        assert!(note.contains("reached its cap of 1000 bytes"), "{note}");
+        assert!(text.len() < 1200, "{} bytes", text.len());
+    }
 
     #[test]
     fn spots_a_kernel_that_loaded_no_dsdt() {

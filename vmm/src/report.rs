@@ -175,6 +175,9 @@ pub fn lines(r: &RunReport) -> Vec<String> {
             }
         ));
     }
+    if let Some(line) = guest_log_line(&r.guest_log) {
+        out.push(line);
+    }
     out.extend(diagnostic(r));
     out.extend(r.hints.iter().map(|h| format!("[vpmu-vmm] hint: {h}")));
     if r.end.needs_diagnostic() && !r.console_tail.is_empty() {
@@ -186,11 +189,27 @@ pub fn lines(r: &RunReport) -> Vec<String> {
     out
 }
 
+/// Guest-triggered warnings that were only counted (none: no line).
+fn guest_log_line(totals: &[vpmu::guest_log::GuestLogTotal]) -> Option<String> {
+    let flooded: Vec<String> = totals
+        .iter()
+        .filter(|t| t.suppressed > 0)
+        .map(|t| format!("{} {} ({} not logged)", t.kind, t.seen, t.suppressed))
+        .collect();
+    (!flooded.is_empty()).then(|| {
+        format!(
+            "[vpmu-vmm] guest-triggered warnings, first {} of each kind logged: {}",
+            vpmu::guest_log::LOGGED_PER_KIND,
+            flooded.join(", ")
+        )
+    })
+}
+
 /// One line per `--disk`: requests by type, bytes, errors.
 fn disk_line(i: usize, d: &crate::vm::DiskReport) -> String {
     let c = &d.counts;
     format!(
-        "[vpmu-vmm] virtio-blk vd{} ({}{}): status {:#x}; requests: {} read, {} write, {} flush, {} get-id, {} discard, {} write-zeroes, {} other; {} bytes read, {} written; {} I/O errors, {} unsupported, {} without a status byte, {} bad register accesses{}; {} interrupts, {} notifies",
+        "[vpmu-vmm] virtio-blk vd{} ({}{}): status {:#x}; requests: {} read, {} write, {} flush, {} get-id, {} discard, {} write-zeroes, {} other; {} bytes read, {} written; {} I/O errors, {} unsupported, {} without a status byte, {} bad register accesses{}; {} interrupts, {} notifies ({} of no queue)",
         (b'a' + i as u8) as char,
         d.path.display(),
         if d.readonly { ", read-only" } else { "" },
@@ -199,7 +218,7 @@ fn disk_line(i: usize, d: &crate::vm::DiskReport) -> String {
         c.bytes_read, c.bytes_written,
         c.io_errors, c.unsupported, c.no_status, d.bad_accesses,
         d.fault.as_ref().map(|f| format!("; queue fault: {f}")).unwrap_or_default(),
-        d.interrupts, c.notifies,
+        d.interrupts, c.notifies, c.bad_notifies,
     )
 }
 
@@ -228,6 +247,7 @@ fn disk_json(d: &crate::vm::DiskReport) -> serde_json::Value {
             "io_error": c.io_errors,
             "unsupported": c.unsupported,
             "no_status": c.no_status,
+            "bad_notify": c.bad_notifies,
         },
         "queue_fault": d.fault,
     })
@@ -521,6 +541,11 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
         "net": net,
         "disks": r.disks.iter().map(disk_json).collect::<Vec<_>>(),
         "host_quirk_fixups": fixups,
+        "guest_log": r.guest_log.iter().map(|t| json!({
+            "kind": t.kind,
+            "seen": t.seen,
+            "suppressed": t.suppressed,
+        })).collect::<Vec<_>>(),
         "syscall_relay": r.syscall_relay.map(|(n, us)| json!({"calls": n, "us_each": us})),
         "diagnostic": diagnostic(r),
         "hints": r.hints,
@@ -606,6 +631,11 @@ mod tests {
             hints: vec!["a hint".into()],
             vcpu_states: Vec::new(),
             cmdline: None,
+            guest_log: vec![vpmu::guest_log::GuestLogTotal {
+                kind: "packet-gate-ignored-write",
+                seen: 25,
+                suppressed: 15,
+            }],
             net: None,
             disks: vec![crate::vm::DiskReport {
                 path: "/img/root.img".into(),
@@ -652,6 +682,18 @@ mod tests {
         );
         assert_eq!(h["cpu_switch_exit_cost_ns"], 41_500);
         assert_eq!(h["notify_cost_ns"], 60_000);
+        let g = &j["guest_log"][0];
+        assert_eq!(
+            (&g["kind"], &g["seen"], &g["suppressed"]),
+            (
+                &serde_json::json!("packet-gate-ignored-write"),
+                &serde_json::json!(25),
+                &serde_json::json!(15)
+            )
+        );
+        assert!(text.contains(
+            "guest-triggered warnings, first 10 of each kind logged: packet-gate-ignored-write 25 (15 not logged)"
+        ));
         assert_eq!(h["min_soft_period_ns"], 600_000);
         assert!(text.contains(
             "host: kvm_amd (VT-x/SVM, host quirks off); vPMU backend soft, cpu-switch leaves \

@@ -6,7 +6,11 @@
 //! Vendor files decode MSRs, check reserved bits and call in here with decoded values.
 
 use crate::backend::{CounterBackend, CounterId, Scale};
-use crate::{ArchEvent, Event, EventFilter};
+use crate::guest_log::GuestLog;
+use crate::{guest_warn, ArchEvent, Event, EventFilter};
+
+/// Distinct uncounted events a counter core keeps for the report (the guest chooses them).
+pub const MAX_UNCOUNTED_NOTED: usize = 64;
 
 /// What the guest's select registers say about one counter, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +125,8 @@ pub(crate) struct CounterCore {
     filter: Option<EventFilter>,
     /// Times the filter kept a counter the guest's registers enabled from counting.
     filter_blocked: u64,
-    /// Events the guest enabled that the backend cannot count, each noted (and logged) once.
+    /// Events the guest enabled that the backend cannot count, each noted (and logged) once;
+    /// at most [`MAX_UNCOUNTED_NOTED`].
     uncounted: Vec<(UncountedEvent, Option<ArchEvent>)>,
     reset_gp: Control,
     reset_fixed: fn(u8) -> Control,
@@ -498,12 +503,18 @@ impl CounterCore {
     /// The backend cannot count counter `s`'s event: say so once per event (a guest profiler
     /// would otherwise read a silent 0).
     fn note_uncounted(&mut self, s: usize, ctl: &Control) {
+        static UNCOUNTED: GuestLog = GuestLog::new("vpmu-uncounted-event");
         let u = UncountedEvent::of(&ctl.event);
-        if self.uncounted.iter().any(|(seen, _)| *seen == u) {
+        // The guest chooses the events (an AMD model has ~2^20 codes): the list keeps the
+        // first MAX_UNCOUNTED_NOTED, the limiter counts the rest.
+        if self.uncounted.len() >= MAX_UNCOUNTED_NOTED
+            || self.uncounted.iter().any(|(seen, _)| *seen == u)
+        {
             return;
         }
         let arch = ctl.event.arch_event();
-        log::warn!(
+        guest_warn!(
+            UNCOUNTED,
             "vpmu: {} {u}{} not counted: the backend cannot count it, the counter stays at its value \
              (reported once per event)",
             self.counters[s].id,
@@ -555,7 +566,8 @@ impl CounterCore {
                 self.live |= id.mask();
             }
             Err(e) => {
-                log::warn!("vpmu: {id} does not count: {e}");
+                static NOT_PROGRAMMED: GuestLog = GuestLog::new("vpmu-backend-refused");
+                guest_warn!(NOT_PROGRAMMED, "vpmu: {id} does not count: {e}");
                 self.backend.stop(id);
                 self.live &= !id.mask();
             }

@@ -74,13 +74,14 @@ pub mod cpuid;
 mod event;
 pub mod fake;
 pub mod filter;
+pub mod guest_log;
 mod intel;
 pub mod msr;
 mod pmu;
 
 pub use backend::{AccountingMode, BackendError, CounterBackend, CounterId, Scale};
 pub use config::{AmdConfig, ConfigError, IntelConfig, PmuConfig, Vendor};
-pub use counter::UncountedEvent;
+pub use counter::{UncountedEvent, MAX_UNCOUNTED_NOTED};
 pub use cpuid::{CpuidEdit, CpuidEntry, CpuidReg};
 pub use event::{ArchEvent, Event};
 pub use filter::{EventFilter, EventMatch, FilterAction, FilterError};

@@ -396,3 +396,26 @@ fn mode_switch_keeps_counts_and_rearms_running_counters() {
     let v = rd(&mut pmu, pmc(0));
     assert_eq!(v, MASK48 - 999 + 500, "value {v:#x}");
 }
+
+#[test]
+fn a_guest_cycling_through_event_codes_is_noted_a_bounded_number_of_times() {
+    // An AMD-model guest can write ~2^20 distinct event codes the backend cannot count. The
+    // list the report shows stays at MAX_UNCOUNTED_NOTED, and no search over it grows.
+    let only_cycles =
+        FakeBackend::with_support(|e| e.arch_event() == Some(vpmu::ArchEvent::CoreCycles));
+    let (mut pmu, _fake) = pmu_with(PmuConfig::Amd(AmdConfig::Legacy), only_cycles);
+    for code in 0..20_000u64 {
+        let sel = (code & 0xff) | ((code >> 8) & 0xf) << 32 | ((code >> 12) & 0xff) << 8;
+        wr(&mut pmu, k7_ctl(0), sel | ON);
+    }
+    assert_eq!(pmu.uncounted().len(), vpmu::MAX_UNCOUNTED_NOTED);
+    let total = vpmu::guest_log::totals()
+        .into_iter()
+        .find(|t| t.kind == "vpmu-uncounted-event")
+        .expect("the limiter counted them");
+    // Other tests in this process note a few too; without the cap it would be ~20000.
+    assert!(
+        total.seen < 2 * vpmu::MAX_UNCOUNTED_NOTED as u64,
+        "{total:?}"
+    );
+}

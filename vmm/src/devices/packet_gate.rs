@@ -11,6 +11,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use super::{DeviceEvent, PioDevice};
 
@@ -40,7 +42,11 @@ impl PioDevice for PacketGate {
             Some(0) => true,
             Some(1) => false,
             other => {
-                log::warn!("packet gate port: ignored write {other:?} (1 = send, 0 = hold)");
+                static IGNORED: GuestLog = GuestLog::new("packet-gate-ignored-write");
+                guest_warn!(
+                    IGNORED,
+                    "packet gate port: ignored write {other:?} (1 = send, 0 = hold)"
+                );
                 return None;
             }
         };

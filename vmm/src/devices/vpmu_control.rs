@@ -4,6 +4,8 @@
 //! a log line); read = the current mode (1 or 2). Present only with the vPMU on.
 
 use std::sync::Arc;
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use vpmu::AccountingMode;
 
@@ -42,7 +44,11 @@ impl PioDevice for VpmuControl {
             Some(1) => AccountingMode::CpuSwitch,
             Some(2) => AccountingMode::DomainSwitch,
             other => {
-                log::warn!("vPMU control port: ignored write {other:?} (1 = cpu-switch, 2 = domain-switch)");
+                static IGNORED: GuestLog = GuestLog::new("vpmu-control-ignored-write");
+                guest_warn!(
+                    IGNORED,
+                    "vPMU control port: ignored write {other:?} (1 = cpu-switch, 2 = domain-switch)"
+                );
                 return None;
             }
         };

@@ -15,6 +15,8 @@ pub mod ticker;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
@@ -221,7 +223,12 @@ impl VcpuRunner {
         let mut lapic_state = match self.fd.get_lapic() {
             Ok(l) => l,
             Err(e) => {
-                log::warn!("vCPU {}: KVM_GET_LAPIC failed, PMI dropped: {e}", self.id);
+                static FAILED: GuestLog = GuestLog::new("pmi-get-lapic-failed");
+                guest_warn!(
+                    FAILED,
+                    "vCPU {}: KVM_GET_LAPIC failed, PMI dropped: {e}",
+                    self.id
+                );
                 return;
             }
         };
@@ -229,7 +236,8 @@ impl VcpuRunner {
         match pmi::route(lvtpc) {
             pmi::Route::Nmi => {
                 if let Err(e) = cpu.queue_nmi() {
-                    log::warn!("vCPU {}: PMI as NMI not queued: {e}", self.id);
+                    static FAILED: GuestLog = GuestLog::new("pmi-nmi-not-queued");
+                    guest_warn!(FAILED, "vCPU {}: PMI as NMI not queued: {e}", self.id);
                     return;
                 }
                 p.stats.pmis_nmi += 1;
@@ -245,7 +253,8 @@ impl VcpuRunner {
                     ..Default::default()
                 };
                 if let Err(e) = self.vm.signal_msi(msi) {
-                    log::warn!("vCPU {}: PMI as vector {v} not sent: {e}", self.id);
+                    static FAILED: GuestLog = GuestLog::new("pmi-vector-not-sent");
+                    guest_warn!(FAILED, "vCPU {}: PMI as vector {v} not sent: {e}", self.id);
                     return;
                 }
                 p.stats.pmis_vector += 1;
@@ -255,7 +264,9 @@ impl VcpuRunner {
                 return;
             }
             pmi::Route::Unsupported(mode) => {
-                log::warn!(
+                static UNUSABLE: GuestLog = GuestLog::new("pmi-lvtpc-mode-unusable");
+                guest_warn!(
+                    UNUSABLE,
                     "vCPU {}: LVTPC delivery mode {mode} is not usable for a PMI; dropped",
                     self.id
                 );
@@ -270,7 +281,8 @@ impl VcpuRunner {
                 pmi::masked(lvtpc),
             );
             if let Err(e) = self.fd.set_lapic(&lapic_state) {
-                log::warn!("vCPU {}: masking LVTPC failed: {e}", self.id);
+                static FAILED: GuestLog = GuestLog::new("pmi-lvtpc-mask-failed");
+                guest_warn!(FAILED, "vCPU {}: masking LVTPC failed: {e}", self.id);
             }
         }
     }

@@ -497,8 +497,9 @@ fn attach_devices(
     mode_switch: Option<&Arc<ModeSwitch>>,
 ) -> Result<Devices, VmError> {
     let console = Arc::new(Mutex::new(ConsoleLog::default()));
-    let console_out = open_output(cfg.console_out.as_deref(), std::io::stdout)?;
-    let com2_out = open_output(cfg.serial2.as_deref(), std::io::sink)?;
+    let cap = cfg.output_file_cap_mib.saturating_mul(1 << 20);
+    let console_out = open_output(cfg.console_out.as_deref(), cap, std::io::stdout)?;
+    let com2_out = open_output(cfg.serial2.as_deref(), cap, std::io::sink)?;
     let com1 = Arc::new(Mutex::new(serial::Uart::new(
         irqfd(vm, serial::COM1_GSI)?,
         Tee::new(console_out, console.clone()),
@@ -614,15 +615,24 @@ fn shared<D: PioDevice + 'static>(dev: D) -> Arc<Mutex<dyn PioDevice>> {
 }
 
 /// A file created at `path`, or `default()` (stdout, a sink) without one.
+/// The file at `path`, holding at most `cap` bytes of guest output (0: no cap), else
+/// `default()`.
 fn open_output<W: std::io::Write + Send + 'static>(
     path: Option<&Path>,
+    cap: u64,
     default: fn() -> W,
 ) -> Result<Box<dyn std::io::Write + Send>, VmError> {
     Ok(match path {
-        Some(p) => Box::new(File::create(p).map_err(|source| VmError::Output {
-            path: p.to_path_buf(),
-            source,
-        })?),
+        Some(p) => {
+            let f = File::create(p).map_err(|source| VmError::Output {
+                path: p.to_path_buf(),
+                source,
+            })?;
+            match cap {
+                0 => Box::new(f),
+                cap => Box::new(crate::console::Capped::new(f, cap, p.to_path_buf())),
+            }
+        }
         None => Box::new(default()),
     })
 }

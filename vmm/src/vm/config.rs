@@ -48,6 +48,8 @@ pub struct VmConfig {
     pub timeout: Option<Duration>,
     /// Where guest console output goes (stdout when None).
     pub console_out: Option<PathBuf>,
+    /// Bytes the guest may write into each of the console and COM2 files, in MiB (0: no cap).
+    pub output_file_cap_mib: u64,
     /// Feed our stdin to the guest console.
     pub console_in: bool,
     /// `--pmu-model`, `--vpmu-backend`, `--pmi-limit` (PMIs per second per vCPU, 0 = none).
@@ -119,6 +121,7 @@ impl VmConfig {
             host_quirks: QuirkSetting::Auto,
             timeout: None,
             console_out: None,
+            output_file_cap_mib: crate::console::DEFAULT_FILE_CAP_MIB,
             console_in: false,
             pmu_model: ModelChoice::Auto,
             pmu_backend: BackendChoice::Auto,

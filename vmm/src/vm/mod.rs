@@ -115,6 +115,9 @@ pub struct RunReport {
     pub net: Option<NetReport>,
     /// With `--disk`: what each block device counted, in `--disk` order.
     pub disks: Vec<DiskReport>,
+    /// Guest-triggered warnings by kind: how many happened, how many were not logged
+    /// (`vpmu::guest_log`).
+    pub guest_log: Vec<vpmu::guest_log::GuestLogTotal>,
     /// `VmConfig::started` (or the `run` call) to the moment the vCPUs may enter KVM_RUN.
     pub setup_time: Duration,
     pub run_time: Duration,

@@ -194,6 +194,7 @@ fn report(
         hints: guest_hints(cfg, &log),
         vcpu_states: vm.control.vcpu_states(),
         cmdline: vm.cmdline.clone(),
+        guest_log: vpmu::guest_log::totals(),
         setup_time,
         run_time,
     }

@@ -5,6 +5,8 @@
 //! InterruptStatus until the driver acknowledges it.
 
 use std::time::Instant;
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -155,7 +157,9 @@ impl<D: VirtioDevice> MmioTransport<D> {
             if self.driver_features & !offered != 0
                 || self.driver_features & VIRTIO_F_VERSION_1 == 0
             {
-                log::warn!(
+                static REFUSED: GuestLog = GuestLog::new("virtio-features-refused");
+                guest_warn!(
+                    REFUSED,
                     "virtio-mmio: driver features {:#x} not acceptable (offered {offered:#x})",
                     self.driver_features
                 );
@@ -248,7 +252,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
                     VIRTIO_MMIO_QUEUE_READY => {
                         q.set_ready(v == 1);
                         if v == 1 && !q.is_valid(&mem) {
-                            log::warn!("virtio-mmio: queue {} set ready but is not valid (size {}, rings {:#x}/{:#x}/{:#x})",
+                            static INVALID: GuestLog = GuestLog::new("virtio-queue-invalid");
+                            guest_warn!(INVALID, "virtio-mmio: queue {} set ready but is not valid (size {}, rings {:#x}/{:#x}/{:#x})",
                                 sel, q.size(), q.desc_table(), q.avail_ring(), q.used_ring());
                         }
                     }

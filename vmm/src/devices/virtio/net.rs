@@ -6,6 +6,8 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::time::Instant;
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{virtio_net_hdr_v1, VIRTIO_NET_F_MAC};
@@ -113,7 +115,8 @@ impl VirtioNet {
     }
 
     fn set_fault(&mut self, f: QueueFault) {
-        log::warn!("virtio-net: {f}: the device needs a reset");
+        static FAULT: GuestLog = GuestLog::new("virtio-net-queue-fault");
+        guest_warn!(FAULT, "virtio-net: {f}: the device needs a reset");
         self.fault = Some(f);
     }
 

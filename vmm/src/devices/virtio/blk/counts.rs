@@ -28,6 +28,8 @@ pub struct BlkCounts {
     pub no_status: u64,
     /// Times the driver notified the queue.
     pub notifies: u64,
+    /// Notifies of a queue that does not exist (counted with the bad requests).
+    pub bad_notifies: u64,
 }
 
 impl BlkCounts {
@@ -45,7 +47,7 @@ impl BlkCounts {
     }
 
     pub(super) fn bad_requests(&self) -> u64 {
-        self.io_errors + self.unsupported + self.no_status
+        self.io_errors + self.unsupported + self.no_status + self.bad_notifies
     }
 }
 

@@ -13,6 +13,8 @@ pub mod segments;
 use std::mem::offset_of;
 use std::path::PathBuf;
 use std::time::Instant;
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use virtio_bindings::virtio_blk::{
     virtio_blk_config, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
@@ -196,7 +198,12 @@ impl<F: DiskFile> VirtioBlk<F> {
     }
 
     fn set_fault(&mut self, f: QueueFault) {
-        log::warn!("virtio-blk {}: {f}: the device needs a reset", self.name);
+        static FAULT: GuestLog = GuestLog::new("virtio-blk-queue-fault");
+        guest_warn!(
+            FAULT,
+            "virtio-blk {}: {f}: the device needs a reset",
+            self.name
+        );
         self.fault = Some(f);
     }
 
@@ -334,6 +341,7 @@ impl<F: DiskFile> VirtioDevice for VirtioBlk<F> {
     fn queue_notify(&mut self, index: u16, mem: &GuestMemoryMmap, _now: Instant) -> bool {
         self.counts.notifies += 1;
         if index != REQUEST_QUEUE {
+            self.counts.bad_notifies += 1;
             self.bad_request(&format_args!(
                 "notify of queue {index}, which does not exist"
             ));

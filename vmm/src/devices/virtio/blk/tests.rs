@@ -473,3 +473,22 @@ fn a_broken_queue_stops_the_device_until_reset() {
     assert!(!r.notify(), "a reset queue is not ready");
     assert!(!r.dev.queue_notify(3, &r.mem.clone(), Instant::now()));
 }
+
+#[test]
+fn notifies_of_a_queue_that_does_not_exist_are_counted_and_logged_ten_times() {
+    // They went past the "first ten bad requests" limit: one log line each, as fast as the
+    // guest could exit. Now they count as bad requests, so only the first ten are logged.
+    let mut r = rig();
+    let mem = r.mem.clone();
+    let t = Instant::now();
+    for _ in 0..100_000 {
+        assert!(!r.dev.queue_notify(7, &mem, Instant::now()));
+    }
+    eprintln!(
+        "100000 notifies of queue 7 in {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    assert_eq!(r.dev.counts.bad_notifies, 100_000);
+    assert_eq!(r.dev.counts.bad_requests(), 100_000, "past the logged ten");
+    assert_eq!(r.dev.counts.notifies, 100_000);
+}
