@@ -105,6 +105,8 @@ fi
 
 say "tiers 1 and 2: cargo test --workspace --release --no-fail-fast (unit tests, tiny guests on /dev/kvm, CLI)"
 step "tiers 1 and 2 (cargo test --workspace)" cargo test --workspace --release --no-fail-fast
+say "the fuzzers again in a debug build (overflow checks on: a guest value that wraps panics there)"
+step "fuzzers, debug build" cargo test -p vmm -p vpmu --no-fail-fast --test fuzz_virtio --test fuzz_readers --test fuzz_exits --test fuzz_model
 
 if [ "${VPMU_SKIP_LINUX:-0}" = 1 ]; then
   not_checked "tier 3 (stock Linux, kvm-unit-tests, the guest profilers): VPMU_SKIP_LINUX=1"

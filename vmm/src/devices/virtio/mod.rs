@@ -1,12 +1,14 @@
 //! Virtio 1.x devices. The transport is virtio-mmio ([`mmio`]: the register block the guest
 //! driver talks to), split virtqueues come from the rust-vmm `virtio-queue` crate (with the
-//! checks it leaves to devices in [`queue`]), and the devices are a network card ([`net`]) and
+//! checks it leaves to devices in [`queue`]: a chain is read once, checked, and devices use
+//! that copy, [`queue::CheckedChain`], through [`segments`]), and the devices are a network card ([`net`]) and
 //! block devices ([`blk`]). All of it runs on the vCPU thread whose exit (or tick) reached it.
 
 pub mod blk;
 pub mod mmio;
 pub mod net;
 pub mod queue;
+pub mod segments;
 
 use std::time::Instant;
 

@@ -4,17 +4,16 @@
 //! (ARP replies) goes back into the receive queue.
 
 use std::collections::VecDeque;
-use std::io::{Read, Write};
 use std::time::Instant;
 use vpmu::guest_log::GuestLog;
 use vpmu::guest_warn;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{virtio_net_hdr_v1, VIRTIO_NET_F_MAC};
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
-use super::queue::{self, pop_checked, QueueFault};
+use super::queue::{self, pop_checked, CheckedChain, QueueFault};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::net::packet::Mac;
 use crate::net::pinger::{NetStats, Pinger};
@@ -35,17 +34,12 @@ const MAX_TX_FRAME: usize = 1514;
 /// the chain is returned to the driver unused and the device carries on.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
-    #[error("{queue} descriptor chain: {source}")]
-    Chain {
-        queue: &'static str,
-        source: virtio_queue::Error,
-    },
     #[error("receive buffer of {have} bytes for a {need}-byte frame")]
-    BufferTooSmall { have: usize, need: usize },
+    BufferTooSmall { have: u64, need: usize },
     #[error("{0}-byte transmit chain (a frame with its header is {min}..={max} bytes)", min = NET_HDR_LEN + 1, max = NET_HDR_LEN + MAX_TX_FRAME)]
-    BadFrameLength(usize),
+    BadFrameLength(u64),
     #[error("guest memory: {0}")]
-    Memory(#[from] std::io::Error),
+    Memory(#[from] vm_memory::GuestMemoryError),
     #[error("notify of queue {0}, which does not exist")]
     NoSuchQueue(u16),
 }
@@ -122,11 +116,7 @@ impl VirtioNet {
 
     /// The next available chain of queue `index`; None when there is none or the queue is
     /// broken (then the device is marked as needing a reset).
-    fn pop<'m>(
-        &mut self,
-        index: u16,
-        mem: &'m GuestMemoryMmap,
-    ) -> Option<DescriptorChain<&'m GuestMemoryMmap>> {
+    fn pop(&mut self, index: u16, mem: &GuestMemoryMmap) -> Option<CheckedChain> {
         if self.fault.is_some() {
             return None;
         }
@@ -149,36 +139,30 @@ impl VirtioNet {
         }
     }
 
-    fn chain_error(queue: &'static str) -> impl FnOnce(virtio_queue::Error) -> QueueError {
-        move |source| QueueError::Chain { queue, source }
-    }
-
     /// Puts one frame into the next receive buffer, made by `make` only once a buffer is there.
     /// Returns false when the guest has no receive buffer available.
     fn receive(&mut self, mem: &GuestMemoryMmap, make: impl FnOnce(&mut Self) -> Vec<u8>) -> bool {
         let Some(chain) = self.pop(RX_QUEUE, mem) else {
             return false;
         };
-        let head = chain.head_index();
+        let head = chain.head;
         let frame = make(self);
-        let mut hdr = [0u8; NET_HDR_LEN];
-        // num_buffers (the last field): this frame fills one buffer.
-        hdr[NET_HDR_LEN - 2..].copy_from_slice(&1u16.to_le_bytes());
-        let written = chain
-            .writer(mem)
-            .map_err(Self::chain_error("receive"))
-            .and_then(|mut w| {
-                let need = NET_HDR_LEN + frame.len();
-                if w.available_bytes() < need {
-                    return Err(QueueError::BufferTooSmall {
-                        have: w.available_bytes(),
-                        need,
-                    });
-                }
-                w.write_all(&hdr)?;
-                w.write_all(&frame)?;
-                Ok(w.bytes_written())
-            });
+        let mut data = vec![0u8; NET_HDR_LEN];
+        // num_buffers (the last field of the header): this frame fills one buffer.
+        data[NET_HDR_LEN - 2..].copy_from_slice(&1u16.to_le_bytes());
+        data.extend_from_slice(&frame);
+        let buffer = chain.writable();
+        let written = if buffer.len() < data.len() as u64 {
+            Err(QueueError::BufferTooSmall {
+                have: buffer.len(),
+                need: data.len(),
+            })
+        } else {
+            buffer
+                .write(mem, &data)
+                .map(|()| data.len())
+                .map_err(QueueError::from)
+        };
         let len = match written {
             Ok(n) => {
                 self.counts.rx_frames += 1;
@@ -221,18 +205,17 @@ impl VirtioNet {
         let mut used = false;
         while let Some(chain) = self.pop(TX_QUEUE, mem) {
             used = true;
-            let head = chain.head_index();
+            let head = chain.head;
+            let data = chain.readable();
+            let n = data.len();
             let mut buf = Vec::new();
-            let read = chain
-                .reader(mem)
-                .map_err(Self::chain_error("transmit"))
-                .and_then(|mut r| {
-                    let n = r.available_bytes();
-                    if n <= NET_HDR_LEN || n > NET_HDR_LEN + MAX_TX_FRAME {
-                        return Err(QueueError::BadFrameLength(n));
-                    }
-                    Ok(r.read_to_end(&mut buf)?)
-                });
+            let read = match usize::try_from(n) {
+                Ok(n) if n > NET_HDR_LEN && n <= NET_HDR_LEN + MAX_TX_FRAME => {
+                    buf.resize(n, 0);
+                    data.read(mem, &mut buf).map_err(QueueError::from)
+                }
+                _ => Err(QueueError::BadFrameLength(n)),
+            };
             match read {
                 Ok(_) => {
                     self.counts.tx_frames += 1;

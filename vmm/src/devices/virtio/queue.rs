@@ -1,15 +1,56 @@
-//! What the virtio devices share about split virtqueues beyond rust-vmm's `virtio-queue`: the
-//! checks it does not make before a chain is popped ([`pop_checked`], [`QueueFault`]) and the
-//! driver's interrupt suppression ([`wants_interrupt`]).
+//! What the virtio devices share about split virtqueues beyond rust-vmm's `virtio-queue`: a
+//! chain read once from guest memory, checked, and handed to the device as a copy
+//! ([`pop_checked`], [`CheckedChain`], [`QueueFault`]), and the driver's interrupt suppression
+//! ([`wants_interrupt`]).
+//!
+//! Why a copy: the driver (another vCPU) may rewrite the available ring and the descriptor
+//! table while the device works. virtio-queue's `DescriptorChain` reads each descriptor again
+//! as it is walked, so what was checked need not be what is used (an indirect table, a loop,
+//! an index out of range, a buffer outside memory could come back after the check). Here each
+//! byte of the ring and the table the device depends on is read exactly once.
 
 use std::sync::atomic::{fence, Ordering};
 
+use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_bindings::virtio_ring::{
     VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT,
 };
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use super::segments::Segments;
+
+/// A descriptor chain as [`pop_checked`] read it, once: its head index (for the used ring)
+/// and its descriptors, each checked (index in range, no loop, no indirect table, buffer in
+/// guest memory). Devices use this copy, never the guest's table again.
+#[derive(Debug, Clone)]
+pub struct CheckedChain {
+    pub head: u16,
+    pub descriptors: Vec<Descriptor>,
+}
+
+impl CheckedChain {
+    /// The device-readable buffers, in chain order.
+    pub fn readable(&self) -> Segments {
+        self.pieces(false)
+    }
+
+    /// The device-writable buffers, in chain order.
+    pub fn writable(&self) -> Segments {
+        self.pieces(true)
+    }
+
+    fn pieces(&self, writable: bool) -> Segments {
+        Segments::new(
+            self.descriptors
+                .iter()
+                .filter(|d| (u32::from(d.flags()) & VRING_DESC_F_WRITE != 0) == writable)
+                .map(|d| (d.addr(), u64::from(d.len())))
+                .collect(),
+        )
+    }
+}
 
 /// A driver error the device cannot recover from by itself: the virtqueue's invariants are
 /// broken (virtio 1.x, "Split Virtqueues"). The device stops using its queues and asks for a
@@ -52,15 +93,16 @@ pub enum QueueFault {
     },
 }
 
-/// Takes the next available chain of queue `q` (named `queue` in faults), after checking what virtio-queue does not:
-/// that the driver did not move the available index more than a queue's worth ahead, and that
-/// the chain is well formed (indices in range, no loop, no indirect table, buffers in guest
-/// memory). `Ok(None)`: nothing available.
-pub fn pop_checked<'m>(
+/// Takes the next available chain of queue `q` (named `queue` in faults), read once into a
+/// [`CheckedChain`] after checking what virtio-queue does not: that the driver did not move
+/// the available index more than a queue's worth ahead, and that the chain is well formed
+/// (indices in range, no loop, no indirect table, buffers in guest memory). `Ok(None)`:
+/// nothing available. On a fault the queue does not move.
+pub fn pop_checked(
     q: &mut Queue,
     queue: &'static str,
-    mem: &'m GuestMemoryMmap,
-) -> Result<Option<DescriptorChain<&'m GuestMemoryMmap>>, QueueFault> {
+    mem: &GuestMemoryMmap,
+) -> Result<Option<CheckedChain>, QueueFault> {
     let size = q.size();
     if !q.ready() || size == 0 {
         return Ok(None);
@@ -93,6 +135,7 @@ pub fn pop_checked<'m>(
             addr: ring_entry,
         })?;
     let mut at = head;
+    let mut descriptors = Vec::new();
     for _ in 0..size {
         if at >= size {
             return Err(QueueFault::DescriptorIndex {
@@ -121,10 +164,13 @@ pub fn pop_checked<'m>(
                 len: d.len(),
             });
         }
+        let next = d.next();
+        descriptors.push(d);
         if flags & VRING_DESC_F_NEXT == 0 {
-            return Ok(q.pop_descriptor_chain(mem));
+            q.set_next_avail(q.next_avail().wrapping_add(1));
+            return Ok(Some(CheckedChain { head, descriptors }));
         }
-        at = d.next();
+        at = next;
     }
     Err(QueueFault::ChainLoop { queue, head })
 }
@@ -141,4 +187,83 @@ pub fn wants_interrupt(q: &mut Queue, mem: &GuestMemoryMmap) -> bool {
         return false;
     }
     q.needs_notification(mem).unwrap_or(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestAddress;
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+
+    fn queue(mem: &GuestMemoryMmap) -> Queue {
+        let mut q = Queue::new(8).unwrap();
+        q.set_size(8);
+        q.set_desc_table_address(Some(DESC as u32), Some(0));
+        q.set_avail_ring_address(Some(AVAIL as u32), Some(0));
+        q.set_used_ring_address(Some(USED as u32), Some(0));
+        q.set_ready(true);
+        assert!(q.is_valid(mem));
+        q
+    }
+
+    fn desc(mem: &GuestMemoryMmap, i: u64, addr: u64, len: u32, flags: u16, next: u16) {
+        let at = DESC + 16 * i;
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        mem.write_obj(next, GuestAddress(at + 14)).unwrap();
+    }
+
+    #[test]
+    fn the_device_keeps_the_chain_it_checked_whatever_the_guest_writes_next() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mut q = queue(&mem);
+        desc(&mem, 0, 0x8000, 16, VRING_DESC_F_NEXT as u16, 1);
+        desc(&mem, 1, 0x9000, 512, VRING_DESC_F_WRITE as u16, 0);
+        mem.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
+        mem.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
+        let chain = pop_checked(&mut q, "test queue", &mem).unwrap().unwrap();
+        // The other vCPU now points the chain at an indirect table and the top of memory,
+        // and loops it. Nothing the device holds changes.
+        desc(
+            &mem,
+            0,
+            u64::MAX - 8,
+            u32::MAX,
+            VRING_DESC_F_INDIRECT as u16,
+            0,
+        );
+        desc(
+            &mem,
+            1,
+            u64::MAX,
+            u32::MAX,
+            (VRING_DESC_F_NEXT | VRING_DESC_F_WRITE) as u16,
+            1,
+        );
+        mem.write_obj(5u16, GuestAddress(AVAIL + 4)).unwrap();
+        assert_eq!(chain.head, 0);
+        let readable = chain.readable();
+        let writable = chain.writable();
+        assert_eq!(
+            (readable.first(), readable.len()),
+            (GuestAddress(0x8000), 16)
+        );
+        assert_eq!(
+            (writable.first(), writable.len()),
+            (GuestAddress(0x9000), 512)
+        );
+        assert_eq!(q.next_avail(), 1, "popped once");
+        // The next chain is checked as read then: the loop is a fault, and the queue stays.
+        mem.write_obj(0u16, GuestAddress(AVAIL + 6)).unwrap();
+        mem.write_obj(2u16, GuestAddress(AVAIL + 2)).unwrap();
+        assert!(matches!(
+            pop_checked(&mut q, "test queue", &mem),
+            Err(QueueFault::Indirect { index: 0, .. })
+        ));
+        assert_eq!(q.next_avail(), 1, "a fault does not move the queue");
+    }
 }

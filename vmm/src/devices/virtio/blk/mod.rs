@@ -8,7 +8,6 @@
 pub mod counts;
 pub mod file;
 pub mod request;
-pub mod segments;
 
 use std::mem::offset_of;
 use std::path::PathBuf;
@@ -22,10 +21,10 @@ use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestMemoryMmap};
 
-use super::queue::{self, pop_checked, QueueFault};
+use super::queue::{self, pop_checked, CheckedChain, QueueFault};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 pub use counts::{BlkCounts, DiskReport};
 use file::{DiskFile, RawFile, SECTOR_SIZE};
@@ -139,9 +138,9 @@ impl<F: DiskFile> VirtioBlk<F> {
 
     /// Carries out one chain and returns it to the driver: status byte written, then the used
     /// ring, both only after the request's system calls returned.
-    fn process(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) {
-        let head = chain.head_index();
-        let bufs = match Buffers::split(chain) {
+    fn process(&mut self, chain: CheckedChain, mem: &GuestMemoryMmap) {
+        let head = chain.head;
+        let bufs = match Buffers::split(chain.descriptors.into_iter()) {
             Ok(b) => b,
             Err(e) => {
                 self.counts.no_status += 1;

@@ -14,7 +14,7 @@ use virtio_queue::desc::split::Descriptor;
 use vm_memory::{GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 use super::file::{DiskFile, ID_BYTES, SECTOR_SIZE};
-use super::segments::Segments;
+use crate::devices::virtio::segments::Segments;
 
 /// The request header: type, reserved, sector (`struct virtio_blk_outhdr`).
 pub const HEADER_LEN: u64 = 16;

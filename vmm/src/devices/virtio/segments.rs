@@ -1,5 +1,5 @@
-//! [`Segments`]: the guest-memory pieces a request's data is spread over, and copies to and
-//! from them.
+//! [`Segments`]: the guest-memory pieces a request's or a frame's data is spread over (from a
+//! [`super::queue::CheckedChain`]), and copies to and from them.
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
@@ -18,7 +18,7 @@ impl Segments {
     }
 
     pub fn len(&self) -> u64 {
-        self.0.iter().map(|s| s.1).sum()
+        self.0.iter().fold(0u64, |n, s| n.saturating_add(s.1))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -38,7 +38,9 @@ impl Segments {
                 continue;
             }
             let take = (l - skip).min(left);
-            out.push((GuestAddress(a.0 + skip), take));
+            // Checked chains lie in guest memory, so this cannot wrap; saturated, a piece that
+            // did would fail its copy with a memory error.
+            out.push((GuestAddress(a.0.saturating_add(skip)), take));
             left -= take;
             skip = 0;
         }
