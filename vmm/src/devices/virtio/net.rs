@@ -203,7 +203,12 @@ impl VirtioNet {
     /// Takes every frame the guest queued for transmission.
     fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant) -> bool {
         let mut used = false;
-        while let Some(chain) = self.pop(TX_QUEUE, mem) {
+        // At most one ring's worth a notify, as virtio-blk (another vCPU refilling the ring
+        // cannot keep this one here); later chains came with notifies of their own.
+        for _ in 0..self.queues[TX_QUEUE as usize].size() {
+            let Some(chain) = self.pop(TX_QUEUE, mem) else {
+                break;
+            };
             used = true;
             let head = chain.head;
             let data = chain.readable();

@@ -21,6 +21,11 @@ impl Segments {
         self.0.iter().fold(0u64, |n, s| n.saturating_add(s.1))
     }
 
+    /// The longest piece (0 for none).
+    pub fn longest(&self) -> u64 {
+        self.0.iter().map(|s| s.1).max().unwrap_or(0)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

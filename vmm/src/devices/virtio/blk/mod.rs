@@ -28,7 +28,9 @@ use super::queue::{self, pop_checked, CheckedChain, QueueFault};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 pub use counts::{BlkCounts, DiskReport};
 use file::{DiskFile, RawFile, SECTOR_SIZE};
-use request::{Buffers, Disk, Kind, RequestError, MAX_RANGES, MAX_RANGE_SECTORS};
+use request::{
+    Buffers, Disk, Kind, RequestError, MAX_RANGES, MAX_RANGE_SECTORS, MAX_WRITE_ZEROES_SECTORS,
+};
 
 /// Largest queue the driver may ask for.
 pub const QUEUE_SIZE: u16 = 256;
@@ -252,7 +254,7 @@ impl<F: DiskFile> VirtioBlk<F> {
             );
             put(
                 offset_of!(virtio_blk_config, max_write_zeroes_sectors),
-                &max,
+                &MAX_WRITE_ZEROES_SECTORS.to_le_bytes(),
             );
             put(offset_of!(virtio_blk_config, max_write_zeroes_seg), &segs);
             put(offset_of!(virtio_blk_config, write_zeroes_may_unmap), &[1]);
@@ -347,7 +349,14 @@ impl<F: DiskFile> VirtioDevice for VirtioBlk<F> {
             return false;
         }
         let mut used = false;
-        while self.fault.is_none() {
+        // At most one ring's worth: another vCPU refilling the ring cannot keep this vCPU
+        // here (under the device lock, deaf to a stop). Every chain offered after this notify
+        // began comes with a notify of its own: the device never sets VRING_USED_F_NO_NOTIFY
+        // and offers no EVENT_IDX.
+        for _ in 0..self.queues[0].size() {
+            if self.fault.is_some() {
+                break;
+            }
             match pop_checked(&mut self.queues[0], QUEUE_NAME, mem) {
                 Ok(Some(chain)) => {
                     used = true;

@@ -22,8 +22,11 @@ pub const HEADER_LEN: u64 = 16;
 pub const SEGMENT_LEN: u64 = 16;
 /// Ranges per DISCARD / WRITE_ZEROES request (config max_discard_seg, max_write_zeroes_seg).
 pub const MAX_RANGES: u32 = 1;
-/// Sectors per DISCARD / WRITE_ZEROES range (config max_discard_sectors, ...): 2 GiB.
+/// Sectors per DISCARD range (config max_discard_sectors): 2 GiB (a punched hole).
 pub const MAX_RANGE_SECTORS: u32 = 1 << 22;
+/// Sectors per WRITE_ZEROES range (config max_write_zeroes_sectors): 64 MiB, because where the
+/// file system cannot zero a range the device writes the zeroes, on the notifying vCPU.
+pub const MAX_WRITE_ZEROES_SECTORS: u32 = 1 << 17;
 /// WRITE_ZEROES flag: the device may unmap (punch a hole) instead of writing zeroes.
 const WRITE_ZEROES_UNMAP: u32 = 1;
 /// Largest piece of a read or write copied through the bounce buffer at once.
@@ -86,6 +89,8 @@ pub enum RequestError {
         count: u64,
         capacity: u64,
     },
+    #[error("a buffer of {0} bytes (the device offers size_max {max})", max = super::SIZE_MAX)]
+    SegmentTooLarge(u64),
     #[error("{0:?} on a read-only disk")]
     ReadOnly(Kind),
     #[error("{0:?} request, but the driver did not accept its feature")]
@@ -94,8 +99,8 @@ pub enum RequestError {
     Unsupported(u32),
     #[error("{0:?} with {1} bytes of ranges (1 range of 16 bytes accepted)")]
     BadRanges(Kind, u64),
-    #[error("{0:?} range of {1} sectors (at most {max})", max = MAX_RANGE_SECTORS)]
-    RangeTooLong(Kind, u32),
+    #[error("{0:?} range of {1} sectors (at most {2})")]
+    RangeTooLong(Kind, u32, u32),
     #[error("{0:?} range with flags {1:#x}")]
     RangeFlags(Kind, u32),
     #[error("guest memory: {0}")]
@@ -220,6 +225,12 @@ impl<F: DiskFile> Disk<F> {
     ) -> Result<u64, RequestError> {
         if b.misordered {
             return Err(RequestError::Misordered);
+        }
+        // What the config space promised the driver it need not exceed (size_max): a chain
+        // cannot carry more than SEG_MAX x SIZE_MAX bytes.
+        let longest = b.readable.longest().max(b.writable.longest());
+        if longest > u64::from(super::SIZE_MAX) {
+            return Err(RequestError::SegmentTooLarge(longest));
         }
         if self.readonly && kind.writes() {
             return Err(RequestError::ReadOnly(kind));
@@ -399,8 +410,13 @@ impl<F: DiskFile> Disk<F> {
         if flags & !allowed != 0 {
             return Err(RequestError::RangeFlags(kind, flags));
         }
-        if count > MAX_RANGE_SECTORS {
-            return Err(RequestError::RangeTooLong(kind, count));
+        let max = if kind == Kind::WriteZeroes {
+            MAX_WRITE_ZEROES_SECTORS
+        } else {
+            MAX_RANGE_SECTORS
+        };
+        if count > max {
+            return Err(RequestError::RangeTooLong(kind, count, max));
         }
         self.check_sectors(kind, sector, u64::from(count))?;
         let (offset, len) = (sector * SECTOR_SIZE, u64::from(count) * SECTOR_SIZE);
