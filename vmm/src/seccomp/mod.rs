@@ -470,7 +470,7 @@ mod tests {
 
     #[test]
     fn vcpu_ioctl_numbers_match_kvm_ioctls_and_perf() {
-        let all = rules::vcpu_ioctls();
+        let all = rules::known_ioctls();
         let get = |n: &str| all.iter().find(|(k, _)| *k == n).unwrap().1;
         // Values from <linux/kvm.h> and <linux/perf_event.h> on x86_64.
         assert_eq!(get("KVM_RUN"), 0xae80);
@@ -530,6 +530,88 @@ mod tests {
             "stderr: {stderr}"
         );
         assert!(!stderr.contains("UNREACHED"), "stderr: {stderr}");
+    }
+
+    /// tgkill and perf_event_open are allowed with the VMM's own arguments only: a vCPU
+    /// thread may signal a thread of its own process and open a perf event on itself, not
+    /// signal another process or watch another thread (the child reruns with tag 5 and 6).
+    #[test]
+    fn signals_and_perf_events_only_for_the_vmm_itself() {
+        match std::env::var(CHILD_ENV).as_deref() {
+            Ok("5") => {
+                let f = filters().unwrap();
+                std::thread::Builder::new()
+                    .name("vcpu2".into())
+                    .spawn(move || {
+                        f.apply(ThreadKind::Vcpu).unwrap();
+                        // SAFETY: signal 0 to this thread: a permission check, no signal.
+                        let own = unsafe {
+                            libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), 0)
+                        };
+                        eprintln!("own tgkill: {own}");
+                        // SAFETY: signal 0 to pid 1's main thread: the filter traps it first.
+                        unsafe { libc::syscall(libc::SYS_tgkill, 1, 1, 0) };
+                        eprintln!("UNREACHED: tgkill to another process returned");
+                    })
+                    .unwrap()
+                    .join()
+                    .unwrap();
+                std::process::exit(0);
+            }
+            Ok("6") => {
+                let f = filters().unwrap();
+                std::thread::Builder::new()
+                    .name("vcpu4".into())
+                    .spawn(move || {
+                        f.apply(ThreadKind::Vcpu).unwrap();
+                        let mut attr = perf_event_open_sys::bindings::perf_event_attr {
+                            type_: perf_event_open_sys::bindings::PERF_TYPE_SOFTWARE,
+                            config: perf_event_open_sys::bindings::PERF_COUNT_SW_TASK_CLOCK
+                                as u64,
+                            size: std::mem::size_of::<perf_event_open_sys::bindings::perf_event_attr>()
+                                as u32,
+                            ..Default::default()
+                        };
+                        let cloexec =
+                            perf_event_open_sys::bindings::PERF_FLAG_FD_CLOEXEC as libc::c_ulong;
+                        // SAFETY: a valid attr; this thread, any CPU: what the VMM opens.
+                        let own = unsafe {
+                            perf_event_open_sys::perf_event_open(&mut attr, 0, -1, -1, cloexec)
+                        };
+                        eprintln!("own perf event: {}", own >= 0 || own == -1);
+                        // SAFETY: the same event on process 1: the filter traps it first.
+                        unsafe { perf_event_open_sys::perf_event_open(&mut attr, 1, -1, -1, cloexec) };
+                        eprintln!("UNREACHED: perf_event_open on another process returned");
+                    })
+                    .unwrap()
+                    .join()
+                    .unwrap();
+                std::process::exit(0);
+            }
+            _ => {}
+        }
+        let name = "seccomp::tests::signals_and_perf_events_only_for_the_vmm_itself";
+        for (tag, thread, call, allowed) in [
+            ("5", "vcpu2", "tgkill (234)", "own tgkill: 0"),
+            (
+                "6",
+                "vcpu4",
+                "perf_event_open (298)",
+                "own perf event: true",
+            ),
+        ] {
+            let out = rerun_in_child(name, tag);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code::SECCOMP), "stderr: {stderr}");
+            assert!(stderr.contains(allowed), "the VMM's own call: {stderr}");
+            assert!(
+                stderr.contains(&format!(
+                    "thread {thread} made a forbidden system call {call}"
+                )),
+                "stderr: {stderr}"
+            );
+            assert!(!stderr.contains("UNREACHED"), "stderr: {stderr}");
+        }
     }
 
     /// A panic on a filtered thread with RUST_BACKTRACE=1 still reports the panic (the
