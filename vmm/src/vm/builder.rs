@@ -100,7 +100,8 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         }
     );
     let mem = create_memory(&vm, cfg.memory_mib)?;
-    let guest = load_guest(cfg, &mem, quirks.is_some())?;
+    let slow_exits = slow_exits(cfg, &hv, quirks.is_some());
+    let guest = load_guest(cfg, &mem, quirks.is_some(), slow_exits)?;
     let control = Arc::new(VmControl::new(cfg.panic_vcpu_at_exit));
     let mode_switch = mode_switch(cfg);
     let devices = attach_devices(cfg, &vm, &mem, &control, mode_switch.as_ref())?;
@@ -253,11 +254,35 @@ struct LoadedGuest<'a> {
     code: pmu::setup::GuestCode<'a>,
 }
 
+/// Whether exits are slow enough here (a KVM nested under an emulator) that the guest kernel
+/// would throttle its own sampling for them (host_probe::SLOW_EXIT_NS): the vPMU on, no host
+/// quirks (which ask the same of the guest anyway).
+fn slow_exits(cfg: &VmConfig, hv: &Kvm, quirks: bool) -> bool {
+    if quirks || cfg.vpmu == VpmuSetting::Off {
+        return false;
+    }
+    let Ok(p) = super::host_probe::probe(hv) else {
+        return false;
+    };
+    let slow = p.exit_cost_ns > super::host_probe::SLOW_EXIT_NS;
+    if slow {
+        log::info!(
+            "exits cost {:.1} us here (over {} us): the guest kernel is asked not to throttle \
+             sampling for them ({})",
+            p.exit_cost_ns as f64 / 1000.0,
+            super::host_probe::SLOW_EXIT_NS / 1000,
+            super::host_probe::SLOW_EXIT_OPTIONS
+        );
+    }
+    slow
+}
+
 /// Loads the kernel (with ACPI tables and command line) or the flat image into `mem`.
 fn load_guest<'a>(
     cfg: &'a VmConfig,
     mem: &GuestMemoryMmap,
     quirks: bool,
+    slow_exits: bool,
 ) -> Result<LoadedGuest<'a>, VmError> {
     match &cfg.boot {
         Boot::Linux {
@@ -266,7 +291,14 @@ fn load_guest<'a>(
             cmdline,
         } => match multiboot_image(kernel)? {
             Some(image) => load_multiboot(cfg, mem, kernel, &image, initrd.is_some(), cmdline),
-            None => load_linux(cfg, mem, kernel, initrd.as_deref(), cmdline, quirks),
+            None => load_linux(
+                cfg,
+                mem,
+                kernel,
+                initrd.as_deref(),
+                cmdline,
+                (quirks, slow_exits),
+            ),
         },
         Boot::Flat {
             image,
@@ -307,7 +339,7 @@ fn load_linux<'a>(
     kernel: &Path,
     initrd: Option<&Path>,
     user_cmdline: &str,
-    quirks: bool,
+    (quirks, slow_exits): (bool, bool),
 ) -> Result<LoadedGuest<'a>, VmError> {
     let virtio = virtio_mmio_devices(cfg);
     let rsdp = boot::acpi::create_acpi_tables_with(
@@ -318,7 +350,12 @@ fn load_linux<'a>(
         &virtio,
     )?;
     let root = root_option(initrd.is_some(), &cfg.disks, user_cmdline);
-    let full = kernel_cmdline(quirks, cfg.net.is_some(), root, user_cmdline);
+    let host_options = if quirks {
+        Some(host_quirks::KERNEL_OPTIONS)
+    } else {
+        slow_exits.then_some(super::host_probe::SLOW_EXIT_OPTIONS)
+    };
+    let full = kernel_cmdline(host_options, cfg.net.is_some(), root, user_cmdline);
     let loaded = boot::kernel::load(mem, kernel, initrd, &full, Some(rsdp))?;
     log::info!(
         "kernel {} entry {:#x}, ends {:#x}{}",
@@ -441,13 +478,14 @@ fn root_option(has_initrd: bool, disks: &[DiskConfig], user: &str) -> Option<&'s
     }
 }
 
-/// [`DEFAULT_CMDLINE`], then the host-quirk options, the network options, the root device
-/// ([`root_option`]), the user's.
-fn kernel_cmdline(quirks: bool, net: bool, root: Option<&str>, user: &str) -> String {
+/// [`DEFAULT_CMDLINE`], then the host's options (host quirks', or a slow-exit host's), the
+/// network options, the root device ([`root_option`]), the user's (last: /init takes the last
+/// of a repeated `vpmu.` option, so the user's wins).
+fn kernel_cmdline(host: Option<&str>, net: bool, root: Option<&str>, user: &str) -> String {
     let mut full = DEFAULT_CMDLINE.to_string();
     let net_options = net.then(net::kernel_cmdline);
     let parts = [
-        quirks.then_some(host_quirks::KERNEL_OPTIONS),
+        host,
         net_options.as_deref(),
         root,
         Some(user.trim()).filter(|u| !u.is_empty()),
@@ -1038,13 +1076,29 @@ mod tests {
 
     #[test]
     fn kernel_cmdline_appends_in_order() {
-        assert_eq!(kernel_cmdline(false, false, None, "  "), DEFAULT_CMDLINE);
-        let full = kernel_cmdline(true, true, Some("root=/dev/vda rw"), " quiet ");
+        assert_eq!(kernel_cmdline(None, false, None, "  "), DEFAULT_CMDLINE);
+        let full = kernel_cmdline(
+            Some(host_quirks::KERNEL_OPTIONS),
+            true,
+            Some("root=/dev/vda rw"),
+            " quiet ",
+        );
         let quirks = full.find(host_quirks::KERNEL_OPTIONS).unwrap();
         let net = full.find(&net::kernel_cmdline()).unwrap();
         assert!(full.starts_with(DEFAULT_CMDLINE));
         assert!(quirks < net, "{full}");
         assert!(full.ends_with(" root=/dev/vda rw quiet"), "{full}");
+        // A slow-exit host's option comes before the user's, who can undo it.
+        let slow = kernel_cmdline(
+            Some(super::super::host_probe::SLOW_EXIT_OPTIONS),
+            false,
+            None,
+            "vpmu.perf_cpu_time_max_percent=25",
+        );
+        assert!(
+            slow.ends_with(" vpmu.perf_cpu_time_max_percent=0 vpmu.perf_cpu_time_max_percent=25"),
+            "{slow}"
+        );
     }
 
     #[test]
@@ -1104,7 +1158,7 @@ mod tests {
             Boot::Flat { load_addr, .. } => *load_addr = (1 << 20) - 0x1000,
             Boot::Linux { .. } => unreachable!(),
         }
-        let err = load_guest(&cfg, &mem, false).err().unwrap();
+        let err = load_guest(&cfg, &mem, false, false).err().unwrap();
         assert!(
             matches!(err, VmError::ImageTooBig { len: 0x2000, .. }),
             "{err}"
@@ -1115,7 +1169,7 @@ mod tests {
             Boot::Linux { .. } => unreachable!(),
         }
         assert!(matches!(
-            load_guest(&cfg, &mem, false),
+            load_guest(&cfg, &mem, false, false),
             Err(VmError::ImageTooBig { .. })
         ));
     }
