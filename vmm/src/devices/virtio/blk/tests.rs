@@ -23,6 +23,8 @@ struct Recorder {
     /// Status bytes to report in the log (addresses in guest memory).
     watch: Vec<u64>,
     fail_sync: bool,
+    /// Errno the next read, write or fallocate fails with (then cleared).
+    fail_next: Option<i32>,
 }
 
 impl Recorder {
@@ -40,14 +42,28 @@ impl Recorder {
     }
 }
 
+impl Recorder {
+    fn injected(&mut self, what: &str) -> std::io::Result<()> {
+        match self.fail_next.take() {
+            Some(errno) => {
+                self.note(format!("{what} failed ({errno})"));
+                Err(std::io::Error::from_raw_os_error(errno))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 impl DiskFile for Recorder {
     fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.injected("pread")?;
         let o = offset as usize;
         buf.copy_from_slice(&self.data[o..o + buf.len()]);
         self.note(format!("pread {offset}+{}", buf.len()));
         Ok(())
     }
     fn write_at(&mut self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.injected("pwrite")?;
         let o = offset as usize;
         self.data[o..o + buf.len()].copy_from_slice(buf);
         self.note(format!("pwrite {offset}+{}", buf.len()));
@@ -64,6 +80,7 @@ impl DiskFile for Recorder {
         self.write_zeroes(offset, len)
     }
     fn write_zeroes(&mut self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.injected("fallocate")?;
         self.data[offset as usize..(offset + len) as usize].fill(0);
         self.note(format!("zero {offset}+{len}"));
         Ok(())
@@ -96,6 +113,7 @@ impl Rig {
             mem: mem.clone(),
             watch: Vec::new(),
             fail_sync: false,
+            fail_next: None,
         };
         let mut id = [0u8; 20];
         id[..4].copy_from_slice(b"disk");
@@ -552,4 +570,38 @@ fn a_buffer_longer_than_size_max_is_refused() {
     assert_eq!((r.status(over), r.status(fits)), (IOERR, OK));
     assert_eq!(r.read(big, 4), vec![0; 4], "nothing written to the guest");
     assert_eq!(r.read(small, 4), b"disk".to_vec());
+}
+
+#[test]
+fn image_errors_are_ioerr_and_never_acknowledged() {
+    // EIO and ENOSPC from the image file, on each kind of call a request makes: the guest is
+    // told IOERR, never OK, nothing after the failed call runs (no fdatasync that would
+    // report the write safe), and the error is counted.
+    for errno in [libc::EIO, libc::ENOSPC, libc::EINTR] {
+        let mut r = rig();
+        let data = r.buf(512, 7);
+        let seg = r.buf(16, 0);
+        r.mem.write_obj(4u64, GuestAddress(seg)).unwrap();
+        r.mem.write_obj(1u32, GuestAddress(seg + 8)).unwrap();
+        let requests = [
+            (VIRTIO_BLK_T_OUT, Some((data, 512, OUT)), "pwrite"),
+            (VIRTIO_BLK_T_IN, Some((data, 512, IN)), "pread"),
+            (VIRTIO_BLK_T_WRITE_ZEROES, Some((seg, 16, OUT)), "fallocate"),
+        ];
+        for (i, (t, buf, call)) in requests.into_iter().enumerate() {
+            r.dev.disk.file.fail_next = Some(errno);
+            let st = r.request(t, 1, buf);
+            r.notify();
+            assert_eq!(r.status(st), IOERR, "{call} failing with {errno}");
+            let log = r.take_log();
+            assert_eq!(
+                log,
+                vec![format!(
+                    "{call} failed ({errno}) returned: used idx {i}, status []"
+                )]
+            );
+        }
+        assert_eq!(r.dev.counts.io_errors, 3);
+        assert_eq!(r.dev.file().data[512..1024], [1; 512], "sector 1 untouched");
+    }
 }
