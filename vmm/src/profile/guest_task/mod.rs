@@ -647,7 +647,12 @@ impl TaskReader {
         if self.cpu >= l.nr_cpus {
             return Err(Unresolved::CpuBeyondNrCpus);
         }
-        let pcpu = read_u64(mem, l.per_cpu_offset + 8 * self.cpu, Step::PerCpuOffset)?;
+        // (Checked: the symbol's value comes from a file, the layout's.)
+        let entry = l
+            .per_cpu_offset
+            .checked_add(8 * self.cpu)
+            .ok_or(Unresolved::BadPointer(Step::PerCpuOffset))?;
+        let pcpu = read_u64(mem, entry, Step::PerCpuOffset)?;
         // A per-CPU offset is added to the per-CPU symbol's value: with
         // KALLSYMS_ABSOLUTE_PERCPU the symbol is an offset, the area a kernel address.
         let slot = pcpu.wrapping_add(l.current_task);
