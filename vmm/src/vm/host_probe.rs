@@ -33,16 +33,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use crate::boot::layout::{HIMEM_START, KVM_TSS_ADDR};
 use crate::vcpu::regs::{self, BootEntry};
 
-/// An exit to user space dearer than this (in ns) is not hardware's (1-3 us; 8-10 us on
-/// kvm_pvm, 40-60 us on a kvm_amd nested under QEMU's emulator). There the guest's PMI
-/// handler, whose MSR writes are exits, looks slow to the guest kernel, which lowers
-/// perf_event_max_sample_rate step by step ("perf: interrupt took too long": 100000 to 3900
-/// within 45 s of one profile on the SVM host) and throttles its profile; the VMM then asks
-/// the project's /init to turn that off ([`SLOW_EXIT_OPTIONS`]), as host quirks do on kvm_pvm.
-pub const SLOW_EXIT_NS: u64 = 20_000;
-/// What the guest's command line gets where exits are slow ([`SLOW_EXIT_NS`]).
-pub const SLOW_EXIT_OPTIONS: &str = "vpmu.perf_cpu_time_max_percent=0";
-
 /// Intervals measured.
 pub const SAMPLES: usize = 200;
 /// Runs before them, over the same instructions: an emulator that translates guest code (QEMU's,
