@@ -27,6 +27,8 @@ fn main() -> ExitCode {
         if let Err(e) = vmm::stop_signal::install() {
             log::warn!("cannot catch SIGINT/SIGTERM ({e}): they will kill the run outright");
         }
+    } else {
+        confine_offline();
     }
     match cli.command {
         Command::Compare(args) => match vmm::compare::command(&args) {
@@ -78,6 +80,18 @@ fn main() -> ExitCode {
         Command::Trace(TraceCommand::Summary(args)) => done(vmm::trace::command::summary(&args)),
         Command::Report(args) => done(vmm::profile::report::command(&args)),
         Command::TaskLayout(args) => done(vmm::profile::btf_layout::command(&args)),
+    }
+}
+
+/// The offline commands (`report`, `trace summary`, `results`, `task-layout`) read files a user
+/// hands in, some written by a guest: they run under the main thread's seccomp filter
+/// (docs/security.md), which lets them read and write files but not start processes, open
+/// sockets, or make KVM or perf calls. Where the kernel has no seccomp, they run unfiltered
+/// (said on stderr).
+fn confine_offline() {
+    let confined = vmm::seccomp::filters().and_then(|f| f.apply(vmm::seccomp::ThreadKind::Main));
+    if let Err(e) = confined {
+        log::warn!("seccomp: {e}: running without a filter");
     }
 }
 
