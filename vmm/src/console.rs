@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+
 use vpmu::guest_log::GuestLog;
 use vpmu::guest_warn;
 

@@ -11,6 +11,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
 use vpmu::guest_log::GuestLog;
 use vpmu::guest_warn;
 

@@ -4,10 +4,11 @@
 //! a log line); read = the current mode (1 or 2). Present only with the vPMU on.
 
 use std::sync::Arc;
-use vpmu::guest_log::GuestLog;
-use vpmu::guest_warn;
 
 use vpmu::AccountingMode;
+
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use super::{DeviceEvent, PioDevice};
 use crate::pmu::mode::ModeSwitch;

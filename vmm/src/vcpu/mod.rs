@@ -15,11 +15,12 @@ pub mod ticker;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Instant;
-use vpmu::guest_log::GuestLog;
-use vpmu::guest_warn;
 
 use kvm_ioctls::{VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
+
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use crate::arch::x86::ExceptionFrame;
 use crate::control::VmControl;

@@ -5,8 +5,6 @@
 //! InterruptStatus until the driver acknowledges it.
 
 use std::time::Instant;
-use vpmu::guest_log::GuestLog;
-use vpmu::guest_warn;
 
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -16,6 +14,9 @@ use virtio_bindings::virtio_mmio::*;
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
+
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::devices::MmioDevice;

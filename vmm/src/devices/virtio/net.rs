@@ -5,13 +5,14 @@
 
 use std::collections::VecDeque;
 use std::time::Instant;
-use vpmu::guest_log::GuestLog;
-use vpmu::guest_warn;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{virtio_net_hdr_v1, VIRTIO_NET_F_MAC};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
+
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use super::queue::{self, pop_checked, CheckedChain, QueueFault};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};

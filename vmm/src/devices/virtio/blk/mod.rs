@@ -12,8 +12,6 @@ pub mod request;
 use std::mem::offset_of;
 use std::path::PathBuf;
 use std::time::Instant;
-use vpmu::guest_log::GuestLog;
-use vpmu::guest_warn;
 
 use virtio_bindings::virtio_blk::{
     virtio_blk_config, VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH,
@@ -23,6 +21,9 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestMemoryMmap};
+
+use vpmu::guest_log::GuestLog;
+use vpmu::guest_warn;
 
 use super::queue::{self, pop_checked, CheckedChain, QueueFault};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
