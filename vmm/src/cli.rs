@@ -303,7 +303,7 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     /// The most the guest may write into the --console and --serial2 files, each, in MiB:
     /// then one line says so and the rest is dropped (counted in the end-of-run report), so a
     /// guest cannot fill the host's disk. 0: no limit.
-    #[arg(long, value_name = "MIB", default_value_t = crate::console::DEFAULT_FILE_CAP_MIB)]
+    #[arg(long, value_name = "MIB", default_value_t = crate::vm::config::DEFAULT_OUTPUT_FILE_CAP_MIB)]
     pub output_file_cap_mib: u64,
     /// Record every VM exit that reaches the VMM (reason, port/MSR/MMIO, TSC at exit and
     /// re-entry) to FILE; read it with `vpmu-vmm trace summary FILE`.

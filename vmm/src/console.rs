@@ -97,9 +97,6 @@ impl ConsoleLog {
     }
 }
 
-/// Default `--output-file-cap-mib`.
-pub const DEFAULT_FILE_CAP_MIB: u64 = 256;
-
 /// A file the guest writes into (`--console`, `--serial2`), holding at most `cap` bytes: then
 /// one line says so and later writes are dropped (each counted as a guest-triggered event of
 /// kind `output-file-full`, which the end-of-run report shows), so a guest printing forever

@@ -37,6 +37,9 @@ pub enum Boot {
     },
 }
 
+/// Default `--output-file-cap-mib` (console::Capped).
+pub const DEFAULT_OUTPUT_FILE_CAP_MIB: u64 = 256;
+
 #[derive(Debug, Clone)]
 pub struct VmConfig {
     pub boot: Boot,
@@ -121,7 +124,7 @@ impl VmConfig {
             host_quirks: QuirkSetting::Auto,
             timeout: None,
             console_out: None,
-            output_file_cap_mib: crate::console::DEFAULT_FILE_CAP_MIB,
+            output_file_cap_mib: DEFAULT_OUTPUT_FILE_CAP_MIB,
             console_in: false,
             pmu_model: ModelChoice::Auto,
             pmu_backend: BackendChoice::Auto,
