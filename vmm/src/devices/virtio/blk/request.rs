@@ -31,6 +31,23 @@ pub const MAX_WRITE_ZEROES_SECTORS: u32 = 1 << 17;
 const WRITE_ZEROES_UNMAP: u32 = 1;
 /// Largest piece of a read or write copied through the bounce buffer at once.
 const CHUNK: usize = 128 * 1024;
+/// Times one call on the image is repeated after EINTR before the request fails with it.
+const EINTR_RETRIES: u32 = 16;
+
+/// Runs `call` (one [`DiskFile`] operation) again while it fails with EINTR, at most
+/// [`EINTR_RETRIES`] times: an interrupted call did not complete, and each operation names its
+/// offset, so repeating it whole is safe. Other errors are returned at once.
+fn retry_interrupted<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut retries = 0;
+    loop {
+        match call() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted && retries < EINTR_RETRIES => {
+                retries += 1;
+            }
+            r => return r,
+        }
+    }
+}
 
 /// The request types, as counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,7 +345,7 @@ impl<F: DiskFile> Disk<F> {
             let k = (n - done).min(buf.len() as u64);
             let chunk = &mut buf[..k as usize];
             let offset = sector * SECTOR_SIZE + done;
-            if let Err(source) = self.file.read_at(chunk, offset) {
+            if let Err(source) = retry_interrupted(|| self.file.read_at(chunk, offset)) {
                 break Err(RequestError::Io {
                     op: "pread",
                     source,
@@ -362,7 +379,7 @@ impl<F: DiskFile> Disk<F> {
                 break Err(e.into());
             }
             let offset = sector * SECTOR_SIZE + done;
-            if let Err(source) = self.file.write_at(chunk, offset) {
+            if let Err(source) = retry_interrupted(|| self.file.write_at(chunk, offset)) {
                 break Err(RequestError::Io {
                     op: "pwrite",
                     source,
@@ -378,7 +395,7 @@ impl<F: DiskFile> Disk<F> {
         if self.sync_failed {
             return Err(RequestError::SyncFailedBefore);
         }
-        self.file.sync_data().map_err(|source| {
+        retry_interrupted(|| self.file.sync_data()).map_err(|source| {
             self.sync_failed = true;
             RequestError::Io {
                 op: "fdatasync",
@@ -421,9 +438,9 @@ impl<F: DiskFile> Disk<F> {
         self.check_sectors(kind, sector, u64::from(count))?;
         let (offset, len) = (sector * SECTOR_SIZE, u64::from(count) * SECTOR_SIZE);
         let r = if kind == Kind::Discard {
-            self.file.discard(offset, len).map_err(|s| ("discard", s))
+            retry_interrupted(|| self.file.discard(offset, len)).map_err(|s| ("discard", s))
         } else {
-            self.file.write_zeroes(offset, len).map_err(|s| ("zero", s))
+            retry_interrupted(|| self.file.write_zeroes(offset, len)).map_err(|s| ("zero", s))
         };
         r.map_err(|(op, source)| RequestError::Io { op, source })
     }
