@@ -180,7 +180,8 @@ fn frame(
             ));
         }
     }
-    *next_seq = header.seq.max(*next_seq) + 1;
+    // Saturating: the number is the guest's (u64::MAX: every later frame is "again").
+    *next_seq = header.seq.max(*next_seq).saturating_add(1);
     let Header {
         seq,
         name,
@@ -690,5 +691,23 @@ mod tests {
         );
         let file = frames[1]["file"].as_str().unwrap();
         assert_eq!(std::fs::read(file).unwrap(), b"1\n");
+    }
+
+    /// Regression (issue 33): a frame numbered u64::MAX overflowed the next expected number
+    /// (a panic in debug builds).
+    #[test]
+    fn a_frame_numbered_at_the_top_of_u64_is_a_problem_not_a_panic() {
+        let mut s = frame_bytes(u64::MAX, "a.txt", "cpu", b"x");
+        s.extend(frame_bytes(0, "b.txt", "cpu", b"y"));
+        s.extend(b"VPMU-RESULTS-END frames=2\n");
+        let d = decode(&s);
+        assert!(d.problems.iter().any(|p| matches!(
+            p,
+            ResultsError::Missing {
+                expected: 0,
+                got: u64::MAX
+            }
+        )));
+        assert_eq!(d.frames.len(), 2);
     }
 }

@@ -132,7 +132,11 @@ pub fn from_vmlinux(elf: &[u8]) -> Result<String, BtfLayoutError> {
     let per_cpu_offset = sym("__per_cpu_offset")?;
     let current_task = match sym("current_task") {
         Ok(a) => a,
-        Err(_) => sym("pcpu_hot")? + types.offset("pcpu_hot", "current_task")?,
+        Err(_) => sym("pcpu_hot")?
+            .checked_add(types.offset("pcpu_hot", "current_task")?)
+            .ok_or(BtfLayoutError::Btf(
+                "pcpu_hot + pcpu_hot.current_task passes the top of the address space".into(),
+            ))?,
     };
     let mut out = String::from(
         "# vpmu task layout v1: from the kernel's BTF and kallsyms (vpmu-vmm task-layout)\n",
@@ -286,7 +290,7 @@ fn nr_cpus(syms: &[KSym], per_cpu_offset: u64) -> u64 {
         .map(|s| s.addr)
         .filter(|&a| a > per_cpu_offset)
         .min()
-        .unwrap_or(per_cpu_offset + 8 * MAX_CPUS);
+        .unwrap_or(per_cpu_offset.saturating_add(8 * MAX_CPUS));
     ((next - per_cpu_offset) / 8).clamp(1, MAX_CPUS)
 }
 
@@ -319,5 +323,18 @@ mod tests {
         let junk = dir.path().join("junk");
         std::fs::write(&junk, b"not a kernel").unwrap();
         assert!(matches!(from_kernel(&junk), Err(BtfLayoutError::NotKernel)));
+    }
+
+    /// Regression (issue 33): `__per_cpu_offset` at the top of the address space (a crafted
+    /// kernel's symbol table) overflowed the end of the array (a panic in debug builds).
+    #[test]
+    fn nr_cpus_of_a_symbol_at_the_top_of_the_address_space() {
+        let at = u64::MAX - 8;
+        let only = [KSym {
+            addr: at,
+            kind: 'D',
+            name: "__per_cpu_offset".into(),
+        }];
+        assert_eq!(nr_cpus(&only, at), 1);
     }
 }

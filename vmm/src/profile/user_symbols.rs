@@ -86,7 +86,8 @@ impl Elf {
     fn function_at(&self, at: u64) -> Option<(u64, &str)> {
         let i = self.functions.partition_point(|f| f.0 <= at);
         let (start, size, name) = &self.functions[i.checked_sub(1)?];
-        (at < start + (*size).max(1)).then_some((*start, name.as_str()))
+        // start <= at (partition_point); both from the file: no `start + size`.
+        (at - start < (*size).max(1)).then_some((*start, name.as_str()))
     }
 
     /// Where the return address of the function running at `at` is, when that function has no
@@ -97,7 +98,7 @@ impl Elf {
         let (start, _) = self.function_at(at)?;
         let mut p = start;
         if self.code_at(p, 4) == Some(&[0xf3, 0x0f, 0x1e, 0xfa]) {
-            p += 4; // endbr64
+            p = p.checked_add(4)?; // endbr64
         }
         let framed = self.code_at(p, 4) == Some(&[0x55, 0x48, 0x89, 0xe5]);
         match (framed, at.checked_sub(p)) {
@@ -586,5 +587,25 @@ mod tests {
                 function: f.2.clone()
             }
         );
+    }
+
+    /// Regression (issue 33): a function symbol near the top of the address space with a large
+    /// size overflowed `start + size` (a panic in debug builds), and a framed function there
+    /// overflowed the prologue step.
+    #[test]
+    fn symbols_at_the_top_of_the_address_space_are_no_panic() {
+        let top = u64::MAX - 2;
+        let elf = Elf {
+            guest_path: "/bin/x".into(),
+            code_start: top,
+            code_size: 3,
+            functions: vec![(top, u64::MAX, "f".into())],
+            code: vec![(top, vec![0xf3, 0x0f, 0x1e])],
+            segments: vec![(0, top, 3)],
+        };
+        assert_eq!(elf.function_at(u64::MAX), Some((top, "f")));
+        assert_eq!(elf.function_at(top - 1), None);
+        assert_eq!(elf.return_slot(u64::MAX), Some(0));
+        assert!(!elf.follows_call(u64::MAX));
     }
 }
