@@ -1,7 +1,12 @@
 //! Property-based fuzzing of the host-side readers a user feeds files to: COM2 result frames
 //! (`guest_results::decode`), trace files (`trace::format::Trace::parse`), kallsyms tables in a
 //! kernel image (`profile::kallsyms::from_image`), System.map (`SymbolTable::parse_system_map`)
-//! and bzImage extraction (`boot::bzimage::extract`, every payload compression).
+//! and bzImage extraction (`boot::bzimage::extract`, every payload compression); since issue 33
+//! also `task-layout` files (`TaskLayout::parse`), a kernel's BTF and symbols
+//! (`btf_layout::from_vmlinux`), the guest's profiler outputs (`guest_reports`), the streaming
+//! trace reader with the report's text views (which must print no control character), and
+//! `--guest-files` ELF files (`user_symbols::GuestFiles`). Debug builds run them too (overflow
+//! checks on).
 //!
 //! Inputs: valid files built here, then damaged (bit flips, byte overwrites, truncation,
 //! insertions, length fields set to huge or boundary values), and plain random bytes. Each
@@ -178,7 +183,11 @@ fn results_stream() -> Vec<Vec<u8>> {
         }
         crlf.push(c);
     }
-    vec![s, crlf]
+    // Frame numbers at the top of u64 (the sequence check's arithmetic).
+    let mut top = s.clone();
+    top.extend(frame(u64::MAX, "c.txt", b"z"));
+    top.extend(frame(0, "d.txt", b"w"));
+    vec![s, crlf, top]
 }
 
 fn trace_file() -> Vec<Vec<u8>> {
@@ -616,6 +625,620 @@ fn rdpmc_code_that_wraps_the_address_space_is_refused() {
     elf[64 + 16..64 + 24].copy_from_slice(&(u64::MAX - 4).to_le_bytes());
     let e = rdpmc::find_sites(&elf).unwrap_err();
     assert!(e.to_string().contains("wraps"), "{e}");
+}
+
+// ---- issue 33: the other files a user hands in ----
+
+/// A task-layout file as guest-image/build.sh writes one (6.1, x86-64, with the memory map).
+const TASK_LAYOUT: &str = "# vpmu task layout v1\n\
+    banner Linux version 6.1.0 (fuzz) #1 SMP\n\
+    symbol __per_cpu_offset 0xffffffff82000000\n\
+    symbol current_task 0x1fc40\n\
+    symbol linux_banner 0xffffffff81e00100\n\
+    value nr_cpus 8\n\
+    value task_struct_pid 1000\n\
+    value task_struct_tgid 1004\n\
+    value task_struct_comm 1800\n\
+    value task_struct_flags 44\n\
+    value task_struct_size 4096\n\
+    value pf_kthread 2097152\n\
+    value task_struct_mm 900\n\
+    value mm_struct_exe_file 900\n\
+    value mm_struct_start_code 300\n\
+    value mm_struct_end_code 308\n\
+    value file_f_path 16\n\
+    value path_dentry 8\n\
+    value dentry_d_name 32\n\
+    value qstr_name 8\n\
+    value mm_struct_mm_mt 64\n\
+    value maple_tree_ma_root 8\n\
+    value maple_range_64_pivot 8\n\
+    value maple_range_64_slot 128\n\
+    value maple_range_64_meta 248\n\
+    value maple_arange_64_pivot 8\n\
+    value maple_arange_64_slot 80\n\
+    value maple_arange_64_meta 240\n\
+    value maple_range64_slots 16\n\
+    value maple_arange64_slots 10\n\
+    value vm_area_struct_vm_start 0\n\
+    value vm_area_struct_vm_end 8\n\
+    value vm_area_struct_vm_file 160\n\
+    value vm_area_struct_vm_pgoff 152\n";
+
+/// The layout with one number replaced by each boundary value (the byte-level damage rarely
+/// writes a whole number).
+fn task_layouts() -> Vec<Vec<u8>> {
+    let mut seeds = vec![TASK_LAYOUT.as_bytes().to_vec()];
+    let lines: Vec<&str> = TASK_LAYOUT.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let Some((head, _)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if !(line.starts_with("value") || line.starts_with("symbol")) {
+            continue;
+        }
+        for v in [
+            "0",
+            "18446744073709551615",
+            "18446744073709551608",
+            "0x8000000000000000",
+            "65536",
+            "255",
+        ] {
+            let mut l = lines.clone();
+            let new = format!("{head} {v}");
+            l[i] = &new;
+            seeds.push((l.join("\n") + "\n").into_bytes());
+        }
+    }
+    seeds
+}
+
+/// `task-layout` files (read automatically from beside the kernel): a layout is accepted whole
+/// and checked, or refused with a typed error.
+#[test]
+fn task_layout_reader_survives_damaged_files() {
+    use vmm::profile::guest_task::TaskLayout;
+    let seeds = task_layouts();
+    assert!(TaskLayout::parse(TASK_LAYOUT).unwrap().maps.is_some());
+    fuzz(
+        "task-layout",
+        seeds,
+        |n| alloc_cap(n, 4),
+        |b| {
+            let text = String::from_utf8_lossy(b);
+            if let Ok(l) = TaskLayout::parse(&text) {
+                // What the sample-time reader relies on.
+                assert!(l.task_size <= 1 << 16 && (1..=8192).contains(&l.nr_cpus));
+                assert!(l.task_comm + 15 <= l.task_size && l.task_mm + 8 <= l.task_size);
+                // (__per_cpu_offset may be any address: the reader adds to it checked, and
+                // task_layout_reader_survives_damaged_files_and_junk_memory drives it.)
+                assert!(l.file_dentry <= 1 << 16 && l.dentry_name <= 1 << 16);
+            }
+        },
+    );
+}
+
+/// The readers of the profilers' outputs a guest sends back (`guest_reports`): text from the
+/// guest, any bytes.
+fn guest_report_texts() -> Vec<Vec<u8>> {
+    [
+        "# Samples: 1K of event 'cycles'\n# Event count (approx.): 123\n#\n# Overhead  Command  Shared Object  Symbol\n    40.00%  spin  spin  [.] spin_loop\n    10.00%  spin  [kernel.kallsyms]  [k] do_syscall_64\n",
+        "CPU: Intel, speed 2000 MHz\nsamples  %        image name  symbol name\n4000     80.0000  spin        spin_loop\n1000     20.0000  vmlinux     do_idle\n",
+        "123456,,cycles,1000,100.00,,\n<not supported>,,instructions,0,100.00,,\n99,,cycles:u,1000,100.00,,\n",
+        "Event counts (actual) for /bin/spin:\n\tEvent\tCount\t% time counted\n\tCPU_CLK_UNHALTED\t123,456\t100.00\n",
+        "cpu  1 2 3 4 5 6 7 8 9 10\ncpu  2 3 4 5 6 7 8 900 9 10\n",
+        "step perf: ok\nstep operf: FAIL (rc=1)\nstep ocount: ok\n",
+    ]
+    .iter()
+    .map(|s| s.as_bytes().to_vec())
+    .collect()
+}
+
+#[test]
+fn guest_report_readers_survive_damaged_text() {
+    use vmm::guest_reports as g;
+    fuzz(
+        "guest-reports",
+        guest_report_texts(),
+        |n| alloc_cap(n, 8),
+        |b| {
+            let text = String::from_utf8_lossy(b);
+            let _ = g::perf_stat_count(&text, "cycles");
+            let _ = g::proc_stat_steal_ms(&text);
+            let _ = g::perf_report_share(&text, "spin_loop");
+            let _ = g::opreport_share(&text, "spin_loop");
+            let _ = g::perf_report_samples(&text);
+            let _ = g::opreport_samples(&text);
+            let _ = g::ocount_counts(&text);
+            for line in text.lines() {
+                let _ = g::failed_steps(line);
+                let _ = g::step_log(line);
+            }
+            let _ = g::log_tail(&text, 5);
+        },
+    );
+}
+
+/// A trace whose samples name a task, an executable and a mapping, with names a hostile guest
+/// could give (ESC sequences, a newline, bytes that are not UTF-8).
+fn trace_with_tasks() -> Vec<Vec<u8>> {
+    use vmm::profile::guest_task::maps::GuestMapping;
+    use vmm::profile::guest_task::{GuestExe, GuestTask, EXE_NAME_MAX};
+    let header = Header {
+        vcpus: 1,
+        contents: format::CONTENTS_SAMPLES,
+        tsc_khz: 2_000_000,
+        start_tsc: 1000,
+        sample_clock: SampleClock::CpuSwitch,
+        sample_period_ns: 1_000_000,
+        kernel: "/boot/vmlinuz".into(),
+    };
+    let mut comm = [0u8; 15];
+    comm[..9].copy_from_slice(b"\x1b[2J\nab\xff\x07");
+    let mut name = [0u8; EXE_NAME_MAX];
+    name[..8].copy_from_slice(b"\x1b]0;x\x07\n\xfe");
+    let sample = |rip| Record::Sample {
+        rip,
+        cpl: 3,
+        tsc: 1200,
+        during: None,
+        mode: Some(vpmu::AccountingMode::CpuSwitch),
+    };
+    let records = [
+        sample(0x40_1000),
+        Record::Task {
+            cr3: 0x5000,
+            task: Ok(GuestTask {
+                pid: 7,
+                tgid: 7,
+                comm,
+                kernel_thread: false,
+            }),
+        },
+        Record::Exe(Ok(GuestExe {
+            name,
+            name_len: 8,
+            start_code: 0x40_0000,
+            code_size: 0x2000,
+        })),
+        sample(0x7f00_0000_1000),
+        Record::Task {
+            cr3: 0x5000,
+            task: Ok(GuestTask {
+                pid: 7,
+                tgid: 7,
+                comm,
+                kernel_thread: false,
+            }),
+        },
+        Record::Mapping(Ok(GuestMapping {
+            name,
+            name_len: 8,
+            vm_start: 0x7f00_0000_0000,
+            pgoff: 1,
+        })),
+    ];
+    let mut f = header.encode();
+    let mut body = Vec::new();
+    for r in &records {
+        let mut b = [0u8; format::RECORD_SIZE];
+        r.encode(&mut b);
+        body.extend_from_slice(&b);
+    }
+    f.extend(format::block_header(
+        0,
+        false,
+        records.len() as u32,
+        0,
+        &body,
+    ));
+    f.extend(&body);
+    let end = format::end_record(2000, 0, 77);
+    f.extend(format::block_header(0, true, 1, 0, &end));
+    f.extend(end);
+    Trace::parse(&f).expect("the seed trace is valid");
+    vec![f]
+}
+
+/// The streaming trace reader (`trace::read`, what `report` and `trace summary` use) and the
+/// report's views over it: whatever the file says, the text views print no control byte but
+/// the newline ending each row.
+#[test]
+fn streaming_trace_reader_and_report_views_survive_damaged_files() {
+    use vmm::profile::{report, stacks};
+    use vmm::trace::read::{for_each_sample, Records, TraceFile};
+    let mut seeds = trace_file();
+    seeds.extend(trace_with_tasks());
+    fuzz(
+        "trace-stream",
+        seeds,
+        |n| alloc_cap(n, 8),
+        |b| {
+            let Ok(t) = TraceFile::from_bytes(b.to_vec()) else {
+                return;
+            };
+            let _ = t.load().map_err(|e| e.to_string());
+            let _ = for_each_sample(&t, &mut |_, _, _| {});
+            for v in 0..usize::from(t.header().vcpus) {
+                for r in t.vcpu_records(v).take(64) {
+                    if r.is_err() {
+                        break;
+                    }
+                }
+            }
+            if let Ok(s) = vmm::trace::summary::summarize(&t) {
+                let _ = vmm::trace::summary::render(&t, &s, "fuzz");
+            }
+            let _ = vmm::trace::summary::dump(&t, &mut std::io::sink());
+            if let Ok(rows) = report::system_wide(&t, None) {
+                let _ = report::render_system_wide(&t, &rows, 0);
+            }
+            if let Ok(per_sample) = stacks::samples(&t, None, None, None) {
+                let rows = stacks::by_process(&per_sample);
+                let text = report::render_by_process(&rows, 0) + &stacks::folded(&per_sample);
+                assert!(
+                    !text.chars().any(|c| c.is_control() && c != '\n'),
+                    "a control character in the text views: {text:?}"
+                );
+            }
+        },
+    );
+}
+
+/// A section header's fields: (name, type, flags, addr, offset, size, link, info, entsize).
+type ElfSection = (String, u32, u64, u64, u64, u64, u32, u32, u64);
+
+/// A 64-bit ELF with one executable PT_LOAD segment (`code` at `vaddr`) and sections: `.text`,
+/// a symbol table of `symbols` (name, address, size; functions in `.text`), and `extra`
+/// (name, bytes) sections such as `.BTF`.
+fn elf_with_symbols(
+    code: &[u8],
+    vaddr: u64,
+    symbols: &[(&str, u64, u64)],
+    extra: &[(&str, Vec<u8>)],
+) -> Vec<u8> {
+    let mut f = common::elf_exec(code, vaddr, vaddr, 0x1000);
+    let align8 = |f: &mut Vec<u8>| f.resize(f.len().next_multiple_of(8), 0);
+    let mut sections: Vec<ElfSection> = vec![(
+        ".text".into(),
+        1,
+        6,
+        vaddr,
+        0x78,
+        code.len() as u64,
+        0,
+        0,
+        0,
+    )];
+    let mut strtab = vec![0u8];
+    let mut symtab = vec![0u8; 24];
+    for (name, addr, size) in symbols {
+        let mut s = [0u8; 24];
+        s[0..4].copy_from_slice(&(strtab.len() as u32).to_le_bytes());
+        s[4] = 0x12; // STB_GLOBAL, STT_FUNC
+        s[6..8].copy_from_slice(&1u16.to_le_bytes()); // .text
+        s[8..16].copy_from_slice(&addr.to_le_bytes());
+        s[16..24].copy_from_slice(&size.to_le_bytes());
+        symtab.extend_from_slice(&s);
+        strtab.extend_from_slice(name.as_bytes());
+        strtab.push(0);
+    }
+    align8(&mut f);
+    sections.push((
+        ".symtab".into(),
+        2,
+        0,
+        0,
+        f.len() as u64,
+        symtab.len() as u64,
+        3,
+        1,
+        24,
+    ));
+    f.extend(&symtab);
+    sections.push((
+        ".strtab".into(),
+        3,
+        0,
+        0,
+        f.len() as u64,
+        strtab.len() as u64,
+        0,
+        0,
+        0,
+    ));
+    f.extend(&strtab);
+    for (name, bytes) in extra {
+        align8(&mut f);
+        sections.push((
+            name.to_string(),
+            1,
+            0,
+            0,
+            f.len() as u64,
+            bytes.len() as u64,
+            0,
+            0,
+            0,
+        ));
+        f.extend(bytes);
+    }
+    let mut shstrtab = vec![0u8];
+    let mut names = Vec::new();
+    for s in sections
+        .iter()
+        .map(|s| s.0.clone())
+        .chain([".shstrtab".to_string()])
+    {
+        names.push(shstrtab.len() as u32);
+        shstrtab.extend_from_slice(s.as_bytes());
+        shstrtab.push(0);
+    }
+    sections.push((
+        ".shstrtab".into(),
+        3,
+        0,
+        0,
+        f.len() as u64,
+        shstrtab.len() as u64,
+        0,
+        0,
+        0,
+    ));
+    f.extend(&shstrtab);
+    align8(&mut f);
+    let shoff = f.len() as u64;
+    f.extend([0u8; 64]);
+    for (i, (_, ty, flags, addr, off, size, link, info, entsize)) in sections.iter().enumerate() {
+        let mut h = [0u8; 64];
+        h[0..4].copy_from_slice(&names[i].to_le_bytes());
+        h[4..8].copy_from_slice(&ty.to_le_bytes());
+        h[8..16].copy_from_slice(&flags.to_le_bytes());
+        h[16..24].copy_from_slice(&addr.to_le_bytes());
+        h[24..32].copy_from_slice(&off.to_le_bytes());
+        h[32..40].copy_from_slice(&size.to_le_bytes());
+        h[40..44].copy_from_slice(&link.to_le_bytes());
+        h[44..48].copy_from_slice(&info.to_le_bytes());
+        h[48..56].copy_from_slice(&8u64.to_le_bytes());
+        h[56..64].copy_from_slice(&entsize.to_le_bytes());
+        f.extend(h);
+    }
+    f[40..48].copy_from_slice(&shoff.to_le_bytes());
+    f[58..60].copy_from_slice(&64u16.to_le_bytes()); // shentsize
+    f[60..62].copy_from_slice(&((sections.len() + 1) as u16).to_le_bytes());
+    f[62..64].copy_from_slice(&(sections.len() as u16).to_le_bytes()); // shstrndx
+    f
+}
+
+/// `--guest-files`: ELF files from the guest's root filesystem, parsed when a sample names
+/// them. Each case is one file in a directory, looked up as an executable and as a library.
+#[test]
+fn guest_files_reader_survives_damaged_elf_files() {
+    use vmm::profile::guest_task::maps::GuestMapping;
+    use vmm::profile::guest_task::GuestExe;
+    use vmm::profile::user_symbols::{exe_name_bytes, GuestFiles, UserFrame};
+    let vaddr = 0x40_1000u64;
+    let mut code = vec![0x90u8; 0x100];
+    code[..8].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5]);
+    code[0x40..0x45].copy_from_slice(&[0xe8, 0, 0, 0, 0]);
+    let symbols = [
+        ("main", vaddr, 0x40),
+        ("leaf", vaddr + 0x40, 0x40),
+        ("top", u64::MAX - 8, u64::MAX),
+    ];
+    let seed = elf_with_symbols(&code, vaddr, &symbols, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prog");
+    let (name, name_len) = exe_name_bytes("prog");
+    let exe = GuestExe {
+        name,
+        name_len,
+        start_code: vaddr,
+        code_size: code.len() as u32,
+    };
+    let mapping = GuestMapping {
+        name,
+        name_len,
+        vm_start: vaddr,
+        pgoff: 0,
+    };
+    std::fs::write(&path, &seed).unwrap();
+    let mut files = GuestFiles::open(dir.path()).unwrap();
+    assert!(
+        matches!(files.resolve(&exe, vaddr + 8), UserFrame::Resolved { function, .. } if function == "main")
+    );
+    let n = (cases() / 10).max(30);
+    fuzz_n(
+        "guest-files",
+        n,
+        vec![seed],
+        |n| alloc_cap(n, 8),
+        |b| {
+            std::fs::write(&path, b).unwrap();
+            let mut files = GuestFiles::open(dir.path()).unwrap();
+            for rip in [vaddr, vaddr + 0x45, u64::MAX, 0] {
+                let _ = files.resolve(&exe, rip);
+                let _ = files.frameless_caller(&exe, rip, [vaddr + 0x45, u64::MAX]);
+                let _ = files.resolve_mapping(&mapping, rip);
+                let _ = files.caller_in_mapping(&mapping, rip);
+            }
+        },
+    );
+}
+
+/// A struct's members: (name, type id, byte offset).
+type BtfMembers = &'static [(&'static str, u32, u32)];
+
+/// A minimal `.BTF` section: an 8-byte int, a 16-element array of it, and the structs
+/// `btf_layout` reads (task_struct, mm_struct, file, path, dentry) with their members.
+fn btf_section() -> Vec<u8> {
+    let mut strings = vec![0u8];
+    let mut name = |s: &str| {
+        let at = strings.len() as u32;
+        strings.extend_from_slice(s.as_bytes());
+        strings.push(0);
+        at
+    };
+    let mut types = Vec::new();
+    let put = |t: &mut Vec<u8>, words: &[u32]| {
+        for w in words {
+            t.extend_from_slice(&w.to_le_bytes());
+        }
+    };
+    // 1: int "long", 8 bytes, 64 bits.
+    put(&mut types, &[name("long"), 1 << 24, 8, 64]);
+    // 2: long[16].
+    put(&mut types, &[0, 3 << 24, 0, 1, 1, 16]);
+    let structs: [(&str, u32, BtfMembers); 5] = [
+        (
+            "task_struct",
+            4096,
+            &[
+                ("stack", 1, 24),
+                ("flags", 1, 44),
+                ("mm", 1, 900),
+                ("pid", 1, 1000),
+                ("tgid", 1, 1004),
+                ("group_leader", 1, 1100),
+                ("comm", 2, 1800),
+            ],
+        ),
+        (
+            "mm_struct",
+            1024,
+            &[
+                ("pgd", 1, 80),
+                ("start_code", 1, 300),
+                ("end_code", 1, 308),
+                ("exe_file", 1, 900),
+            ],
+        ),
+        ("file", 256, &[("f_path", 1, 16)]),
+        ("path", 16, &[("dentry", 1, 8)]),
+        ("dentry", 192, &[("d_name", 1, 32)]),
+    ];
+    for (s, size, members) in structs {
+        put(
+            &mut types,
+            &[name(s), (4 << 24) | members.len() as u32, size],
+        );
+        for (m, ty, off) in members {
+            put(&mut types, &[name(m), *ty, off * 8]);
+        }
+    }
+    let mut b = Vec::new();
+    b.extend_from_slice(&0xeb9fu16.to_le_bytes());
+    b.extend_from_slice(&[1, 0]);
+    for w in [
+        24u32,
+        0,
+        types.len() as u32,
+        types.len() as u32,
+        strings.len() as u32,
+    ] {
+        b.extend_from_slice(&w.to_le_bytes());
+    }
+    b.extend(types);
+    b.extend(strings);
+    b
+}
+
+/// Kallsyms tables (Linux 6.1's layout, absolute per-CPU symbols) for `syms` (kind and name,
+/// offset as the kernel stores it) and `base`; returns the bytes and where each table starts, in
+/// the order `kallsyms::from_vmlinux` looks the ELF symbols up: num_syms, names, markers,
+/// token_table, token_index, offsets, relative_base.
+fn kallsyms_tables(syms: &[(&str, i32)], base: u64) -> (Vec<u8>, [usize; 7]) {
+    let align8 = |b: &mut Vec<u8>| b.resize(b.len().next_multiple_of(8), 0);
+    let mut at = [0usize; 7];
+    let mut b = (syms.len() as u32).to_le_bytes().to_vec();
+    align8(&mut b);
+    at[1] = b.len();
+    for (name, _) in syms {
+        // Each byte is a token standing for itself (the token table below).
+        b.push(name.len() as u8);
+        b.extend_from_slice(name.as_bytes());
+    }
+    align8(&mut b);
+    at[2] = b.len();
+    b.extend_from_slice(&0u32.to_le_bytes());
+    align8(&mut b);
+    at[3] = b.len();
+    let mut index = Vec::new();
+    for i in 0..256u32 {
+        index.push((b.len() - at[3]) as u16);
+        match i {
+            0x20..=0x7e => b.push(i as u8),
+            _ => b.extend_from_slice(&[b'x', (i % 26) as u8 + b'a']),
+        }
+        b.push(0);
+    }
+    align8(&mut b);
+    at[4] = b.len();
+    for i in index {
+        b.extend_from_slice(&i.to_le_bytes());
+    }
+    align8(&mut b);
+    at[5] = b.len();
+    for (_, off) in syms {
+        b.extend_from_slice(&off.to_le_bytes());
+    }
+    align8(&mut b);
+    at[6] = b.len();
+    b.extend_from_slice(&base.to_le_bytes());
+    (b, at)
+}
+
+/// `task-layout KERNEL`: the kernel's BTF and symbols (a vmlinux the user hands in).
+#[test]
+fn btf_layout_reader_survives_damaged_kernels() {
+    use vmm::profile::btf_layout;
+    let vaddr = 0xffff_ffff_8100_0000u64;
+    // Kernel symbols at vaddr + k are stored as -1 - k (absolute per-CPU mode); current_task
+    // is a per-CPU offset, stored as itself.
+    let (tables, at) = kallsyms_tables(
+        &[
+            ("T_stext", -1),
+            ("Dlinux_banner", -1 - 0x100),
+            ("D__per_cpu_offset", -1 - 0x180),
+            ("Dcurrent_task", 0x1fc40),
+            ("Dnext_symbol", -1 - 0x1c0),
+        ],
+        vaddr,
+    );
+    let mut code = vec![0u8; 0x200];
+    let banner = b"Linux version 6.1.0 (fuzz) #1 SMP\n";
+    code[0x100..0x100 + banner.len()].copy_from_slice(banner);
+    let tables_at = code.len() as u64;
+    code.extend(tables);
+    let names = [
+        "kallsyms_num_syms",
+        "kallsyms_names",
+        "kallsyms_markers",
+        "kallsyms_token_table",
+        "kallsyms_token_index",
+        "kallsyms_offsets",
+        "kallsyms_relative_base",
+    ];
+    let symbols: Vec<(&str, u64, u64)> = names
+        .iter()
+        .zip(at)
+        .map(|(n, a)| (*n, vaddr + tables_at + a as u64, 0))
+        .collect();
+    let seed = elf_with_symbols(&code, vaddr, &symbols, &[(".BTF", btf_section())]);
+    let text = btf_layout::from_vmlinux(&seed).expect("the seed kernel gives a layout");
+    assert!(
+        text.contains("value task_struct_comm 1800") && text.contains("value nr_cpus 8"),
+        "{text}"
+    );
+    fuzz(
+        "btf-layout",
+        vec![seed],
+        |n| alloc_cap(n, 16),
+        |b| {
+            let _ = btf_layout::from_vmlinux(b).map_err(|e| e.to_string());
+        },
+    );
 }
 
 /// A task-layout file as `vpmu-vmm task-layout` writes it (offsets of a 6.1 build).

@@ -486,7 +486,8 @@ fn scan<R: Read + Seek>(r: &mut R, len: u64) -> Result<(Header, Vec<VcpuEnd>, u6
             };
             ended[b.vcpu] = true;
         } else {
-            ends[b.vcpu].dropped += u64::from(b.dropped);
+            // Saturating: the counts are the file's.
+            ends[b.vcpu].dropped = ends[b.vcpu].dropped.saturating_add(u64::from(b.dropped));
             r.seek(SeekFrom::Start(next)).map_err(ReadError::Io)?;
         }
         at = next;
