@@ -850,6 +850,19 @@ mod blk {
             self.next = 0;
         }
 
+        /// Puts `head` in the next avail entry and moves the avail index on; returns the index
+        /// it had (the entry's).
+        fn offer(&mut self, head: u16) -> u16 {
+            let idx: u16 = self.mem.read_obj(GuestAddress(AVAIL + 2)).unwrap();
+            self.mem
+                .write_obj(head, GuestAddress(AVAIL + 4 + 2 * u64::from(idx % QSIZE)))
+                .unwrap();
+            self.mem
+                .write_obj(idx.wrapping_add(1), GuestAddress(AVAIL + 2))
+                .unwrap();
+            idx
+        }
+
         fn used_idx(&self) -> u16 {
             self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
         }
@@ -908,13 +921,7 @@ mod blk {
                 let _ = self.mem.write_obj(0xeeu8, GuestAddress(s));
             }
             self.next = self.next.wrapping_add(n.max(1));
-            let idx: u16 = self.mem.read_obj(GuestAddress(AVAIL + 2)).unwrap();
-            self.mem
-                .write_obj(head, GuestAddress(AVAIL + 4 + 2 * u64::from(idx % QSIZE)))
-                .unwrap();
-            self.mem
-                .write_obj(idx.wrapping_add(1), GuestAddress(AVAIL + 2))
-                .unwrap();
+            let idx = self.offer(head);
             let before = self.used_idx();
             wr(&mut self.t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
             let used = self.used_idx();
@@ -1100,13 +1107,7 @@ mod blk {
                     .unwrap();
             }
             self.next = self.next.wrapping_add(parts.len() as u16);
-            let idx: u16 = self.mem.read_obj(GuestAddress(AVAIL + 2)).unwrap();
-            self.mem
-                .write_obj(head, GuestAddress(AVAIL + 4 + 2 * u64::from(idx % QSIZE)))
-                .unwrap();
-            self.mem
-                .write_obj(idx.wrapping_add(1), GuestAddress(AVAIL + 2))
-                .unwrap();
+            let idx = self.offer(head);
             wr(&mut self.t, VIRTIO_MMIO_QUEUE_NOTIFY, 0);
             self.used_idx() == idx.wrapping_add(1)
         }
