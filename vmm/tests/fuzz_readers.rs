@@ -711,9 +711,22 @@ fn task_layout_reader_survives_damaged_files() {
                 // What the sample-time reader relies on.
                 assert!(l.task_size <= 1 << 16 && (1..=8192).contains(&l.nr_cpus));
                 assert!(l.task_comm + 15 <= l.task_size && l.task_mm + 8 <= l.task_size);
-                // (__per_cpu_offset may be any address: the reader adds to it checked, and
-                // task_layout_reader_survives_damaged_files_and_junk_memory drives it.)
                 assert!(l.file_dentry <= 1 << 16 && l.dentry_name <= 1 << 16);
+                // A layout that is taken steers the sample-time reader on the vCPU thread:
+                // over any guest memory its lookups end with a reason, never out of bounds
+                // (__per_cpu_offset may be any address: the reader adds to it checked).
+                let l = std::sync::Arc::new(l);
+                for seed in 0..4u64 {
+                    let mut r = vmm::profile::guest_task::TaskReader::new(l.clone(), seed as u32);
+                    let mut mem = JunkMemory(
+                        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                        l.linux_banner,
+                        l.banner.as_bytes().to_vec(),
+                    );
+                    for rip in [0x40_1000, 0x7f00_0000_1234, u64::MAX, 0] {
+                        let _ = r.current_user(&mut mem, rip);
+                    }
+                }
             }
         },
     );
@@ -1241,30 +1254,6 @@ fn btf_layout_reader_survives_damaged_kernels() {
     );
 }
 
-/// A task-layout file as `vpmu-vmm task-layout` writes it (offsets of a 6.1 build).
-fn task_layout() -> Vec<Vec<u8>> {
-    let text = "banner Linux version 6.1.0 (t@t) #1\n\
-        symbol __per_cpu_offset 0xffffffff82000000\n\
-        symbol current_task 0x1fc40\n\
-        symbol linux_banner 0xffffffff81e00100\n\
-        value task_struct_pid 1000\nvalue task_struct_tgid 1004\n\
-        value task_struct_comm 1800\nvalue task_struct_flags 44\n\
-        value task_struct_size 4096\nvalue task_comm_len 16\nvalue pf_kthread 2097152\n\
-        value nr_cpus 8\nvalue mm_struct_pgd 80\nvalue task_struct_mm 768\n\
-        value mm_struct_exe_file 840\nvalue mm_struct_start_code 240\n\
-        value mm_struct_end_code 248\nvalue file_f_path 16\nvalue path_dentry 8\n\
-        value dentry_d_name 32\nvalue qstr_name 8\n\
-        value mm_struct_mm_mt 64\nvalue maple_tree_ma_root 8\n\
-        value maple_range_64_pivot 8\nvalue maple_range_64_slot 128\n\
-        value maple_range_64_meta 248\nvalue maple_arange_64_pivot 8\n\
-        value maple_arange_64_slot 80\nvalue maple_arange_64_meta 240\n\
-        value maple_range64_slots 16\nvalue maple_arange64_slots 10\n\
-        value vm_area_struct_vm_start 0\nvalue vm_area_struct_vm_end 8\n\
-        value vm_area_struct_vm_file 160\nvalue vm_area_struct_vm_pgoff 152\n";
-    let top = text.replace("0xffffffff82000000", "0xfffffffffffffff8");
-    vec![text.as_bytes().to_vec(), top.into_bytes()]
-}
-
 /// Guest memory of junk: every address reads as bytes derived from it, its 8-byte words
 /// often kernel pointers (with maple-node type bits), so lookups walk deep; the banner reads
 /// as the layout's, so the kernel is taken as verified.
@@ -1291,49 +1280,4 @@ impl vmm::profile::guest_task::GuestRead for JunkMemory {
         }
         Ok(())
     }
-}
-
-#[test]
-fn task_layout_reader_survives_damaged_files_and_junk_memory() {
-    // A task-layout file is read from beside the user's kernel (issue 33): damaged ones must
-    // be refused or, if taken, never make a lookup on the vCPU thread go out of bounds, over
-    // any guest memory.
-    use vmm::profile::guest_task::{TaskLayout, TaskReader};
-    fuzz(
-        "task-layout",
-        task_layout(),
-        |n| alloc_cap(n, 8),
-        |b| {
-            let text = String::from_utf8_lossy(b);
-            if let Ok(l) = TaskLayout::parse(&text) {
-                let l = std::sync::Arc::new(l);
-                for seed in 0..4u64 {
-                    let mut r = TaskReader::new(l.clone(), seed as u32);
-                    let mut mem = JunkMemory(
-                        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                        l.linux_banner,
-                        l.banner.as_bytes().to_vec(),
-                    );
-                    for rip in [0x40_1000, 0x7f00_0000_1234, u64::MAX, 0] {
-                        let _ = r.current_user(&mut mem, rip);
-                    }
-                }
-            }
-        },
-    );
-}
-
-#[test]
-fn btf_layout_reader_survives_damaged_elf_images() {
-    // `task-layout` reads a user's vmlinux (its ELF sections, symbols, then .BTF through
-    // btfparse). The seeds are the kallsyms ELF images: no .BTF, so this reaches the ELF
-    // reading and the refusal, not btfparse itself (tier 1 reads Debian's real BTF).
-    fuzz(
-        "btf-layout-elf",
-        kallsyms_image(),
-        |n| alloc_cap(n, 8),
-        |b| {
-            let _ = vmm::profile::btf_layout::from_vmlinux(b);
-        },
-    );
 }
