@@ -242,14 +242,19 @@ mod tests {
     const MM: u64 = 0xffff_8880_0200_0000;
     const LIBC_FILE: u64 = 0xffff_8880_0300_0100;
 
-    fn layout() -> MapLayout {
-        let values: std::collections::HashMap<&str, u64> = MAP_LAYOUT_LINES
+    /// The test layout's memory-map lines, by name.
+    fn values() -> std::collections::HashMap<&'static str, u64> {
+        MAP_LAYOUT_LINES
             .lines()
             .map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
                 (f[1], f[2].parse().unwrap())
             })
-            .collect();
+            .collect()
+    }
+
+    fn layout() -> MapLayout {
+        let values = values();
         MapLayout::from_values(&|n| values.get(n).copied())
             .unwrap()
             .unwrap()
@@ -385,13 +390,7 @@ mod tests {
             "maple_range_64_slot",
             "maple_arange_64_pivot",
         ] {
-            let values: std::collections::HashMap<&str, u64> = MAP_LAYOUT_LINES
-                .lines()
-                .map(|l| {
-                    let f: Vec<&str> = l.split_whitespace().collect();
-                    (f[1], f[2].parse().unwrap())
-                })
-                .collect();
+            let values = values();
             let wrap = |n: &str| match n {
                 n if n == field => Some(u64::MAX - 7),
                 n => values.get(n).copied(),
