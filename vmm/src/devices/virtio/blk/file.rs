@@ -40,18 +40,13 @@ impl RawFile {
         let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
             return Err(io::Error::from(io::ErrorKind::InvalidInput));
         };
-        loop {
-            // SAFETY: fallocate on a file descriptor this struct owns; no memory is passed.
-            let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
-            if r == 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            // A signal (the run's stop or timer signals) interrupted it: nothing was done
-            // that a second call would not do again.
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
+        // SAFETY: fallocate on a file descriptor this struct owns; no memory is passed.
+        // (EINTR is repeated by the caller, `request::retry_interrupted`, as for every call.)
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, len) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
         }
     }
 }
