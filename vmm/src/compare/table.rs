@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::profile::guest_task::printable;
+
 /// Samples per function (symbol, or a pseudo-symbol such as `[vmm] pio 0x510 out`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Profile {
@@ -150,7 +152,7 @@ impl Comparison {
         let w = self
             .rows
             .iter()
-            .map(|r| r.function.len())
+            .map(|r| printable(&r.function).chars().count())
             .max()
             .unwrap_or(8)
             .max(8);
@@ -175,7 +177,12 @@ impl Comparison {
             let _ = writeln!(
                 s,
                 "{:<w$}  {:>10} {:>6.2}%  {:>10} {:>6.2}%  {:>8}",
-                r.function, r.cpu_samples, r.cpu_percent, r.domain_samples, r.domain_percent, ratio
+                printable(&r.function),
+                r.cpu_samples,
+                r.cpu_percent,
+                r.domain_samples,
+                r.domain_percent,
+                ratio
             );
         }
         s
@@ -894,6 +901,21 @@ mod tests {
         let svg = Comparison::new("w", &p, &p).to_svg();
         assert!(svg.contains(&format!("<title>{long}</title>")));
         assert!(svg.contains(&format!("{}\u{2026}</text>", &long[..63])));
+    }
+
+    #[test]
+    fn names_the_guest_chose_cannot_rewrite_the_terminal_or_split_a_row() {
+        let hostile = "evil\x1b[2J\nfake_row 1 2";
+        let cpu = Profile::from_pairs([(hostile, 3), ("ok", 1)]);
+        let c = Comparison::new("w", &cpu, &cpu);
+        let t = c.to_table();
+        assert!(!t.contains('\x1b'), "{t:?}");
+        assert_eq!(
+            t.lines().count(),
+            2 + 2,
+            "a header, a title and one line per row: {t:?}"
+        );
+        assert!(t.contains("evil\\u{1b}[2J\\u{a}fake_row 1 2"), "{t:?}");
     }
 
     #[test]

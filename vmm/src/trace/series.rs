@@ -336,16 +336,34 @@ pub fn svg(iv: &[Interval], secs: f64, title: &str) -> String {
 
 /// `s` as XML text or attribute value (the SVG charts here and `compare`'s).
 pub fn xml(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            // XML 1.0 allows no control characters, not even as references: a name the guest
+            // chose shows them as text escapes, as `guest_task::printable` does.
+            c if c.is_control() => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::trace::format::{ExitEvent, Header, SampleClock, Trace, VcpuTrace, CONTENTS_EXITS};
+
+    #[test]
+    fn xml_escapes_markup_and_control_characters() {
+        assert_eq!(
+            xml("a<b>&\"c\"\x1b\n"),
+            "a&lt;b&gt;&amp;&quot;c&quot;\\u{1b}\\u{a}"
+        );
+    }
 
     #[test]
     fn spread_splits_across_buckets() {
