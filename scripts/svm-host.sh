@@ -39,6 +39,10 @@
 #   emulator thread (no multi-threaded TCG), and L1 time runs ~5-8x slower than the wall clock
 #   when L1 is busy. Its exits cost what KVM's and the VMM's instructions cost, not the
 #   emulator's time to emulate VMRUN and #VMEXIT.
+# - QEMU's human monitor listens at $X/monitor while L1 runs (`info registers` shows where L1's
+#   CPU is, in L1 or in a nested guest). Just before --timeout runs out, L1's registers are read
+#   there three times, a second apart, and printed with the timeout: a RIP that stays put is a
+#   CPU spinning, and its address says in what.
 # - Exit codes: CMD's own; 124 on timeout; 125 when L1 fails (boot, kvm_amd, mounts); 130/143
 #   when interrupted (QEMU is killed, $X removed).
 # - Cache: ${VPMU_CACHE:-~/.cache/vpmu}/svm-host/<package>_<version>_<hash of this script>/
@@ -225,6 +229,7 @@ run() {
     -nodefaults -no-user-config -display none -no-reboot \
     -kernel "$D/vmlinuz" -initrd "$D/l1.cpio" \
     -append 'console=ttyS0 rdinit=/init panic=-1 mitigations=off nokaslr quiet' \
+    -monitor "unix:$X/monitor,server=on,wait=off" \
     -serial "file:$X/console.log" -serial "file:$X/out" -serial "file:$X/err" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$X,mount_tag=svmx,security_model=none,multidevs=remap" "${sharearg[@]}" \
@@ -234,8 +239,15 @@ run() {
   tail -c +1 -f --pid="$qpid" "$X/err" >&2 & tails+=($!)
   # Progress: each marker of L1's init, once, with the time since QEMU started.
   local -A shown=()
-  local m line
+  local m line dumped=''
   while kill -0 "$qpid" 2>/dev/null; do
+    # Just before the timeout: where L1's CPU is, from QEMU's monitor, three times a second
+    # apart (a RIP that does not move, IF=0 in a spin loop of a nested guest: see the svm-tier
+    # notes in scripts/svm-tier.sh).
+    if [ -z "$dumped" ] && [ "$(elapsed "$t0" | cut -d. -f1)" -ge $((tmo - 5)) ]; then
+      dumped=1
+      monitor "$X/monitor" 'info registers' 'info registers' 'info registers' >"$X/cpu-at-timeout" 2>&1 || true
+    fi
     for m in init kvm-up run; do
       [ -z "${shown[$m]:-}" ] || continue
       line=$(grep -a -m1 "^svm-host: $m" "$X/console.log" | tr -d '\r') || continue
@@ -254,7 +266,9 @@ run() {
   wait "${tails[@]}" 2>/dev/null || true
   tails=()
   if [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
-    say "error: timeout: L1 still running after $tmo s; console tail:"
+    say "error: timeout: L1 still running after $tmo s; its CPU then (QEMU's monitor, 1 s apart):"
+    grep -E '^(RIP|RAX|CR0)=' "$X/cpu-at-timeout" >&2 || cat "$X/cpu-at-timeout" >&2
+    say "console tail:"
     tail -n 20 "$X/console.log" | tr -d '\r' >&2
     exit 124
   fi
@@ -269,6 +283,34 @@ run() {
   tail -n 40 "$X/console.log" | tr -d '\r' >&2
   [ ! -s "$X/qemu.log" ] || { say "QEMU said:"; tail -n 10 "$X/qemu.log" >&2; }
   exit 125
+}
+
+# monitor SOCKET CMD...: each CMD sent to QEMU's human monitor, its answer printed (escape
+# sequences removed), one second between commands.
+monitor() {
+  python3 - "$@" <<'EOP'
+import re, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.settimeout(5)
+def answer():
+    out = b""
+    try:
+        while not out.endswith(b"(qemu) "):
+            d = s.recv(65536)
+            if not d:
+                break
+            out += d
+    except socket.timeout:
+        pass
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]|\r", "", out.decode(errors="replace"))
+answer()
+for i, c in enumerate(sys.argv[2:]):
+    if i:
+        time.sleep(1)
+    s.sendall(c.encode() + b"\n")
+    print(answer().split("\n", 1)[-1].rsplit("(qemu)", 1)[0], end="")
+EOP
 }
 
 elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
