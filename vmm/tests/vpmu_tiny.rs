@@ -377,3 +377,49 @@ fn guest_switches_the_accounting_mode_at_run_time() {
         "host profile samples should be tagged with both modes"
     );
 }
+
+/// Interrupts raised while the VMM delivers PMIs all arrive (guest-image/tiny/asm/
+/// ipi_pmi_smp64.S): the second vCPU sends fixed IPIs one at a time to the first, which takes
+/// period-1 PMIs of the Intel model at the rate limit meanwhile. Masking LVTPC after a PMI used
+/// to be a KVM_SET_LAPIC of the page read before the delivery, which wrote back an IRR without
+/// any IPI that had arrived since: lost (received < sent), and a Linux guest waiting on such an
+/// IPI hung. The mask is the VMM's now (`VcpuPmu::lvtpc_masked_by_pmi`).
+#[test]
+fn no_interrupt_is_lost_to_a_pmi() {
+    if !common::kvm_available() {
+        return;
+    }
+    let r = common::run_tiny_with(
+        &tiny_guests::IPI_PMI_SMP64,
+        Duration::from_secs(120),
+        |cfg| {
+            cfg.vcpus = 2;
+            cfg.vpmu = VpmuSetting::CpuSwitch;
+            cfg.pmu_model = ModelChoice::Intel;
+            cfg.pmu_backend = BackendChoice::Soft;
+            cfg.pmi_limit = 2000;
+        },
+    );
+    assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
+    let w: Vec<u64> = r
+        .serial2
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(w.len(), 5, "guest report incomplete: {w:?}");
+    let (ap_up, sent, received, late, pmis) = (w[0], w[1], w[2], w[3], w[4]);
+    let p = &r.report.pmu;
+    eprintln!(
+        "IPIs sent {sent}, received {received}, waits run out {late}; guest PMIs {pmis}; \
+         vmm: {} NMIs, {} masked, {} throttled in {:?}",
+        p.pmis_nmi, p.pmis_masked, p.pmis_throttled, r.report.run_time
+    );
+    assert_eq!(ap_up, 1, "the second vCPU did not start");
+    assert!(sent >= 100, "too few IPIs sent: {w:?}");
+    assert!(
+        pmis >= 100 && p.pmis_nmi >= 100,
+        "too few PMIs for the IPIs to race with: guest {pmis}, vmm {}",
+        p.pmis_nmi
+    );
+    assert_eq!(received, sent, "IPIs lost: {w:?}");
+}

@@ -83,6 +83,14 @@ pub struct VcpuPmu {
     /// (created on the vCPU thread at first need).
     pub held: Option<vpmu::Pmi>,
     pub timer: Option<crate::vcpu::kick::KickTimer>,
+    /// LVTPC's mask bit as an Intel CPU sets it when it delivers a PMI, kept here and not in the
+    /// in-kernel LAPIC: KVM has no ioctl for one LAPIC register, and KVM_SET_LAPIC writes the
+    /// whole page back, IRR included, losing any interrupt another vCPU or a device raised
+    /// since the page was read (the 2-vCPU Intel-model boots on the SVM host hung on it). Set
+    /// at a PMI of an Intel-compatible model; cleared when the guest acknowledges an overflow
+    /// (IA32_PERF_GLOBAL_OVF_CTRL), as its PMI handler does beside unmasking LVTPC, which the
+    /// VMM cannot see. While set, a PMI is dropped as a masked LVTPC drops it.
+    pub lvtpc_masked_by_pmi: bool,
     pub stats: PmuStats,
     /// Rewritten RDPMC sites (empty with `--rdpmc off`).
     pub rdpmc: Arc<rdpmc::RdpmcSites>,
@@ -259,6 +267,7 @@ impl VcpuPmu {
             limiter: pmi::PmiLimiter::new(pmi_limit, Instant::now()),
             held: None,
             timer: None,
+            lvtpc_masked_by_pmi: false,
             stats: PmuStats::default(),
             rdpmc,
             mode_switch,
@@ -316,6 +325,10 @@ impl MsrHandler for VcpuPmu {
             self.stats.gp_faults += 1;
             log::debug!("wrmsr {index:#x} <- {value:#x}: #GP ({f:?})");
             GpFault
-        })
+        })?;
+        if index == vpmu::msr::IA32_PERF_GLOBAL_OVF_CTRL {
+            self.lvtpc_masked_by_pmi = false;
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,8 @@
 //! LAPIC. NMI delivery mode -> an NMI queued through the vCPU access layer; fixed mode -> an MSI
 //! to this vCPU's APIC with the vector; masked -> dropped (the overflow status bit stays set for
 //! the guest to find). Intel-compatible guests expect LVTPC masked after a PMI; the guest
-//! unmasks it. A per-vCPU rate limit keeps a guest from turning a tiny sampling period into an
+//! unmasks it. That mask is kept by the VMM (`VcpuPmu::lvtpc_masked_by_pmi`): writing it into
+//! the in-kernel LAPIC would rewrite its IRR and lose interrupts (docs/vpmu.md). A per-vCPU rate limit keeps a guest from turning a tiny sampling period into an
 //! interrupt storm on the host: a PMI over it waits (the vCPU's kick timer brings it back when it
 //! may go).
 

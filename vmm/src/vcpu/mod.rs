@@ -221,7 +221,7 @@ impl VcpuRunner {
             }
             return;
         }
-        let mut lapic_state = match self.fd.get_lapic() {
+        let lapic_state = match self.fd.get_lapic() {
             Ok(l) => l,
             Err(e) => {
                 static FAILED: GuestLog = GuestLog::new("pmi-get-lapic-failed");
@@ -234,6 +234,10 @@ impl VcpuRunner {
             }
         };
         let lvtpc = lapic::reg(&lapic_state.regs, lapic::LVT_PERFCNT);
+        let lvtpc = match p.lvtpc_masked_by_pmi {
+            true => pmi::masked(lvtpc),
+            false => lvtpc,
+        };
         match pmi::route(lvtpc) {
             pmi::Route::Nmi => {
                 if let Err(e) = cpu.queue_nmi() {
@@ -275,17 +279,7 @@ impl VcpuRunner {
             }
         }
         p.in_mode().pmis += 1;
-        if due.mask_lvtpc {
-            lapic::set_reg(
-                &mut lapic_state.regs,
-                lapic::LVT_PERFCNT,
-                pmi::masked(lvtpc),
-            );
-            if let Err(e) = self.fd.set_lapic(&lapic_state) {
-                static FAILED: GuestLog = GuestLog::new("pmi-lvtpc-mask-failed");
-                guest_warn!(FAILED, "vCPU {}: masking LVTPC failed: {e}", self.id);
-            }
-        }
+        p.lvtpc_masked_by_pmi |= due.mask_lvtpc;
     }
 
     /// KVM_EXIT_INTERNAL_ERROR: on an emulation failure, let the host-quirk code complete the
