@@ -31,6 +31,7 @@
 #define PMIS        0x3ff028
 #define TRAMP       0x10000
 #include "msr.inc"
+#include "ap_start.inc"
 
     .code64
     .globl start
@@ -51,14 +52,7 @@ start:
     movl $0x1ff, (%rbx)             // APIC software-enabled
     mov $0xfee00340, %ebx
     movl $0x400, (%rbx)             // LVTPC -> NMI
-    // The trampoline to 0x10000 (SIPI vector 0x10); INIT, then SIPI, to all but self.
-    lea tramp(%rip), %rsi
-    mov $TRAMP, %edi
-    mov $(tramp_end - tramp), %ecx
-    rep movsb
-    mov $0xfee00300, %ebx
-    movl $0x000c4500, (%rbx)
-    movl $0x000c4600 | (TRAMP >> 12), (%rbx)
+    START_AP
     // PMIs: counter 0, period 1, re-armed by the NMI handler.
     WRMSR64 CTR0_FULL, (CTR_MAX - 1)
     WRMSR64 EVTSEL0, EVT_SEL
@@ -157,41 +151,4 @@ idt:    .fill (VECTOR + 1) * 2, 8, 0
 idtr:   .word (VECTOR + 1) * 16 - 1
 idtr_base: .quad 0
 
-// Real mode at 0x1000:0000 -> long mode (PAE, the VMM's identity map at 0x9000, EFER.LME,
-// PE+PG at once) on a GDT of our own, then on to ap_main.
-    .code16
-tramp:
-    cli
-    mov %cs, %ax
-    mov %ax, %ds
-    lgdtl (tgdtr - tramp)
-    mov %cr4, %eax
-    or $0x20, %eax
-    mov %eax, %cr4
-    mov $0x9000, %eax
-    mov %eax, %cr3
-    mov $0xc0000080, %ecx
-    rdmsr
-    or $0x100, %eax
-    wrmsr
-    mov %cr0, %eax
-    or $0x80000001, %eax
-    mov %eax, %cr0
-    ljmpl $0x08, $(TRAMP + tramp64 - tramp)
-    .code64
-tramp64:
-    mov $0x10, %ax
-    mov %ax, %ds
-    mov %ax, %es
-    mov %ax, %ss
-    movabs $ap_main, %rax
-    jmp *%rax
-    .balign 8
-tgdt:
-    .quad 0
-    .quad 0x00af9a000000ffff
-    .quad 0x00cf92000000ffff
-tgdtr:
-    .word 23
-    .long TRAMP + tgdt - tramp
-tramp_end:
+AP_TRAMPOLINE
