@@ -18,7 +18,7 @@
 #define EVT_SEL     (0x3c | (1 << 16) | (1 << 17) | (1 << 20) | (1 << 22))
 #define CTR_MAX     0x1000000000000
 #define VECTOR      0x40
-#define SENDS       4000
+#define SENDS       500
 #define WAIT_CYCLES 2000000000
 #define MAX_LATE    5
 #define STACK0      0x400000
