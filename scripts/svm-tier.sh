@@ -4,11 +4,11 @@
 # scripts/test.sh (VPMU_SVM_TIER=0 skips it, said loudly); runnable alone:
 #   scripts/svm-tier.sh [tiny|linux|all]      (default all)
 # - tiny: the vmm test binaries that boot tiny guests (tier 2), each run whole inside L1;
-# - linux: stock Linux on that host: linux_boot (2 vCPUs with the perf NMI watchdog, the xz
-#   bzImage, the no-PCI kernel) and, with VPMU_SVM_PROFILERS=1, the guest-profiler tests (perf
-#   and OProfile in the guest in both modes, compare --profiler, the shell, the host-side
-#   profile; sized for kvm_pvm hosts so far: NOT CHECKED by default), over the cached images
-#   guest-image/build.sh made (scripts/test.sh builds them first).
+# - linux: stock Linux on that host: linux_boot (the perf NMI watchdog on both vendors' models,
+#   on 1 vCPU there, see below; the xz bzImage; the no-PCI kernel) and, with VPMU_SVM_PROFILERS=1, the
+#   guest-profiler tests (perf and OProfile in the guest in both modes, compare --profiler, the
+#   shell, the host-side profile; sized for kvm_pvm hosts so far: NOT CHECKED by default), over
+#   the cached images guest-image/build.sh made (scripts/test.sh builds them first).
 # Each test binary's whole output is kept in $VPMU_SVM_OUT (default target/svm-tier/) and its
 # summary printed with its wall time and L1 time; a binary still running after its limit in
 # wall time (600 s for a tiny-guest binary, VPMU_SVM_TINY_LIMIT) is a hang: its threads' stacks
@@ -38,13 +38,21 @@ SKIP_TESTS=(
   "trace_tiny host_profile_follows_the_accounting_mode|its guest's compute phase is sized for hosts that emulate guest kernel code: on this host it runs ~180x faster and took 0 of 73 host-profile samples"
   "trace_tiny vpmu_overflows_and_profile_samples_share_the_signal|guest PMIs and 2000 Hz host samples under QEMU's emulator: the guest did not finish within the test's 120 s"
 )
-# The 2-vCPU boot (VPMU_SVM_TWO_VCPUS=1 runs it): on the instruction clock it passed once (beside
-# two busy loops, 31 s of L1 time) and twice did not finish within 20 minutes of wall time (both
-# vCPU threads runnable inside KVM_RUN, the VMM's main thread waiting); the other three boots
-# passed every time. An L1 with two CPUs on that clock did not reach its own init within 3
-# minutes (2026-11-28), so the guest's two vCPUs share L1's one. Open in issue 32.
-if [ "${VPMU_SVM_TWO_VCPUS:-0}" != 1 ]; then
-  SKIP_TESTS+=("linux_boot stock_linux_boots_on_two_vcpus|2 vCPUs on L1's one CPU: in 2 of 3 runs on the emulator's instruction clock the boot did not finish within 20 minutes (VPMU_SVM_TWO_VCPUS=1 runs it; issue 32)")
+# linux_boot's vPMU boots run on 1 vCPU here (VPMU_TEST_LINUX_CPUS=1; VPMU_SVM_TWO_VCPUS=1 runs
+# them on 2): on 2 vCPUs sharing L1's one CPU (an L1 with two CPUs on the instruction clock did
+# not reach its own init within 3 minutes, 2026-11-28) they stalled, in 2 of 3 runs before and
+# in CI (9838138, 900 s). QEMU's monitor (scripts/svm-host.sh) shows where: the nested guest's
+# vCPU spinning with IF=0 in the spinlock slow path (queued_spin_lock_slowpath; with the guest's
+# PV spinlocks, __pv_queued_spin_lock_slowpath, 1 boot of 4, during "Booting SMP
+# configuration"), the same RIP for minutes. Under the emulator every PAUSE of a spin loop
+# leaves the translated code, so L1's instruction clock, and L1's scheduler tick with it,
+# crawls while a vCPU spins; this host has no pause-loop exiting (the emulator offers no pause
+# filter). Why the PV waiter does not halt is not known yet (issue 32, open).
+if [ "${VPMU_SVM_TWO_VCPUS:-0}" = 1 ]; then
+  linux_cpus=2
+else
+  linux_cpus=1
+  LINUX_NOTE="linux_boot's vPMU boots on 2 vCPUs (run on 1 here; VPMU_SVM_TWO_VCPUS=1 runs them on 2): a nested guest vCPU stalls spinning in the spinlock slow path with both vCPUs on L1's one CPU (issue 32, open; scripts/svm-tier.sh)"
 fi
 # Whether test binary $1 runs in this invocation.
 runs() { if [ "$1" = linux_boot ]; then [ "$what" != tiny ]; else [ "$what" != linux ]; fi; }
@@ -147,6 +155,7 @@ EOF
     : "${DEFAULT_BZIMAGE:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE: build the images first}"
     echo "export VPMU_TEST_KERNEL='$DEFAULT_BZIMAGE' VPMU_TEST_XZ_KERNEL='$DEFAULT_BZIMAGE_XZ'"
     echo "export VPMU_TEST_NOPCI_KERNEL='$NOPCI_BZIMAGE' VPMU_TEST_INITRD='$INITRAMFS_TINY'"
+    echo "export VPMU_TEST_LINUX_CPUS=$linux_cpus"
     echo "one linux_boot ${VPMU_SVM_LINUX_LIMIT:-900} '$(bin linux_boot)' --ignored --test-threads 1 --nocapture$(skips_for linux_boot)"
     if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
       printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: VPMU_GUEST_PROFILERS=0" >>"$VPMU_NOT_CHECKED_LOG"
@@ -163,6 +172,9 @@ EOF
 } >"$runner"
 
 runs tiny_guests && printf '[SVM host] [svm-tier] %s\n' "$LEFT_OUT" >>"$VPMU_NOT_CHECKED_LOG"
+if runs linux_boot && [ -n "${LINUX_NOTE:-}" ]; then
+  printf '[SVM host] [svm-tier] %s\n' "$LINUX_NOTE" >>"$VPMU_NOT_CHECKED_LOG"
+fi
 for e in "${SKIP_TESTS[@]}"; do
   read -r sb st <<<"${e%%|*}"
   runs "$sb" || continue
