@@ -47,7 +47,10 @@ SKIP_TESTS=(
 # configuration"), the same RIP for minutes. Under the emulator every PAUSE of a spin loop
 # leaves the translated code, so L1's instruction clock, and L1's scheduler tick with it,
 # crawls while a vCPU spins; this host has no pause-loop exiting (the emulator offers no pause
-# filter). Why the PV waiter does not halt is not known yet (issue 32, open).
+# filter). The spinning vCPU was on its IRQ stack (an interrupt handler), and 2-vCPU boots with
+# --vpmu off stalled the same way (1 of 2): not the vPMU. The lead, from a 1-vCPU guest found
+# spinning on its own hrtimer lock in its timer interrupt: an interrupt taken inside an
+# interrupts-off section (docs/accounting-modes.md; issue 32, open).
 if [ "${VPMU_SVM_TWO_VCPUS:-0}" = 1 ]; then
   linux_cpus=2
 else
