@@ -47,6 +47,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "report.rs",
             "trace/",
             "profile/",
+            "profile/guest_task/",
             "host_quirks/",
             "net/",
             "pmu/",
