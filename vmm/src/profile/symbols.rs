@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use super::guest_task::printable;
 use super::kallsyms::{self, KSym};
 
 /// A RIP further than this past the nearest symbol is reported as unknown.
@@ -50,7 +51,14 @@ pub fn is_code(kind: char) -> bool {
 }
 
 impl SymbolTable {
+    /// Names are kept as text output shows them (`guest_task::printable`): a System.map or
+    /// vmlinux is the user's, but what it holds came from whoever built it.
     fn new(mut syms: Vec<(u64, String)>, origin: Origin) -> Self {
+        for (_, name) in &mut syms {
+            if name.chars().any(char::is_control) {
+                *name = printable(name);
+            }
+        }
         syms.sort_by_key(|(a, _)| *a);
         syms.dedup_by_key(|(a, _)| *a);
         SymbolTable { syms, origin }
@@ -148,6 +156,17 @@ mod tests {
         assert_eq!(t.resolve(0xffff_ffff_8100_0180), Some(("helper", 0x80)));
         assert_eq!(t.resolve(0xffff_ffff_8000_0000), None);
         assert_eq!(t.resolve(0xffff_ffff_8100_0100 + MAX_DISTANCE), None);
+    }
+
+    #[test]
+    fn control_characters_in_symbol_names_are_escaped() {
+        let map = "ffffffff81000000 T evil\x1b[2J\x07\nffffffff81000100 T plain\n";
+        let t = SymbolTable::parse_system_map(map, "m").unwrap();
+        assert_eq!(
+            t.resolve(0xffff_ffff_8100_0010),
+            Some(("evil\\u{1b}[2J\\u{7}", 0x10))
+        );
+        assert_eq!(t.resolve(0xffff_ffff_8100_0110), Some(("plain", 0x10)));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use object::read::elf::{ElfFile64, ProgramHeader};
 use object::{LittleEndian, Object, ObjectSymbol, SymbolKind};
 
 use super::guest_task::maps::GuestMapping;
-use super::guest_task::{GuestExe, EXE_NAME_MAX};
+use super::guest_task::{printable, GuestExe, EXE_NAME_MAX};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserSymbolsError {
@@ -355,7 +355,7 @@ fn parse_elf(bytes: &[u8], guest_path: String) -> Option<Elf> {
         .symbols()
         .chain(f.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
-        .filter_map(|s| Some((s.address(), s.size(), s.name().ok()?.to_string())))
+        .filter_map(|s| Some((s.address(), s.size(), printable(s.name().ok()?))))
         .collect();
     functions.sort();
     functions.dedup_by_key(|f| f.0);
