@@ -63,11 +63,7 @@ fn run(
         r.console,
         r.serial2
     );
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     let n = *w.last().expect("no report from the guest") as usize;
     assert_eq!(w.len(), n + 1, "guest report: {w:x?}");
     let m = w[1..n].iter().copied().min().expect("rounds") as f64;

@@ -123,11 +123,7 @@ fn run_syscall64(sync_regs: bool) -> Sample {
         r.serial2,
         r.report.fixups
     );
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.len(), 19, "guest report incomplete: {w:x?}");
     let (n, m) = (w[17], w[18]);
     let lstar = w[14];

@@ -57,11 +57,7 @@ fn one_boot(trace: bool) -> (u64, u64) {
         },
     );
     assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.len(), 41, "guest report incomplete");
     if trace {
         let t = vmm::trace::format::Trace::read_file(&path).unwrap();

@@ -93,11 +93,7 @@ fn profile_run(clock: ProfileClock) -> (u64, u64, u64, Trace) {
         });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.len(), 4, "guest did not report its function bounds");
     let t = Trace::read_file(&path).unwrap();
     assert!(t.has_exits() && t.has_samples());
@@ -310,11 +306,7 @@ fn overflows_and_samples_share_the_signal(backend: vmm::pmu::BackendChoice) {
         });
     });
     assert_eq!(r.report.end, VmEnd::PowerOff, "console: {}", r.console);
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.len(), 11, "guest report incomplete");
     let (guest_samples, in_loop, storm_nmis) = (w[3], w[4], w[7]);
     let p = &r.report.pmu;

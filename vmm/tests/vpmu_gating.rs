@@ -42,11 +42,7 @@ fn one_boot(model: ModelChoice, backend: BackendChoice, io_delay_us: u32) -> Vec
         "{model:?}: console {}",
         r.console
     );
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.first(), Some(&20), "{model:?}: rounds");
     assert_eq!(w.len(), 41, "{model:?}: guest report incomplete");
     let unclaimed: u64 = r.report.exits.iter().map(|e| e.unclaimed_io).sum();

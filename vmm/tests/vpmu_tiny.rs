@@ -55,11 +55,7 @@ fn run(
         88,
         "{model:?}/{mode:?}: guest report incomplete"
     );
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     let rep = Report {
         v0: w[0],
         v1: w[1],
@@ -333,11 +329,7 @@ fn guest_switches_the_accounting_mode_at_run_time() {
         },
     );
     assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.len(), 4, "guest report incomplete: {w:?}");
     let (mode1, cpu_io, mode2, dom_io) = (w[0], w[1], w[2], w[3]);
     eprintln!(
@@ -401,11 +393,7 @@ fn no_interrupt_is_lost_to_a_pmi() {
         },
     );
     assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
-    let w: Vec<u64> = r
-        .serial2
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let w = r.words();
     assert_eq!(w.len(), 5, "guest report incomplete: {w:?}");
     let (ap_up, sent, received, late, pmis) = (w[0], w[1], w[2], w[3], w[4]);
     let p = &r.report.pmu;

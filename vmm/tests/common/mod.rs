@@ -45,6 +45,17 @@ pub struct TinyRun {
     pub serial2: Vec<u8>,
 }
 
+impl TinyRun {
+    /// What the guest wrote on COM2 as 8-byte little-endian words (the tiny guests' reports;
+    /// a trailing partial word is dropped, so a short report shows as too few words).
+    pub fn words(&self) -> Vec<u64> {
+        self.serial2
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+}
+
 pub fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
     run_tiny_with(guest, timeout, |_| {})
 }
