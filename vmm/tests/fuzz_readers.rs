@@ -776,7 +776,7 @@ fn guest_report_readers_survive_damaged_text() {
 /// A trace whose samples name a task, an executable and a mapping, with names a hostile guest
 /// could give (ESC sequences, a newline, bytes that are not UTF-8).
 fn trace_with_tasks() -> Vec<Vec<u8>> {
-    use vmm::profile::guest_task::maps::GuestMapping;
+    use vmm::profile::guest_task::GuestMapping;
     use vmm::profile::guest_task::{GuestExe, GuestTask, EXE_NAME_MAX};
     let header = Header {
         vcpus: 1,
@@ -1028,8 +1028,8 @@ fn elf_with_symbols(
 /// them. Each case is one file in a directory, looked up as an executable and as a library.
 #[test]
 fn guest_files_reader_survives_damaged_elf_files() {
-    use vmm::profile::guest_task::maps::GuestMapping;
     use vmm::profile::guest_task::GuestExe;
+    use vmm::profile::guest_task::GuestMapping;
     use vmm::profile::user_symbols::{exe_name_bytes, GuestFiles, UserFrame};
     let vaddr = 0x40_1000u64;
     let mut code = vec![0x90u8; 0x100];

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use super::guest_task::maps::GuestMapping;
+use super::guest_task::GuestMapping;
 use super::guest_task::{printable, GuestExe, GuestTask, Unresolved};
 use super::report::{bucket, USER_BUCKET_NAMED};
 use super::symbols::SymbolTable;

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::{LittleEndian, Object, ObjectSymbol, SymbolKind};
 
-use super::guest_task::maps::GuestMapping;
+use super::guest_task::GuestMapping;
 use super::guest_task::{printable, GuestExe, EXE_NAME_MAX};
 
 #[derive(Debug, thiserror::Error)]

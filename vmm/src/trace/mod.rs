@@ -11,11 +11,9 @@
 //! * [`series`] — `--interval` CSV time series and its SVG chart.
 
 pub mod command;
-pub mod format;
-pub mod read;
 pub mod recorder;
-pub mod series;
-pub mod summary;
 pub mod writer;
+
+pub use analysis::trace::{format, read, series, summary};
 
 pub use recorder::{ProfileClock, ProfileConfig, RecordConfig};

@@ -21,7 +21,9 @@
 //! parent pointer points at itself (freed under us) or whose metadata says more slots than it
 //! has ends the lookup with a reason; the VMA found must contain the RIP.
 
-use super::{kernel_pointer, read_u64, FileName, GuestRead, Step, Unresolved, EXE_NAME_MAX};
+use super::{
+    kernel_pointer, read_u64, FileName, GuestMapping, GuestRead, Step, Unresolved, EXE_NAME_MAX,
+};
 
 /// Linux's MAPLE_HEIGHT_MAX: no tree is deeper.
 pub const MAPLE_HEIGHT_MAX: usize = 31;
@@ -98,35 +100,6 @@ impl MapLayout {
             return Err("a memory-map offset outside its struct");
         }
         Ok(Some(l))
-    }
-}
-
-/// The mapping a user-space RIP lies in: the VMA's start and file offset (in pages) and its
-/// file's name (first [`EXE_NAME_MAX`] bytes and its length; length 0: anonymous memory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GuestMapping {
-    pub name: [u8; EXE_NAME_MAX],
-    pub name_len: u8,
-    pub vm_start: u64,
-    /// vm_pgoff (saturated to u32: 16 TiB into a file).
-    pub pgoff: u32,
-}
-
-impl GuestMapping {
-    pub fn anonymous(&self) -> bool {
-        self.name_len == 0
-    }
-    pub fn name(&self) -> String {
-        let n = usize::from(self.name_len).min(EXE_NAME_MAX);
-        String::from_utf8_lossy(&self.name[..n]).into_owned()
-    }
-    pub fn truncated(&self) -> bool {
-        usize::from(self.name_len) > EXE_NAME_MAX
-    }
-    /// The offset in the file of user address `rip`.
-    pub fn file_offset(&self, rip: u64) -> u64 {
-        rip.wrapping_sub(self.vm_start)
-            .wrapping_add(u64::from(self.pgoff) << 12)
     }
 }
 

@@ -91,9 +91,9 @@ pub enum FormatError {
 // The exit's reason and detail are the exit classification's types (one classification per
 // exit, shared by this file format, the last-exits ring and the exit counts); the numbers
 // `Reason` carries (`#[repr(u8)]`) are this format's encoding.
-pub use crate::exit::kind::{ExitEvent, Reason};
-use crate::profile::guest_task::maps::GuestMapping;
-use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved, COMM_MAX, EXE_NAME_MAX};
+pub use crate::exit_reason::{ExitEvent, Reason};
+use crate::guest_task::GuestMapping;
+use crate::guest_task::{GuestExe, GuestTask, Unresolved, COMM_MAX, EXE_NAME_MAX};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -488,9 +488,8 @@ pub struct Header {
 }
 
 impl Header {
-    /// A header for hand-made traces in unit tests: 1 vCPU, 1 MHz TSC from 0, 1 ms samples
-    /// of a domain-switch clock.
-    #[cfg(test)]
+    /// A header for hand-made traces (unit tests here and in the VMM's crate): 1 vCPU, 1 MHz
+    /// TSC from 0, 1 ms samples of a domain-switch clock.
     pub fn for_tests(contents: u16) -> Header {
         Header {
             vcpus: 1,
@@ -751,9 +750,7 @@ mod tests {
                 vm_start: 0x7f00_0000_1000,
                 pgoff: 0x26,
             })),
-            Record::Mapping(Err(Unresolved::BadValue(
-                crate::profile::guest_task::Step::Mapping,
-            ))),
+            Record::Mapping(Err(Unresolved::BadValue(crate::guest_task::Step::Mapping))),
             Record::CallerMapping(GuestMapping {
                 name: *b"libstdc++.so.6.0",
                 name_len: 19,
@@ -761,13 +758,11 @@ mod tests {
                 pgoff: 0x9a,
             }),
             Record::Exe(Err(Unresolved::NotMapped(
-                crate::profile::guest_task::Step::Executable,
+                crate::guest_task::Step::Executable,
             ))),
             Record::Task {
                 cr3: 0x1234_5000,
-                task: Err(Unresolved::BadPointer(
-                    crate::profile::guest_task::Step::CurrentTask,
-                )),
+                task: Err(Unresolved::BadPointer(crate::guest_task::Step::CurrentTask)),
             },
             Record::Clock {
                 tsc: 2170,

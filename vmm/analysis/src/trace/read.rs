@@ -20,8 +20,8 @@ use super::format::{
     BLOCK_HEADER, BLOCK_RECORDS, BLOCK_TAG, CONTENTS_EXITS, CONTENTS_SAMPLES, MAX_BLOCK_RECORDS,
     RECORD_SIZE,
 };
-use crate::profile::guest_task::maps::GuestMapping;
-use crate::profile::guest_task::{GuestExe, GuestTask, Unresolved};
+use crate::guest_task::GuestMapping;
+use crate::guest_task::{GuestExe, GuestTask, Unresolved};
 
 /// Read buffer of the record pass (the file is read in order, once per view).
 const READ_BUFFER: usize = 1 << 20;
@@ -601,7 +601,7 @@ fn io(path: &Path, source: std::io::Error) -> FormatError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::guest_task::{GuestTask, COMM_MAX};
+    use crate::guest_task::{GuestTask, COMM_MAX};
     use crate::trace::format::{block_header, end_record, ExitEvent, Reason, SampleClock};
 
     fn header(vcpus: u16) -> Header {

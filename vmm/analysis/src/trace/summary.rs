@@ -21,7 +21,7 @@ use hdrhistogram::Histogram;
 use super::format::FormatError;
 use super::format::{ExitEvent, Reason, Record};
 use super::read::{Records, VcpuEnd};
-use crate::profile::guest_task::maps::GuestMapping;
+use crate::guest_task::GuestMapping;
 
 /// Count, total and percentiles of one kind of exit's VMM time, in bounded memory: the values
 /// themselves while there are few (exact percentiles), then a histogram with 3 significant

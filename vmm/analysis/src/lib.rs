@@ -1,0 +1,12 @@
+//! The offline side of vpmu-vmm: what a run leaves in files, read back without KVM.
+//!
+//! * [`exit_reason`] — what a VM exit was about, as a trace record keeps it;
+//! * [`guest_task`] — the guest task, executable and mapping a host-side sample found;
+//! * [`trace`] — the trace file format (`run --trace`, `--host-profile`), its readers, the
+//!   xenalyze-style summaries and the `--interval` series.
+//!
+//! The VMM (`vmm`) writes these files and depends on this crate; nothing here depends on the VMM.
+
+pub mod exit_reason;
+pub mod guest_task;
+pub mod trace;
