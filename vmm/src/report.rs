@@ -57,7 +57,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
             let step = |s: &crate::pmu::mode::Switch| {
                 format!(
                     "{} at {:.1} s ({})",
-                    crate::pmu::mode::name(s.mode),
+                    s.mode.name(),
                     s.at.as_secs_f64(),
                     s.by
                 )
@@ -89,7 +89,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
             if c.pmis + c.rdpmc_reads > 0 || (r.mode_history.len() > 1 && !time[i].is_zero()) {
                 out.push(format!(
                     "[vpmu-vmm]   in {} ({:.1} s): {} PMIs delivered, {} RDPMC served",
-                    crate::pmu::mode::name(m),
+                    m.name(),
                     time[i].as_secs_f64(),
                     c.pmis,
                     c.rdpmc_reads
@@ -421,7 +421,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
         .enumerate()
         .map(|(i, m)| {
             json!({
-                "mode": crate::pmu::mode::name(m),
+                "mode": m.name(),
                 "secs": time[i].as_secs_f64(),
                 "pmis_delivered": p.by_mode[i].pmis,
                 "rdpmc_served": p.by_mode[i].rdpmc_reads,
@@ -433,7 +433,7 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
             .iter()
             .map(|s| {
                 json!({
-                    "mode": crate::pmu::mode::name(s.mode),
+                    "mode": s.mode.name(),
                     "at_secs": s.at.as_secs_f64(),
                     "by": s.by,
                 })

@@ -28,7 +28,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "compare/",
             "vm/",
             "trace/",
-            "trace/command.rs",
             "profile/",
             "profile/btf_layout.rs",
             "host_quirks/",
@@ -126,13 +125,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The `report` command and the symbol tables (read trace files).
     (
         "profile/",
-        &[
-            "trace/",
-            "trace/command.rs",
-            "pmu/mode.rs",
-            "boot/",
-            "profile/guest_task/",
-        ],
+        &["trace/", "pmu/mode.rs", "boot/", "profile/guest_task/"],
     ),
     (
         "profile/sampler.rs",
@@ -142,13 +135,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // the recorder, and their types written into the trace.
     ("profile/call_stack.rs", &["profile/guest_task/"]),
     // A task layout from the kernel image's BTF and kallsyms (read once at a run's start).
-    (
-        "profile/btf_layout.rs",
-        &["profile/kallsyms.rs", "profile/guest_task/", "boot/"],
-    ),
-    ("profile/kallsyms.rs", &["boot/"]),
-    // The trace file format, its writer and the `trace summary` command.
-    ("trace/command.rs", &["trace/"]),
+    ("profile/btf_layout.rs", &["profile/guest_task/", "boot/"]),
+    // The trace writer (the format, readers and `trace summary` are the analysis crate's).
     ("trace/", &["exit/", "seccomp/", "profile/guest_task/"]),
     ("profile/guest_task/", &["vcpu/access.rs", "kvm_error.rs"]),
     // Host-specific fix-ups (emulation failures, the SYSCALL relay).

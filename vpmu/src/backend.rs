@@ -238,6 +238,32 @@ pub enum AccountingMode {
     DomainSwitch,
 }
 
+impl AccountingMode {
+    /// Both modes, in the order of [`AccountingMode::index`].
+    pub const ALL: [AccountingMode; 2] = [AccountingMode::CpuSwitch, AccountingMode::DomainSwitch];
+
+    /// Index of the mode in per-mode tables.
+    pub fn index(self) -> usize {
+        match self {
+            AccountingMode::CpuSwitch => 0,
+            AccountingMode::DomainSwitch => 1,
+        }
+    }
+
+    /// The name the command line and the reports use (`--vpmu=cpu-switch`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AccountingMode::CpuSwitch => "cpu-switch",
+            AccountingMode::DomainSwitch => "domain-switch",
+        }
+    }
+
+    /// The mode of a [`AccountingMode::name`].
+    pub fn parse(s: &str) -> Option<AccountingMode> {
+        AccountingMode::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

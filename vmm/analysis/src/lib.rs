@@ -3,10 +3,16 @@
 //! * [`exit_reason`] — what a VM exit was about, as a trace record keeps it;
 //! * [`guest_task`] — the guest task, executable and mapping a host-side sample found;
 //! * [`trace`] — the trace file format (`run --trace`, `--host-profile`), its readers, the
-//!   xenalyze-style summaries and the `--interval` series.
+//!   xenalyze-style summaries, the `--interval` series and the `trace summary` command;
+//! * [`profile`] — guest symbols (kallsyms, System.map, the guest's own ELF files), samples by
+//!   process and symbol, flame graphs, and the `report` command;
+//! * [`bzimage`] — the vmlinux inside a bzImage (the VMM boots from it, the symbol readers
+//!   read it).
 //!
 //! The VMM (`vmm`) writes these files and depends on this crate; nothing here depends on the VMM.
 
+pub mod bzimage;
 pub mod exit_reason;
 pub mod guest_task;
+pub mod profile;
 pub mod trace;

@@ -1,8 +1,9 @@
 //! Getting a guest into memory: the memory layout, kernel/initramfs/command-line loading,
-//! bzImage extraction, Multiboot v1 kernels (kvm-unit-tests) and the ACPI tables.
+//! Multiboot v1 kernels (kvm-unit-tests) and the ACPI tables. A bzImage's vmlinux is extracted
+//! by `analysis::bzimage` (the symbol readers read it too).
 
 pub mod acpi;
-pub mod bzimage;
+pub use analysis::bzimage;
 pub mod kernel;
 pub mod layout;
 pub mod multiboot;

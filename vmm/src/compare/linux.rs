@@ -24,9 +24,9 @@ use super::CompareError;
 use crate::end::VmEnd;
 use crate::net::NetConfig;
 use crate::pmu::ModelChoice;
-use crate::profile::report::{bucket, USER_BUCKET_NAMED};
 use crate::profile::stacks::{self, Frames};
 use crate::profile::symbols::SymbolTable;
+use crate::profile::symbols::{bucket, USER_BUCKET_NAMED};
 use crate::trace::format::{FormatError, Record};
 use crate::trace::read::{for_each_sample, Records, TraceFile};
 use crate::trace::{ProfileClock, ProfileConfig};
@@ -282,7 +282,7 @@ fn split(
         } else {
             2
         };
-        w + crate::pmu::mode::index(s.mode)
+        w + s.mode.index()
     };
     for_each_sample(t, &mut |_, r, notes| {
         let Record::Sample {

@@ -153,7 +153,7 @@ pub struct PmuStats {
     pub rdpmc_fixed: u64,
     /// RDMSRs of an RDPMC index number from elsewhere (answered by KVM).
     pub rdpmc_genuine_msr: u64,
-    /// PMIs delivered and RDPMCs served, per accounting mode ([`mode::index`]).
+    /// PMIs delivered and RDPMCs served, per accounting mode ([`AccountingMode::index`]).
     pub by_mode: [ModeCounts; 2],
     /// Accounting-mode changes this vCPU applied.
     pub mode_switches: u64,
@@ -287,7 +287,7 @@ impl VcpuPmu {
 
     /// The per-mode counts of the mode this vCPU counts in now.
     pub fn in_mode(&mut self) -> &mut ModeCounts {
-        &mut self.stats.by_mode[mode::index(self.mode)]
+        &mut self.stats.by_mode[self.mode.index()]
     }
 }
 

@@ -11,29 +11,6 @@ use std::time::{Duration, Instant};
 
 use vpmu::AccountingMode;
 
-/// Index of a mode in per-mode tables.
-pub fn index(mode: AccountingMode) -> usize {
-    match mode {
-        AccountingMode::CpuSwitch => 0,
-        AccountingMode::DomainSwitch => 1,
-    }
-}
-
-pub fn name(mode: AccountingMode) -> &'static str {
-    match mode {
-        AccountingMode::CpuSwitch => "cpu-switch",
-        AccountingMode::DomainSwitch => "domain-switch",
-    }
-}
-
-pub fn parse(s: &str) -> Option<AccountingMode> {
-    match s {
-        "cpu-switch" => Some(AccountingMode::CpuSwitch),
-        "domain-switch" => Some(AccountingMode::DomainSwitch),
-        _ => None,
-    }
-}
-
 /// One switch, as logged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switch {
@@ -90,7 +67,7 @@ impl SwitchLog {
 impl ModeSwitch {
     pub fn new(mode: AccountingMode) -> Self {
         ModeSwitch {
-            current: AtomicU8::new(index(mode) as u8),
+            current: AtomicU8::new(mode.index() as u8),
             start: Instant::now(),
             log: Mutex::new(SwitchLog {
                 switches: vec![Switch {
@@ -115,8 +92,8 @@ impl ModeSwitch {
 
     /// Sets the mode; returns whether it changed (the caller then kicks the vCPUs).
     pub fn set(&self, mode: AccountingMode, by: &'static str) -> bool {
-        let old = self.current.swap(index(mode) as u8, Ordering::AcqRel);
-        if old == index(mode) as u8 {
+        let old = self.current.swap(mode.index() as u8, Ordering::AcqRel);
+        if old == mode.index() as u8 {
             return false;
         }
         let at = self.start.elapsed();
@@ -124,18 +101,18 @@ impl ModeSwitch {
         match log.should_print(at) {
             Some(0) => log::info!(
                 "vPMU accounting mode -> {} at {:.3} s (by {by})",
-                name(mode),
+                mode.name(),
                 at.as_secs_f64()
             ),
             Some(skipped) => log::info!(
                 "vPMU accounting mode -> {} at {:.3} s (by {by}; {skipped} switches in the last {} s not printed)",
-                name(mode),
+                mode.name(),
                 at.as_secs_f64(),
                 PRINT_INTERVAL.as_secs()
             ),
             None => log::debug!(
                 "vPMU accounting mode -> {} at {:.3} s (by {by})",
-                name(mode),
+                mode.name(),
                 at.as_secs_f64()
             ),
         }
@@ -177,7 +154,7 @@ pub fn time_in_modes(history: &[Switch], end: Duration) -> [Duration; 2] {
     let mut out = [Duration::ZERO; 2];
     for (i, s) in history.iter().enumerate() {
         let until = history.get(i + 1).map_or(end, |n| n.at).max(s.at);
-        out[index(s.mode)] += until.saturating_sub(s.at);
+        out[s.mode.index()] += until.saturating_sub(s.at);
     }
     out
 }
@@ -220,7 +197,7 @@ impl std::str::FromStr for Schedule {
             }
             let bad = || ScheduleError::Entry(entry.to_string());
             let (m, secs) = entry.split_once(':').ok_or_else(bad)?;
-            let mode = parse(m.trim()).ok_or_else(bad)?;
+            let mode = AccountingMode::parse(m.trim()).ok_or_else(bad)?;
             let secs: f64 = secs.trim().parse().map_err(|_| bad())?;
             if !(secs.is_finite() && secs > 0.0) {
                 return Err(bad());

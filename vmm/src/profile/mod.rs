@@ -18,9 +18,6 @@
 pub mod btf_layout;
 pub mod call_stack;
 pub mod guest_task;
-pub mod kallsyms;
-pub mod report;
 pub mod sampler;
-pub mod stacks;
-pub mod symbols;
-pub mod user_symbols;
+
+pub use analysis::profile::{kallsyms, report, stacks, symbols, user_symbols};

@@ -10,10 +10,9 @@
 //! * [`summary`] — per-vCPU exit tables, per port/MSR/MMIO tables, time split, `--dump`;
 //! * [`series`] — `--interval` CSV time series and its SVG chart.
 
-pub mod command;
 pub mod recorder;
 pub mod writer;
 
-pub use analysis::trace::{format, read, series, summary};
+pub use analysis::trace::{command, format, read, series, summary};
 
 pub use recorder::{ProfileClock, ProfileConfig, RecordConfig};

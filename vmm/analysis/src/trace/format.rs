@@ -620,20 +620,10 @@ pub struct VcpuTrace {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// A whole trace in memory (`Trace::read_file`, `Trace::parse`: `super::read`).
 pub struct Trace {
     pub header: Header,
     pub vcpus: Vec<VcpuTrace>,
-}
-
-impl Trace {
-    /// Reads a whole file into memory ([`TraceFile`](super::read::TraceFile) reads it without).
-    pub fn read_file(path: &std::path::Path) -> Result<Trace, FormatError> {
-        super::read::TraceFile::open(path)?.load()
-    }
-
-    pub fn parse(b: &[u8]) -> Result<Trace, FormatError> {
-        super::read::TraceFile::from_bytes(b.to_vec())?.load()
-    }
 }
 
 fn need(b: &[u8], off: usize, len: usize, what: &'static str) -> Result<(), FormatError> {

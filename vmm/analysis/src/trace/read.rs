@@ -598,6 +598,17 @@ fn io(path: &Path, source: std::io::Error) -> FormatError {
     }
 }
 
+impl Trace {
+    /// Reads a whole file into memory ([`TraceFile`] reads it without).
+    pub fn read_file(path: &Path) -> Result<Trace, FormatError> {
+        TraceFile::open(path)?.load()
+    }
+
+    pub fn parse(b: &[u8]) -> Result<Trace, FormatError> {
+        TraceFile::from_bytes(b.to_vec())?.load()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use super::guest_task::printable;
 use super::kallsyms::{self, KSym};
+use crate::guest_task::printable;
 
 /// A RIP further than this past the nearest symbol is reported as unknown.
 pub const MAX_DISTANCE: u64 = 1 << 20;
@@ -139,6 +139,26 @@ impl SymbolTable {
 
     pub fn is_empty(&self) -> bool {
         self.syms.is_empty()
+    }
+}
+
+/// The row of a user-space sample when nothing names its process.
+pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
+/// The user-space row of a sample whose process is known (`profile::stacks`).
+pub const USER_BUCKET_NAMED: &str = "[guest user space, CPL 3]";
+pub const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
+
+/// The bucket name for one sample.
+pub fn bucket(rip: u64, cpl: u8, syms: Option<&SymbolTable>) -> String {
+    if cpl == 3 {
+        return USER_BUCKET.to_string();
+    }
+    match syms {
+        Some(t) => match t.resolve(rip) {
+            Some((name, _)) => name.to_string(),
+            None => UNKNOWN_KERNEL.to_string(),
+        },
+        None => format!("[no symbols] {rip:#x}"),
     }
 }
 

@@ -19,16 +19,12 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::stacks;
-use super::symbols::{Origin, SymbolTable, SymbolsError};
+use super::symbols::{bucket, Origin, SymbolTable, SymbolsError};
 use crate::trace::command::{open, read_error, CommandError};
 use crate::trace::format::{FormatError, Header, Reason, Record};
 use crate::trace::read::Records;
 use crate::trace::summary;
 
-pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
-/// The user-space row of a sample whose process is known (`profile::stacks`).
-pub const USER_BUCKET_NAMED: &str = "[guest user space, CPL 3]";
-pub const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
 /// The system-wide view's remainder row.
 pub const REST: &str = "[rest: halted, off-CPU or unsampled]";
 
@@ -113,20 +109,6 @@ pub struct Row {
     pub in_exit: u64,
 }
 
-/// The bucket name for one sample.
-pub fn bucket(rip: u64, cpl: u8, syms: Option<&SymbolTable>) -> String {
-    if cpl == 3 {
-        return USER_BUCKET.to_string();
-    }
-    match syms {
-        Some(t) => match t.resolve(rip) {
-            Some((name, _)) => name.to_string(),
-            None => UNKNOWN_KERNEL.to_string(),
-        },
-        None => format!("[no symbols] {rip:#x}"),
-    }
-}
-
 /// Samples per bucket, most first (ties by name).
 pub fn profile(t: &dyn Records, syms: Option<&SymbolTable>) -> Result<Vec<Row>, FormatError> {
     profile_in(t, syms, None)
@@ -142,7 +124,7 @@ pub fn sample_modes(t: &dyn Records) -> Result<Vec<vpmu::AccountingMode>, Format
             }
         }
     })?;
-    modes.sort_by_key(|m| crate::pmu::mode::index(*m));
+    modes.sort_by_key(|m| m.index());
     Ok(modes)
 }
 
@@ -478,11 +460,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
         // The run switched accounting modes: each mode's samples on their own.
         for m in modes {
             let rows = profile_in(&t, syms.as_ref(), Some(m)).map_err(read)?;
-            let _ = writeln!(
-                out,
-                "\nsamples counted in {} only:",
-                crate::pmu::mode::name(m)
-            );
+            let _ = writeln!(out, "\nsamples counted in {} only:", m.name());
             out.push_str(&render_profile(h, &rows, syms.as_ref(), args.top));
         }
     }
@@ -497,6 +475,7 @@ pub fn command(args: &ReportArgs) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::symbols::{UNKNOWN_KERNEL, USER_BUCKET, USER_BUCKET_NAMED};
     use crate::trace::format::{ExitEvent, Trace, VcpuTrace, CONTENTS_EXITS, CONTENTS_SAMPLES};
 
     fn sample(rip: u64, cpl: u8, during: bool) -> Record {
@@ -616,14 +595,14 @@ mod tests {
         let mut t = trace();
         let samples = |t: &Trace| stacks::samples(t, Some(&syms()), None, None).unwrap();
         assert!(!stacks::names_tasks(&samples(&t)));
-        let mut comm = [0u8; crate::profile::guest_task::COMM_MAX];
+        let mut comm = [0u8; crate::guest_task::COMM_MAX];
         comm[..4].copy_from_slice(b"spin");
         // The user-space sample (index 4) names its task.
         t.vcpus[0].records.insert(
             5,
             Record::Task {
                 cr3: 0x5000,
-                task: Ok(crate::profile::guest_task::GuestTask {
+                task: Ok(crate::guest_task::GuestTask {
                     pid: 9,
                     tgid: 9,
                     comm,

@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::{LittleEndian, Object, ObjectSymbol, SymbolKind};
 
-use super::guest_task::GuestMapping;
-use super::guest_task::{printable, GuestExe, EXE_NAME_MAX};
+use crate::guest_task::GuestMapping;
+use crate::guest_task::{printable, GuestExe, EXE_NAME_MAX};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UserSymbolsError {

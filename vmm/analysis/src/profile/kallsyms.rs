@@ -20,7 +20,7 @@
 //! table is checked against it (markers against the parsed names, the token index against the
 //! token table) before it is believed.
 
-use crate::boot::bzimage;
+use crate::bzimage;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KallsymsError {

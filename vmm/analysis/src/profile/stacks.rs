@@ -19,11 +19,10 @@
 
 use std::collections::HashMap;
 
-use super::guest_task::GuestMapping;
-use super::guest_task::{printable, GuestExe, GuestTask, Unresolved};
-use super::report::{bucket, USER_BUCKET_NAMED};
-use super::symbols::SymbolTable;
+use super::symbols::{bucket, SymbolTable, USER_BUCKET_NAMED};
 use super::user_symbols::{GuestFiles, UserFrame};
+use crate::guest_task::GuestMapping;
+use crate::guest_task::{printable, GuestExe, GuestTask, Unresolved};
 use crate::trace::format::{FormatError, Header, Record};
 use crate::trace::read::{for_each_sample, Records};
 
@@ -366,7 +365,7 @@ pub fn json(h: &Header, rows: &[ProcessRow], symbols: &str) -> serde_json::Value
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::guest_task::{Step, COMM_MAX};
+    use crate::guest_task::{Step, COMM_MAX};
     use crate::trace::format::{ExitEvent, Reason, Trace, VcpuTrace, CONTENTS_SAMPLES};
 
     fn task(comm: &str, tgid: u32) -> Record {
@@ -444,7 +443,10 @@ mod tests {
             find("[unresolved").process,
             "[unresolved: current_task not mapped]"
         );
-        assert_eq!(find(NO_PROCESS).symbol, super::super::report::USER_BUCKET);
+        assert_eq!(
+            find(NO_PROCESS).symbol,
+            crate::profile::symbols::USER_BUCKET
+        );
         let f = folded(&s);
         assert!(
             f.contains("cpu_split[42];[guest user space, CPL 3] 2\n"),
