@@ -1,4 +1,4 @@
-//! Cost of the per-vCPU ring of last exits (vmm/src/vcpu/last_exits.rs) on the exit path, as a
+//! Cost of the per-vCPU ring of last exits (vmm/src/last_exits.rs) on the exit path, as a
 //! ratio from one run (`cargo bench -p vpmu-benches --bench last_exits`).
 //!
 //! R1  ns per `LastExits::push` of a port-write exit (classification + ring stores), against
@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuExit;
 use vmm::end::VmEnd;
-use vmm::vcpu::last_exits::LastExits;
+use vmm::exit::kind::classify;
+use vmm::last_exits::LastExits;
 use vmm::vm::{Boot, VmConfig};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -25,7 +26,7 @@ fn push_ns() -> f64 {
     let t = Instant::now();
     for i in 0..N {
         let port = 0x80 + (i & 1) as u16;
-        ring.push(black_box(&Ok(VcpuExit::IoOut(port, &data))));
+        ring.push_event(classify(black_box(&Ok(VcpuExit::IoOut(port, &data)))));
     }
     black_box(ring.last());
     t.elapsed().as_nanos() as f64 / N as f64

@@ -12,7 +12,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm::arch::x86::{CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
 use vmm::profile::guest_task::{TaskLayout, TaskReader};
 use vmm::trace::recorder::annotate;
-use vmm::vcpu::access::fake::FakeVcpu;
+use vmm::vcpu_access::fake::FakeVcpu;
 
 const DIRECT_MAP: u64 = 0xffff_8880_0000_0000;
 const BANNER: &str = "Linux version 6.1.192 (bench) #1 SMP";
@@ -251,12 +251,12 @@ pub fn measure() -> (f64, f64, f64) {
         "the synthetic guest's chains did not resolve"
     );
     assert!(
-        matches!(lib_records[2], vmm::trace::format::Record::Mapping(Ok(m)) if m.name() == "libc.so.6"),
+        matches!(lib_records[2], analysis::trace::format::Record::Mapping(Ok(m)) if m.name() == "libc.so.6"),
         "the library sample's mapping did not resolve: {:?}",
         lib_records[2]
     );
     assert!(
-        matches!(lib_records.last(), Some(vmm::trace::format::Record::CallerMapping(m)) if m.name() == "libb.so"),
+        matches!(lib_records.last(), Some(analysis::trace::format::Record::CallerMapping(m)) if m.name() == "libb.so"),
         "the library sample's caller in libb did not resolve: {:?}",
         lib_records.last()
     );

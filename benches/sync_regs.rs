@@ -1,4 +1,4 @@
-//! The exit path with and without sync registers (KVM_CAP_SYNC_REGS, vmm/src/vcpu/access.rs),
+//! The exit path with and without sync registers (KVM_CAP_SYNC_REGS, vmm/src/vcpu_access/mod.rs),
 //! runs interleaved A/B in one process (`cargo bench -p vpmu-benches --bench sync_regs`).
 //!
 //! R1  ns per VM exit of exit_storm64 (100000 port writes; registers never read), sync

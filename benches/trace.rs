@@ -17,9 +17,9 @@
 
 use std::time::Duration;
 
+use analysis::trace::format::Trace;
 use vmm::end::VmEnd;
 use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::trace::format::Trace;
 use vmm::vm::{Boot, RunReport, VmConfig, VpmuSetting};
 
 #[path = "trace_readers.rs"]

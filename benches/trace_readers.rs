@@ -9,11 +9,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use vmm::profile::guest_task::{GuestExe, GuestTask, COMM_MAX, EXE_NAME_MAX};
-use vmm::trace::format::{
+use analysis::trace::format::{
     block_header, end_record, ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS,
     CONTENTS_SAMPLES, RECORD_SIZE,
 };
+use vmm::profile::guest_task::{GuestExe, GuestTask, COMM_MAX, EXE_NAME_MAX};
 
 /// Records per vCPU block (the writer's buffers are of this order).
 const BLOCK: usize = 4096;
@@ -179,10 +179,10 @@ pub fn child(args: &[String]) -> ! {
     );
     let r = match cli.command {
         vmm::cli::Command::Trace(vmm::cli::TraceCommand::Summary(a)) => {
-            vmm::trace::command::summary(&a).map_err(|e| e.to_string())
+            analysis::trace::command::summary(&a).map_err(|e| e.to_string())
         }
         vmm::cli::Command::Report(a) => {
-            vmm::profile::report::command(&a).map_err(|e| e.to_string())
+            analysis::profile::report::command(&a).map_err(|e| e.to_string())
         }
         _ => Err("only `trace summary` and `report` are measured".into()),
     };

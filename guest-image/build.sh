@@ -247,7 +247,7 @@ build_default_kernel() {
 			kernel_make "$src" "$stamp" -s kernelrelease >"$TMP/kernelrelease"
 			# The same kernel with an xz payload (tinyconfig's own default compression; only the
 			# boot stub and payload are rebuilt): tier 3 boots it, the xz path of
-			# vmm/src/boot/bzimage.rs on a bzImage as the kernel's build lays it out.
+			# vmm/analysis/src/bzimage.rs on a bzImage as the kernel's build lays it out.
 			run_logged "$log" "bzImage with an xz payload (KERNEL_XZ)" \
 				kernel_xz_bzimage "$src" "$stamp"
 			cp "$src/arch/x86/boot/bzImage" "$TMP/bzImage.xz"

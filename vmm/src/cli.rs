@@ -10,14 +10,14 @@ use crate::end::EXIT_CODES_HELP;
 // types from the command line); re-exported here, where the command line is put together.
 use crate::host_quirks::QuirkSetting;
 use crate::pmu::{BackendChoice, ModelChoice};
-pub use crate::profile::report::ReportArgs;
 use crate::seccomp::SeccompSetting;
-pub use crate::trace::command::SummaryArgs;
 use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
 use crate::vm::{
     Boot, DiskConfig, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB,
     MAX_VCPUS, MIN_MEMORY_MIB,
 };
+pub use analysis::profile::report::ReportArgs;
+pub use analysis::trace::command::SummaryArgs;
 
 #[derive(Parser, Debug)]
 #[command(

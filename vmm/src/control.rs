@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::console::ConsoleLog;
 use crate::end::VmEnd;
 use crate::pmu;
-use crate::vcpu::kick;
+use crate::vcpu_access::kick;
 
 /// A one-shot event a thread can wait for (e.g. the guest's network coming up).
 #[derive(Default)]
@@ -118,7 +118,7 @@ pub struct VmControl {
     stopping: AtomicBool,
     threads: Mutex<Vec<libc::pthread_t>>,
     /// How each vCPU stood when its thread ended (the diagnostic of a bad end).
-    vcpu_states: Mutex<Vec<crate::vcpu::last_exits::VcpuEndState>>,
+    vcpu_states: Mutex<Vec<crate::last_exits::VcpuEndState>>,
     /// Test hook (`VmConfig::panic_vcpu_at_exit`).
     panic_at: Option<(u32, u64)>,
 }
@@ -176,8 +176,8 @@ impl VmControl {
         first
     }
 
-    /// A vCPU thread's state as it ends (see [`crate::vcpu::last_exits`]).
-    pub fn report_vcpu_state(&self, st: crate::vcpu::last_exits::VcpuEndState) {
+    /// A vCPU thread's state as it ends (see [`crate::last_exits`]).
+    pub fn report_vcpu_state(&self, st: crate::last_exits::VcpuEndState) {
         self.vcpu_states
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -185,7 +185,7 @@ impl VmControl {
     }
 
     /// The vCPU states reported so far, in vCPU order.
-    pub fn vcpu_states(&self) -> Vec<crate::vcpu::last_exits::VcpuEndState> {
+    pub fn vcpu_states(&self) -> Vec<crate::last_exits::VcpuEndState> {
         let mut v = self
             .vcpu_states
             .lock()

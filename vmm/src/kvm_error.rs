@@ -1,6 +1,6 @@
 //! The typed failures of a vCPU's KVM ioctls on the run-time path: one variant per ioctl
 //! (as Firecracker's `KvmVcpuError`), so a failure names the call that failed and keeps the
-//! errno; and [`AccessError`], what the vCPU access layer (`vcpu::access`) returns. A leaf
+//! errno; and [`AccessError`], what the vCPU access layer (`vcpu_access`) returns. A leaf
 //! module: `end.rs` carries both inside `VmEnd::KvmFailure`.
 
 /// A vCPU ioctl failed.

@@ -77,8 +77,10 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Trace(TraceCommand::Summary(args)) => done(vmm::trace::command::summary(&args)),
-        Command::Report(args) => done(vmm::profile::report::command(&args)),
+        Command::Trace(TraceCommand::Summary(args)) => {
+            done(analysis::trace::command::summary(&args))
+        }
+        Command::Report(args) => done(analysis::profile::report::command(&args)),
         Command::TaskLayout(args) => done(vmm::profile::btf_layout::command(&args)),
     }
 }

@@ -28,7 +28,7 @@ use vmm::devices::{MmioBus, PioBus};
 use vmm::exit::{handle, ExitContext, ExitCounts, Outcome};
 use vmm::net::pinger::GUEST_MAC;
 use vmm::pmu::{mode::ModeSwitch, rdpmc, VcpuPmu};
-use vmm::vcpu::access::fake::FakeVcpu;
+use vmm::vcpu_access::fake::FakeVcpu;
 use vmm_sys_util::eventfd::EventFd;
 use vpmu::{fake::FakeBackend, AccountingMode, Pmu, PmuConfig};
 

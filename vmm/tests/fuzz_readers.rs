@@ -24,12 +24,12 @@ use std::io::Write;
 
 use fuzz_common::{cases, largest_allocation};
 
+use analysis::bzimage;
+use analysis::profile::{kallsyms, symbols::SymbolTable};
+use analysis::trace::format::{self, Header, Record, SampleClock, Trace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use vmm::boot::bzimage;
 use vmm::guest_results;
-use vmm::profile::{kallsyms, symbols::SymbolTable};
-use vmm::trace::format::{self, Header, Record, SampleClock, Trace};
 
 /// What a reader may allocate at once for an input of `len` bytes: a fixed allowance plus a
 /// multiple of the input.
@@ -859,8 +859,8 @@ fn trace_with_tasks() -> Vec<Vec<u8>> {
 /// the newline ending each row.
 #[test]
 fn streaming_trace_reader_and_report_views_survive_damaged_files() {
-    use vmm::profile::{report, stacks};
-    use vmm::trace::read::{for_each_sample, Records, TraceFile};
+    use analysis::profile::{report, stacks};
+    use analysis::trace::read::{for_each_sample, Records, TraceFile};
     let mut seeds = trace_file();
     seeds.extend(trace_with_tasks());
     fuzz(
@@ -880,10 +880,10 @@ fn streaming_trace_reader_and_report_views_survive_damaged_files() {
                     }
                 }
             }
-            if let Ok(s) = vmm::trace::summary::summarize(&t) {
-                let _ = vmm::trace::summary::render(&t, &s, "fuzz");
+            if let Ok(s) = analysis::trace::summary::summarize(&t) {
+                let _ = analysis::trace::summary::render(&t, &s, "fuzz");
             }
-            let _ = vmm::trace::summary::dump(&t, &mut std::io::sink());
+            let _ = analysis::trace::summary::dump(&t, &mut std::io::sink());
             if let Ok(rows) = report::system_wide(&t, None) {
                 let _ = report::render_system_wide(&t, &rows, 0);
             }
@@ -1028,9 +1028,9 @@ fn elf_with_symbols(
 /// them. Each case is one file in a directory, looked up as an executable and as a library.
 #[test]
 fn guest_files_reader_survives_damaged_elf_files() {
+    use analysis::profile::user_symbols::{exe_name_bytes, GuestFiles, UserFrame};
     use vmm::profile::guest_task::GuestExe;
     use vmm::profile::guest_task::GuestMapping;
-    use vmm::profile::user_symbols::{exe_name_bytes, GuestFiles, UserFrame};
     let vaddr = 0x40_1000u64;
     let mut code = vec![0x90u8; 0x100];
     code[..8].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5]);

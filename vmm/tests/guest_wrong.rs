@@ -209,7 +209,7 @@ fn fixup_without_progress_exits_6_instead_of_spinning() {
         .map(|(_, n)| n)
         .sum();
     assert!(
-        fixups >= u64::from(vmm::vcpu::last_exits::NO_PROGRESS_LIMIT) - 1,
+        fixups >= u64::from(vmm::last_exits::NO_PROGRESS_LIMIT) - 1,
         "{fixups} fix-ups"
     );
 }
@@ -255,11 +255,11 @@ fn timeout_mid_trace_leaves_complete_files() {
     let trace = dir.path().join("t.trace");
     files_are_readable(&trace, &dir.path().join("p.profile"), dir.path());
     // Every port write the VMM counted is in the trace.
-    let t = vmm::trace::format::Trace::read_file(&trace).unwrap();
-    let s = vmm::trace::summary::summarize(&t).unwrap();
+    let t = analysis::trace::format::Trace::read_file(&trace).unwrap();
+    let s = analysis::trace::summary::summarize(&t).unwrap();
     let outs = s.vcpus[0]
         .reasons
-        .get(&vmm::trace::format::Reason::IoOut)
+        .get(&analysis::trace::format::Reason::IoOut)
         .map(|x| x.count())
         .unwrap_or(0);
     assert_eq!(outs, r.report.exits[0].io_out);

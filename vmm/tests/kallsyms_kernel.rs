@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use vmm::profile::kallsyms;
-use vmm::profile::symbols::{is_code, SymbolTable};
+use analysis::profile::kallsyms;
+use analysis::profile::symbols::{is_code, SymbolTable};
 
 /// DEFAULT_BZIMAGE, DEFAULT_VMLINUX, DEFAULT_SYSTEM_MAP from `guest-image/build.sh paths`.
 fn kernel_paths() -> Option<(PathBuf, PathBuf, PathBuf)> {

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use analysis::trace::format::Trace;
+use analysis::trace::read::Records;
 use vmm::end::{code, VmEnd};
-use vmm::trace::format::Trace;
-use vmm::trace::read::Records;
 use vmm::trace::{ProfileClock, ProfileConfig};
 
 #[test]

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use vmm::trace::format::{
+use analysis::trace::format::{
     block_header, end_record, ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS,
     CONTENTS_SAMPLES, RECORD_SIZE,
 };

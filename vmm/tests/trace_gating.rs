@@ -60,7 +60,7 @@ fn one_boot(trace: bool) -> (u64, u64) {
     let w = r.words();
     assert_eq!(w.len(), 41, "guest report incomplete");
     if trace {
-        let t = vmm::trace::format::Trace::read_file(&path).unwrap();
+        let t = analysis::trace::format::Trace::read_file(&path).unwrap();
         let n: usize = t
             .vcpus
             .iter()

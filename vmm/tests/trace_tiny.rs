@@ -6,12 +6,12 @@ mod common;
 
 use std::time::Duration;
 
+use analysis::profile::report;
+use analysis::profile::symbols::SymbolTable;
+use analysis::trace::format::{Reason, Record, Trace};
+use analysis::trace::read::Records;
+use analysis::trace::summary;
 use vmm::end::VmEnd;
-use vmm::profile::report;
-use vmm::profile::symbols::SymbolTable;
-use vmm::trace::format::{Reason, Record, Trace};
-use vmm::trace::read::Records;
-use vmm::trace::summary;
 use vmm::trace::{ProfileClock, ProfileConfig};
 
 #[test]
@@ -147,7 +147,7 @@ fn host_profile_follows_the_accounting_mode() {
     let (c_cpu, io_cpu, _, t) = profile_run(ProfileClock::CpuSwitch);
     assert_eq!(
         t.header.sample_clock,
-        vmm::trace::format::SampleClock::CpuSwitch
+        analysis::trace::format::SampleClock::CpuSwitch
     );
     let (c_dom, io_dom, _, _) = profile_run(ProfileClock::DomainSwitch);
     assert!(c_cpu > 20 && c_dom > 20, "too few samples to judge");
@@ -254,7 +254,10 @@ fn wall_clock_profile_samples_at_about_the_requested_rate() {
     assert_eq!(r.report.end, VmEnd::PowerOff);
     let t = Trace::read_file(&path).unwrap();
     assert!(t.has_samples() && !t.has_exits());
-    assert_eq!(t.header.sample_clock, vmm::trace::format::SampleClock::Wall);
+    assert_eq!(
+        t.header.sample_clock,
+        analysis::trace::format::SampleClock::Wall
+    );
     let n = t.vcpus[0]
         .records
         .iter()
@@ -324,7 +327,7 @@ fn overflows_and_samples_share_the_signal(backend: vmm::pmu::BackendChoice) {
     let t = Trace::read_file(&path).unwrap();
     assert_eq!(
         t.header.sample_clock,
-        vmm::trace::format::SampleClock::DomainSwitch
+        analysis::trace::format::SampleClock::DomainSwitch
     );
     let host_samples = t.vcpus[0]
         .records

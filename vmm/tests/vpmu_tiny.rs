@@ -361,8 +361,8 @@ fn guest_switches_the_accounting_mode_at_run_time() {
     );
     assert_eq!(r.report.pmu.mode_switches, 1);
     // The host-side profiler's counter followed the switch: its samples carry both modes.
-    let t = vmm::trace::format::Trace::read_file(&profile).unwrap();
-    let modes = vmm::profile::report::sample_modes(&t).unwrap();
+    let t = analysis::trace::format::Trace::read_file(&profile).unwrap();
+    let modes = analysis::profile::report::sample_modes(&t).unwrap();
     assert_eq!(
         modes,
         vec![

@@ -196,7 +196,7 @@ impl Paging {
 /// (a guest-physical read: `None` when the table is outside guest memory). Returns `None` if the
 /// address is not mapped. Access rights are not checked (the VMM reads and writes as the CPU's
 /// supervisor would with CR0.WP clear). This is the one page walk of the VMM: the vCPU access
-/// layer (`vcpu::access`) uses it for every guest-virtual read and write.
+/// layer (`vcpu_access`) uses it for every guest-virtual read and write.
 pub fn translate(
     paging: Paging,
     cr3: u64,

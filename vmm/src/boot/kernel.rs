@@ -8,8 +8,8 @@ use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header
 use linux_loader::loader::{elf::Elf, KernelLoader};
 use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
-use super::bzimage::{self, BzImageError};
 use super::layout::*;
+use analysis::bzimage::{self, BzImageError};
 
 const E820_RAM: u32 = 1;
 const E820_RESERVED: u32 = 2;

@@ -3,7 +3,6 @@
 //! by `analysis::bzimage` (the symbol readers read it too).
 
 pub mod acpi;
-pub use analysis::bzimage;
 pub mod kernel;
 pub mod layout;
 pub mod multiboot;

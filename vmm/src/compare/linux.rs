@@ -24,13 +24,13 @@ use super::CompareError;
 use crate::end::VmEnd;
 use crate::net::NetConfig;
 use crate::pmu::ModelChoice;
-use crate::profile::stacks::{self, Frames};
-use crate::profile::symbols::SymbolTable;
-use crate::profile::symbols::{bucket, USER_BUCKET_NAMED};
-use crate::trace::format::{FormatError, Record};
-use crate::trace::read::{for_each_sample, Records, TraceFile};
 use crate::trace::{ProfileClock, ProfileConfig};
 use crate::vm::{self, Boot, Controller, RunReport, VmConfig, VmHandles, VpmuSetting};
+use analysis::profile::stacks::{self, Frames};
+use analysis::profile::symbols::SymbolTable;
+use analysis::profile::symbols::{bucket, USER_BUCKET_NAMED};
+use analysis::trace::format::{FormatError, Record};
+use analysis::trace::read::{for_each_sample, Records, TraceFile};
 use std::collections::HashMap;
 
 /// Name prefixes of the guest's virtio-net receive/transmit/interrupt path (driver, virtqueue
@@ -458,7 +458,7 @@ mod tests {
 
     #[test]
     fn samples_are_filed_by_slice_and_kept_only_in_their_own_mode() {
-        use crate::trace::format::{Header, Trace, VcpuTrace, CONTENTS_SAMPLES};
+        use analysis::trace::format::{Header, Trace, VcpuTrace, CONTENTS_SAMPLES};
         let (c, d) = (AccountingMode::CpuSwitch, AccountingMode::DomainSwitch);
         let at = |tsc, mode| Record::Sample {
             rip: 0xffff_ffff_8100_0010,

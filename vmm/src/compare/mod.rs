@@ -218,7 +218,7 @@ fn write_flame_graphs(out: &std::path::Path, folded: &[String; 2]) -> Result<(),
     };
     write("packet-rx-cpu-switch.folded", folded[0].as_bytes())?;
     write("packet-rx-domain-switch.folded", folded[1].as_bytes())?;
-    let svg = crate::profile::stacks::differential_flame_graph(
+    let svg = analysis::profile::stacks::differential_flame_graph(
         &folded[0],
         &folded[1],
         "packet-rx: domain-switch against cpu-switch (red: grew)",

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::profile::guest_task::printable;
+use analysis::guest_task::printable;
 
 /// Samples per function (symbol, or a pseudo-symbol such as `[vmm] pio 0x510 out`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -620,7 +620,7 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-use crate::trace::series::xml;
+use analysis::trace::series::xml;
 
 #[cfg(test)]
 mod tests {

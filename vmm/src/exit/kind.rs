@@ -1,7 +1,7 @@
 //! What a VM exit was about, classified ONCE per exit, from the exit *before*
 //! [`crate::exit::handle`] consumes it: a pure function, unit-tested with hand-made exits. The
 //! vCPU loop shares the result with the trace recorder (`trace::recorder`, whose file format
-//! encodes [`Reason`] as a byte), the last-exits ring (`vcpu::last_exits`) and the exit counts
+//! encodes [`Reason`] as a byte), the last-exits ring (`last_exits`) and the exit counts
 //! ([`super::ExitCounts::count`]).
 
 use kvm_ioctls::VcpuExit;

@@ -9,7 +9,7 @@ use kvm_ioctls::VcpuExit;
 use crate::devices::{DeviceEvent, MmioBus, PioBus, PioWrite};
 use crate::end::{KvmFailure, VmEnd};
 use crate::kvm_error::KvmVcpuError;
-use crate::vcpu::access::VcpuAccess;
+use crate::vcpu_access::VcpuAccess;
 
 /// The guest's MSR access faults: it takes #GP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ pub struct ExitCounts {
     pub interrupted: u64,
     pub internal_error: u64,
     pub other: u64,
-    /// Ioctls the access layer (`vcpu::access::KvmVcpu`) made while handling exits: register,
+    /// Ioctls the access layer (`vcpu_access::KvmVcpu`) made while handling exits: register,
     /// special register, event, MSR and FPU reads and writes (not KVM_RUN, not the PMI path's
     /// LAPIC/NMI ioctls). With sync registers a relayed system call makes none.
     pub access_ioctls: u64,
@@ -242,7 +242,7 @@ mod tests {
     use super::*;
     use crate::devices::i8042::I8042;
     use crate::devices::MmioDevice;
-    use crate::vcpu::access::fake::FakeVcpu;
+    use crate::vcpu_access::fake::FakeVcpu;
     use std::sync::{Arc, Mutex};
 
     struct Msrs(Vec<(u32, u64)>);

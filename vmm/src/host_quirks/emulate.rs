@@ -14,7 +14,7 @@ use crate::arch::x86::{
     EFER_LMA, MSR_TSC_AUX, RFLAGS_AC, RFLAGS_AF, RFLAGS_CF, RFLAGS_OF, RFLAGS_PF, RFLAGS_SF,
     RFLAGS_ZF, VECTOR_BP, VECTOR_UD,
 };
-use crate::vcpu::access::{AccessError, VcpuAccess};
+use crate::vcpu_access::{AccessError, VcpuAccess};
 
 /// Why an operand could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -395,7 +395,7 @@ fn gpr_mut(r: &mut kvm_regs, reg: Register) -> &mut u64 {
 mod tests {
     use super::*;
 
-    use crate::vcpu::access::fake::FakeVcpu;
+    use crate::vcpu_access::fake::FakeVcpu;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     /// A 64-bit vCPU with paging off (virtual = physical, CS base 0) and `code` at 0x1000.

@@ -22,7 +22,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::FixupCounts;
 use crate::arch::x86::{ExceptionFrame, CR0_PG, EFER_LMA, RFLAGS_AC};
-use crate::vcpu::access::{AccessError, VcpuAccess};
+use crate::vcpu_access::{AccessError, VcpuAccess};
 
 pub const INT3: u8 = 0xcc;
 

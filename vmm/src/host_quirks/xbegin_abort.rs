@@ -25,7 +25,7 @@ use super::idt_trap::{Mark, Stopped, TrapNames, VectorTrap};
 use super::FixupCounts;
 use crate::arch::iret::{iret_return, BadFrame};
 use crate::arch::x86::{ExceptionFrame, VECTOR_UD};
-use crate::vcpu::access::{AccessError, VcpuAccess, MAX_INSTRUCTION};
+use crate::vcpu_access::{AccessError, VcpuAccess, MAX_INSTRUCTION};
 
 /// Whether the guest's CPUID offers RTM (leaf 7.0 EBX bit 11): only then does a guest run
 /// XBEGIN.
@@ -126,7 +126,7 @@ pub fn on_ud(
 mod tests {
     use super::*;
     use crate::arch::iret::tests::frame;
-    use crate::vcpu::access::fake::FakeVcpu;
+    use crate::vcpu_access::fake::FakeVcpu;
     use kvm_bindings::kvm_regs;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

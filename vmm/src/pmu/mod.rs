@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::exit::{GpFault, MsrHandler};
-use crate::vcpu::access::VcpuAccess;
+use crate::vcpu_access::VcpuAccess;
 
 /// Which counter backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,7 +82,7 @@ pub struct VcpuPmu {
     /// A PMI the rate limit holds back, and the timer that brings the vCPU back when it may go
     /// (created on the vCPU thread at first need).
     pub held: Option<vpmu::Pmi>,
-    pub timer: Option<crate::vcpu::kick::KickTimer>,
+    pub timer: Option<crate::vcpu_access::kick::KickTimer>,
     /// LVTPC's mask bit as an Intel CPU sets it when it delivers a PMI, kept here and not in the
     /// in-kernel LAPIC: KVM has no ioctl for one LAPIC register, and KVM_SET_LAPIC writes the
     /// whole page back, IRR included, losing any interrupt another vCPU or a device raised

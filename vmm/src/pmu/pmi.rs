@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::vcpu::lapic::{delivery_mode, DELIVERY_FIXED, DELIVERY_NMI, LVT_MASKED};
+use crate::vcpu_access::lapic::{delivery_mode, DELIVERY_FIXED, DELIVERY_NMI, LVT_MASKED};
 
 /// What LVTPC says to do with a PMI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

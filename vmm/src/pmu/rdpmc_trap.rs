@@ -24,7 +24,7 @@ use kvm_bindings::kvm_regs;
 use super::VcpuPmu;
 use crate::arch::iret::{iret_return, BadFrame};
 use crate::arch::x86::{ExceptionFrame, CR4_PCE};
-use crate::vcpu::access::{AccessError, VcpuAccess, MAX_INSTRUCTION};
+use crate::vcpu_access::{AccessError, VcpuAccess, MAX_INSTRUCTION};
 
 /// RDPMC ECX bit 30: an Intel fixed counter.
 const RDPMC_FIXED: u32 = 1 << 30;

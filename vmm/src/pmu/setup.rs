@@ -47,7 +47,7 @@ pub fn host_pmu_counts() -> Result<(), HostPmuError> {
     use super::perf::{HostPerf, PerfEvent, PerfRequest, PerfSys};
     const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
     let mut perf = HostPerf {
-        signal: crate::vcpu::kick::kick_signal(),
+        signal: crate::vcpu_access::kick::kick_signal(),
     };
     let req = PerfRequest {
         exclude_kernel: true,

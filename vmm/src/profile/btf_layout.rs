@@ -22,8 +22,8 @@ use btfparse::{Offset, Readable, TypeInformation, TypeVariant};
 use object::{Object, ObjectSection, ObjectSegment};
 
 use super::guest_task::TaskLayout;
-use super::kallsyms::{self, KSym};
-use crate::boot::bzimage;
+use analysis::bzimage;
+use analysis::profile::kallsyms::{self, KSym};
 
 /// PF_KTHREAD (include/linux/sched.h), unchanged since Linux 2.6.
 const PF_KTHREAD: u64 = 0x0020_0000;

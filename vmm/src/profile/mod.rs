@@ -19,5 +19,3 @@ pub mod btf_layout;
 pub mod call_stack;
 pub mod guest_task;
 pub mod sampler;
-
-pub use analysis::profile::{kallsyms, report, stacks, symbols, user_symbols};

@@ -15,8 +15,8 @@ use vpmu::{AccountingMode, CounterBackend, CounterId, Event, Vendor};
 
 use crate::pmu::backend::{periods_passed, PerfBackend, Source};
 use crate::pmu::perf::HostPerf;
-use crate::trace::format::SampleClock;
-use crate::vcpu::kick;
+use crate::vcpu_access::kick;
+use analysis::trace::format::SampleClock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SamplerError {

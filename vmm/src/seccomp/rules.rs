@@ -103,7 +103,7 @@ pub fn known_ioctls() -> Vec<(&'static str, u64)> {
     let mut all = vcpu_ioctls();
     all.extend(main_ioctls());
     all.extend([
-        // Nothing calls these (vcpu/access.rs walks the page tables itself).
+        // Nothing calls these (vcpu_access/mod.rs walks the page tables itself).
         ("KVM_TRANSLATE", kvm::KVM_TRANSLATE()),
         ("KVM_GET_MP_STATE", kvm::KVM_GET_MP_STATE()),
         ("KVM_CREATE_VM", kvm::KVM_CREATE_VM()),

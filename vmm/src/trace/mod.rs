@@ -13,6 +13,4 @@
 pub mod recorder;
 pub mod writer;
 
-pub use analysis::trace::{command, format, read, series, summary};
-
 pub use recorder::{ProfileClock, ProfileConfig, RecordConfig};

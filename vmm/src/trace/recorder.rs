@@ -9,14 +9,14 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use super::format::{
-    ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
-};
 use super::writer::{PoolConfig, TraceWriter, VcpuSink, WriterStats};
 use crate::profile::call_stack;
 use crate::profile::guest_task::{LayoutError, TaskLayout, TaskReader};
 use crate::profile::sampler::Sampler;
-use crate::vcpu::access::VcpuAccess;
+use crate::vcpu_access::VcpuAccess;
+use analysis::trace::format::{
+    ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS, CONTENTS_SAMPLES,
+};
 
 /// At most one clock record per this many ms (one `clock_gettime` of thread CPU time).
 pub const CLOCK_EVERY_MS: u64 = 1;

@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender};
 use std::thread::JoinHandle;
 
-use super::format::{self, Header, Record, RECORD_SIZE};
+use analysis::trace::format::{self, Header, Record, RECORD_SIZE};
 
 /// Pool size per vCPU.
 #[derive(Debug, Clone, Copy)]
@@ -247,7 +247,7 @@ fn write_loop<W: Write>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::format::{ExitEvent, Reason, SampleClock, Trace, CONTENTS_EXITS};
+    use analysis::trace::format::{ExitEvent, Reason, SampleClock, Trace, CONTENTS_EXITS};
     use std::sync::{Arc, Condvar, Mutex};
 
     /// A `Write` into shared memory that can be held shut (a writer that falls behind).

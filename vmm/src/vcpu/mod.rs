@@ -2,12 +2,8 @@
 //! KVM_RUN ([`run_loop`]: the loop and the order of its hooks), hands each exit to
 //! [`crate::exit::handle`], and acts on the outcome.
 
-pub mod access;
 pub mod cpuid;
 pub mod identity;
-pub mod kick;
-pub mod lapic;
-pub mod last_exits;
 pub mod regs;
 pub mod run_loop;
 pub mod ticker;
@@ -29,9 +25,10 @@ use crate::end::{KvmFailure, VmEnd};
 use crate::exit::ExitCounts;
 use crate::host_quirks::idt_trap::{Stopped, TrapError};
 use crate::host_quirks::{self, FixupCounts};
+use crate::last_exits;
 use crate::pmu::rdpmc_trap::GpOutcome;
 use crate::pmu::{pmi, PmuStats, VcpuPmu};
-use access::{AccessError, KvmVcpu, VcpuAccess};
+use crate::vcpu_access::{self as access, kick, lapic, AccessError, KvmVcpu, VcpuAccess};
 
 /// Whether this host's KVM copies registers, special registers and vCPU events through
 /// `kvm_run` (KVM_CAP_SYNC_REGS with all three: [`access::SYNC_REGS_WANTED`]).

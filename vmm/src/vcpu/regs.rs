@@ -7,8 +7,8 @@ use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, Msr
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::lapic;
 use crate::boot::layout::*;
+use crate::vcpu_access::lapic;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {

@@ -33,11 +33,11 @@
 
 use std::os::fd::AsRawFd;
 
-use super::access::{KvmVcpu, VcpuAccess};
-use super::{kick, VcpuRunner};
+use super::VcpuRunner;
 use crate::end::{KvmFailure, VmEnd};
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
 use crate::pmu::PmuStats;
+use crate::vcpu_access::{kick, KvmVcpu, VcpuAccess};
 
 /// The test hook's panic, out of line: the loop pays one predictable compare per exit.
 #[cold]
@@ -76,7 +76,7 @@ impl VcpuRunner {
         // KVM_RUN, clearing their bits.
         let sync_run = self.sync_regs.then(|| {
             let run = self.fd.get_kvm_run();
-            run.kvm_valid_regs = super::access::SYNC_REGS_WANTED;
+            run.kvm_valid_regs = crate::vcpu_access::SYNC_REGS_WANTED;
             run.kvm_dirty_regs = 0;
             std::ptr::NonNull::from(run)
         });

@@ -42,7 +42,7 @@ impl Ticker {
         // SAFETY: an all-zero sigevent is a valid value (the padding is private to libc).
         let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
-        sev.sigev_signo = super::kick::kick_signal();
+        sev.sigev_signo = crate::vcpu_access::kick::kick_signal();
         // SAFETY: gettid has no preconditions.
         sev.sigev_notify_thread_id = unsafe { libc::gettid() };
         let mut timer: libc::timer_t = std::ptr::null_mut();

@@ -44,7 +44,8 @@ use crate::pmu::{
     BackendChoice, ModelChoice, VcpuPmu,
 };
 use crate::trace::recorder::Recording;
-use crate::vcpu::{cpuid, identity, kick, regs, ticker::Ticker, VcpuRunner, VcpuShared};
+use crate::vcpu::{cpuid, identity, regs, ticker::Ticker, VcpuRunner, VcpuShared};
+use crate::vcpu_access::kick;
 
 /// The network card as the buses, the ticker and the end-of-run report see it.
 pub(super) type NetCard = Arc<Mutex<MmioTransport<VirtioNet>>>;

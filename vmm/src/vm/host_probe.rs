@@ -167,7 +167,7 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
 /// handler runs before tgkill returns): the [`PERCENTILE`]th percentile of [`SAMPLES`], after
 /// as many to warm up. 0 where the handler cannot be installed.
 fn signal_cost_ns() -> u64 {
-    if crate::vcpu::kick::install_handler().is_err() {
+    if crate::vcpu_access::kick::install_handler().is_err() {
         return 0;
     }
     let thread_ns = crate::trace::recorder::thread_cpu_ns;
@@ -177,8 +177,15 @@ fn signal_cost_ns() -> u64 {
         .map(|_| {
             let t0 = thread_ns();
             // SAFETY: tgkill sends this process's kick signal, whose handler
-            // (vcpu::kick::install_handler) only counts it on threads that are not in KVM_RUN.
-            unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, crate::vcpu::kick::kick_signal()) };
+            // (vcpu_access::kick::install_handler) only counts it on threads that are not in KVM_RUN.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    pid,
+                    tid,
+                    crate::vcpu_access::kick::kick_signal(),
+                )
+            };
             thread_ns().saturating_sub(t0)
         })
         .skip(SAMPLES)

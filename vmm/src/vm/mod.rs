@@ -109,7 +109,7 @@ pub struct RunReport {
     /// What the VMM noticed of the guest that explains a failure (e.g. no DSDT, so no disks).
     pub hints: Vec<String>,
     /// Each vCPU's RIP and last exits as its thread ended (printed on a bad end).
-    pub vcpu_states: Vec<crate::vcpu::last_exits::VcpuEndState>,
+    pub vcpu_states: Vec<crate::last_exits::VcpuEndState>,
     pub cmdline: Option<String>,
     /// With `--net`: what the network card and the pinger counted.
     pub net: Option<NetReport>,

@@ -33,7 +33,7 @@
 //!
 //! The code is in two parts here: [`classify`](mod@classify) (pure: frame -> what it is, and
 //! the registers a completed SYSCALL leaves) and this module, which reads and writes the vCPU
-//! through the access layer ([`crate::vcpu::access::VcpuAccess`]). The int3 itself (install,
+//! through the access layer ([`crate::vcpu_access::VcpuAccess`]). The int3 itself (install,
 //! re-check, move, step over) is [`super::idt_trap`], shared with the RDPMC trap.
 
 pub mod classify;
@@ -46,7 +46,7 @@ use super::idt_trap::{Mark, TrapError, TrapNames, TrapPoll, VectorTrap};
 use super::FixupCounts;
 use crate::arch::x86::{MSR_LSTAR, MSR_SFMASK, MSR_STAR, VECTOR_PF};
 use crate::kvm_error::KvmVcpuError;
-use crate::vcpu::access::{AccessError, VcpuAccess};
+use crate::vcpu_access::{AccessError, VcpuAccess};
 use classify::syscall_shaped;
 pub use classify::{
     classify, complete_syscall, kernel_segments, syscall_error_code, PfFrame, PfKind, SyscallMsrs,
@@ -266,7 +266,7 @@ impl VcpuRelay {
 mod tests {
     use super::*;
     use crate::arch::x86::{translate as walk, Paging, CR0_PG, EFER_LMA, RFLAGS_AC};
-    use crate::vcpu::access::fake::FakeVcpu;
+    use crate::vcpu_access::fake::FakeVcpu;
 
     fn set_msrs(cpu: &mut FakeVcpu, m: SyscallMsrs) {
         cpu.msrs.insert(MSR_STAR, m.star);

@@ -256,7 +256,7 @@ impl Gate {
         let now = self.thread_ns(sys);
         self.outside_ns = now.saturating_sub(self.left_at);
         self.entered_at = Some(now);
-        self.signals_at_enter = crate::vcpu::kick::signals();
+        self.signals_at_enter = crate::vcpu_access::kick::signals();
     }
 
     /// Just after KVM_RUN.
@@ -267,7 +267,7 @@ impl Gate {
             let left = self.thread_ns(sys);
             let whole = left.saturating_sub(t);
             let d = whole.saturating_sub(self.exit_path.ns(self.outside_ns));
-            if crate::vcpu::kick::signals() == self.signals_at_enter {
+            if crate::vcpu_access::kick::signals() == self.signals_at_enter {
                 self.exit_path.note(self.outside_ns, whole);
             }
             self.inside += d;

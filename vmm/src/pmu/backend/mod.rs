@@ -85,7 +85,7 @@ pub struct PerfBackend {
     sys: Box<dyn PerfSys>,
     /// `sys.sees_guest_transitions()`, asked once.
     tell_transitions: bool,
-    signals: crate::vcpu::kick::SignalWatch,
+    signals: crate::vcpu_access::kick::SignalWatch,
 }
 
 impl PerfBackend {

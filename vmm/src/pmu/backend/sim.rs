@@ -214,7 +214,7 @@ pub(super) fn notify(signals: u64) {
     for _ in 0..signals.min(4) {
         // SAFETY: raising the kick signal on this thread; `Sim::new` (or the VMM) installed its
         // handler.
-        unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+        unsafe { libc::raise(crate::vcpu_access::kick::kick_signal()) };
     }
 }
 
@@ -226,7 +226,7 @@ impl Sim {
     /// A fresh host; installs the kick signal's handler (overflows raise it).
     #[cfg(test)]
     pub fn new() -> Sim {
-        crate::vcpu::kick::install_handler().unwrap();
+        crate::vcpu_access::kick::install_handler().unwrap();
         Sim::default()
     }
 

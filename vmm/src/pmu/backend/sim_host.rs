@@ -39,7 +39,7 @@ use std::thread::ThreadId;
 
 use super::sim::{notify, Ctx, Sim, SimPerf};
 use crate::pmu::perf::{PerfCount, PerfRequest, PerfSys, SwitchSeq};
-use crate::vcpu::kick::KickTimer;
+use crate::vcpu_access::kick::KickTimer;
 
 /// Hardware counters of the simulated host (an AMD Zen core has 6, Intel's have 4-8 general
 /// plus 3 fixed): a guest with more counters than this running gets multiplexed.
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn the_hw_source_counts_and_overflows_over_it() {
-        crate::vcpu::kick::install_handler().unwrap();
+        crate::vcpu_access::kick::install_handler().unwrap();
         let sim = SimHost::with_clock(2_000_000, clock_b);
         let mut b = PerfBackend::new(Source::Hw, AccountingMode::CpuSwitch, Box::new(sim));
         let e = super::super::testutil::event(Vendor::Amd, 0x76, 0, true, true);

@@ -559,7 +559,7 @@ mod tests {
 
     #[test]
     fn soft_cpu_switch_rearms_an_early_overflow_signal_for_the_rest_of_the_period() {
-        crate::vcpu::kick::install_handler().unwrap();
+        crate::vcpu_access::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         b.leave_guest();
@@ -584,7 +584,7 @@ mod tests {
     /// doubles the floor; one with progress keeps it; a new period starts from the fixed floor.
     #[test]
     fn early_rearms_without_guest_progress_double_their_floor() {
-        crate::vcpu::kick::install_handler().unwrap();
+        crate::vcpu_access::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = soft_backend(AccountingMode::CpuSwitch);
         let last_period = |log: &Arc<Mutex<Log>>| log.lock().unwrap().periods.last().unwrap().1;
@@ -656,7 +656,7 @@ mod tests {
 
     #[test]
     fn a_samplers_interruption_is_forgotten_in_domain_switch_and_overflows_come_late_not_never() {
-        crate::vcpu::kick::install_handler().unwrap();
+        crate::vcpu_access::kick::install_handler().unwrap();
         let e = event(Vendor::Amd, 0x76, 0, true, true);
         let (mut b, log) = soft_backend(AccountingMode::DomainSwitch);
         let (sampler, guest) = (CounterId::gp(0), CounterId::gp(1));

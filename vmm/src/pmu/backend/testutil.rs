@@ -97,7 +97,7 @@ pub(super) fn soft_backend(mode: AccountingMode) -> (PerfBackend, Arc<Mutex<Log>
 /// overflows the backend then reports. The kick handler must be installed.
 pub(super) fn kick_and_take_overflows(b: &mut PerfBackend) -> u64 {
     // SAFETY: raising the kick signal on this thread, whose handler the caller installed.
-    unsafe { libc::raise(crate::vcpu::kick::kick_signal()) };
+    unsafe { libc::raise(crate::vcpu_access::kick::kick_signal()) };
     b.take_overflows()
 }
 

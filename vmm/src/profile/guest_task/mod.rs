@@ -30,7 +30,7 @@ mod fake;
 pub mod maps;
 
 use crate::kvm_error::AccessError;
-use crate::vcpu::access::VcpuAccess;
+use crate::vcpu_access::VcpuAccess;
 pub use analysis::guest_task::{
     printable, FileName, GuestExe, GuestMapping, GuestTask, Step, Unresolved, COMM_MAX,
     EXE_NAME_MAX,
@@ -890,7 +890,7 @@ mod tests {
     #[test]
     fn kernel_data_of_a_pti_kernel_is_read_through_its_own_tables() {
         use crate::arch::x86::{CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
-        use crate::vcpu::access::fake::FakeVcpu;
+        use crate::vcpu_access::fake::FakeVcpu;
         use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
         // The kernel's top-level table at 0x10000 (8 KiB aligned), the user's at 0x11000.

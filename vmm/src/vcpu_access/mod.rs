@@ -40,6 +40,12 @@
 //! over the cached CR3/CR4/EFER (no KVM_TRANSLATE), page by page, and are bounded by the
 //! caller's buffer: a profile sampler can read a few bytes per sample (a stack word, an
 //! instruction) at the cost of one cached KVM_GET_SREGS per exit and a few memory loads.
+//!
+//! Beside it: [`kick`] (interrupting a vCPU's KVM_RUN from another thread) and [`lapic`] (the
+//! LAPIC registers in KVM's page).
+
+pub mod kick;
+pub mod lapic;
 
 use std::os::fd::{AsRawFd, RawFd};
 

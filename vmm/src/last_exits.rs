@@ -2,10 +2,10 @@
 //! (`report.rs`), and the check that ends a run whose emulation fix-ups make no progress.
 //!
 //! The exit path is hot: [`LastExits::push_event`] is a few stores into a fixed ring of the
-//! exit's classification ([`crate::exit::kind`], done once per exit by the vCPU loop). RIPs are kept only where the exit path already
+//! exit's classification (`crate::exit::kind`, done once per exit by the vCPU loop). RIPs are kept only where the exit path already
 //! read them (emulation failures); the vCPU's final RIP is read once, when its thread ends.
 
-use crate::exit::kind::{classify, ExitEvent, Reason};
+use analysis::exit_reason::{ExitEvent, Reason};
 
 /// Exits kept per vCPU.
 pub const KEPT: usize = 8;
@@ -51,13 +51,7 @@ impl Default for LastExits {
 }
 
 impl LastExits {
-    /// Classifies and records one return of KVM_RUN (the vCPU loop classifies once and calls
-    /// [`Self::push_event`]; this is for callers that have only the exit, e.g. the bench).
-    #[inline]
-    pub fn push(&mut self, r: &Result<kvm_ioctls::VcpuExit<'_>, kvm_ioctls::Error>) {
-        self.push_event(classify(r));
-    }
-
+    /// Records one exit, as the vCPU loop classified it (`exit::kind::classify`, once per exit).
     #[inline]
     pub fn push_event(&mut self, event: ExitEvent) {
         self.ring[self.next] = LastExit { event, rip: None };
