@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::console::ConsoleLog;
 use crate::end::VmEnd;
-use crate::pmu;
+use crate::pmu::mode::ModeSwitch;
 use crate::vcpu_access::kick;
 
 /// A one-shot event a thread can wait for (e.g. the guest's network coming up).
@@ -50,7 +50,7 @@ impl Latch {
 /// control (kick, end, stopping), the guest's network coming up, and the pinger's pause.
 pub struct VmHandles {
     /// None with `--vpmu=off`.
-    pub mode: Option<Arc<pmu::mode::ModeSwitch>>,
+    pub mode: Option<Arc<ModeSwitch>>,
     pub control: Arc<VmControl>,
     /// Fired at the first echo reply (`--net`).
     pub net_up: Arc<Latch>,

@@ -253,7 +253,7 @@ fn disk_json(d: &crate::vm::DiskReport) -> serde_json::Value {
     })
 }
 
-fn print_net(out: &mut Vec<String>, n: &crate::net::NetReport) {
+fn print_net(out: &mut Vec<String>, n: &crate::devices::virtio::net::NetReport) {
     let c = &n.card;
     out.push(format!(
         "[vpmu-vmm] virtio-net: status {:#x}, {} frames to the guest, {} from it, {} dropped (no receive buffer), {} queue errors, {} bad register accesses; {} interrupts, {} rx / {} tx notifies",

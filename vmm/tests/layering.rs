@@ -41,7 +41,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "compare/",
         &[
-            "cli.rs",
             "vm/",
             "report.rs",
             "trace/",
@@ -59,7 +58,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "report.rs",
-        &["vm/", "exit/", "net/", "pmu/", "pmu/mode.rs", "end.rs"],
+        &["vm/", "exit/", "devices/", "pmu/", "pmu/mode.rs", "end.rs"],
     ),
     // One run of a VM: builds it and waits for its end.
     (
@@ -167,12 +166,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     // Devices and the network's VMM end.
     ("devices/", &["net/", "boot/", "pmu/mode.rs", "seccomp/"]),
-    ("net/", &["devices/", "control.rs"]),
+    ("net/", &["control.rs"]),
     // The control surface a run's threads share.
     (
         "control.rs",
         &[
-            "pmu/",
             "pmu/mode.rs",
             "vcpu_access/",
             "last_exits.rs",
@@ -200,9 +198,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("guest_reports.rs", &["guest_results.rs"]),
 ];
 
-/// Cycles the table still has, at this granularity (each pair may import the other): a command
-/// and its arguments; the virtio-net device and the pinger it feeds.
-const KNOWN_CYCLES: &[(&str, &str)] = &[("cli.rs", "compare/"), ("devices/", "net/")];
+/// Cycles the table may have, at this granularity (each pair may import the other): none. A new
+/// one fails the test; list it here only with the reason it cannot be untied.
+const KNOWN_CYCLES: &[(&str, &str)] = &[];
 
 fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -4,6 +4,7 @@
 //! the host), [`in_guest`] (the same, profiled by the guest's own perf or OProfile: needs a
 //! VT-x/SVM host) and [`tiny`] (a bare-metal guest that samples itself with the vPMU).
 
+pub mod args;
 pub mod in_guest;
 pub mod linux;
 pub mod table;
@@ -12,6 +13,7 @@ pub mod tiny;
 use std::path::{Path, PathBuf};
 
 use crate::vm::VmError;
+use args::{CompareArgs, Format, Profiler, Workload};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
@@ -59,8 +61,7 @@ impl CompareError {
 }
 
 /// `vpmu-vmm compare`: runs the workload, prints the tables and what they show, writes the files.
-pub fn command(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
-    use crate::cli::{Profiler, Workload};
+pub fn command(args: &CompareArgs) -> Result<(), CompareError> {
     let profiler = match (args.profiler, args.workload) {
         (Some(p), _) => p,
         // The host-side comparison drives its own guests only (compare/linux.rs, tiny.rs).
@@ -118,11 +119,7 @@ fn lock_out_dir(dir: &std::path::Path) -> Result<std::fs::File, CompareError> {
 }
 
 /// The combinations of workload, profiler and command that make sense, else a usage message.
-fn check_workload_args(
-    args: &crate::cli::CompareArgs,
-    guest_profiler: bool,
-) -> Result<(), CompareError> {
-    use crate::cli::Workload;
+fn check_workload_args(args: &CompareArgs, guest_profiler: bool) -> Result<(), CompareError> {
     let refuse = |m: &str| Err(CompareError::Input(m.into()));
     match args.workload {
         Workload::Tiny if guest_profiler => refuse(
@@ -150,7 +147,7 @@ fn guest_kernel_emulated() -> bool {
 }
 
 /// The extra device-model work per card register access: as asked, else by host, and why.
-fn access_cost(args: &crate::cli::CompareArgs, emulated: bool) -> (u32, &'static str) {
+fn access_cost(args: &CompareArgs, emulated: bool) -> (u32, &'static str) {
     match (args.net_access_cost_us, emulated) {
         (Some(us), _) => (us, "as asked"),
         (None, true) => (
@@ -161,7 +158,7 @@ fn access_cost(args: &crate::cli::CompareArgs, emulated: bool) -> (u32, &'static
     }
 }
 
-fn packet_rx_host(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
+fn packet_rx_host(args: &CompareArgs) -> Result<(), CompareError> {
     let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
         .map_err(CompareError::Input)?;
     let (access_cost_us, why) = access_cost(args, guest_kernel_emulated());
@@ -233,15 +230,14 @@ fn write_flame_graphs(out: &std::path::Path, folded: &[String; 2]) -> Result<(),
 }
 
 fn in_guest_comparison(
-    args: &crate::cli::CompareArgs,
+    args: &CompareArgs,
     profiler: in_guest::GuestProfiler,
 ) -> Result<(), CompareError> {
-    use crate::cli::Workload;
     let root_path = args.disk.first().map(|d| d.path.as_path());
     let (kernel, root, is_disk) =
         linux::check_in_guest_inputs(args.kernel.as_deref(), args.initrd.as_deref(), root_path)
             .map_err(CompareError::Input)?;
-    let disk_cost = crate::cli::disk_access_cost(
+    let disk_cost = crate::vm::config::disk_access_cost(
         args.disk_access_cost_us,
         crate::host_quirks::QuirkSetting::Auto,
     );
@@ -340,7 +336,7 @@ fn in_guest_comparison(
 }
 
 /// The guest's root as the CSV/JSON parameter says it.
-fn guest_root_param(args: &crate::cli::CompareArgs) -> String {
+fn guest_root_param(args: &CompareArgs) -> String {
     match (args.disk.first(), &args.initrd) {
         (Some(d), _) => format!("disk {} (read-only)", d.path.display()),
         (None, Some(i)) => format!("initrd {}", i.display()),
@@ -349,7 +345,7 @@ fn guest_root_param(args: &crate::cli::CompareArgs) -> String {
 }
 
 fn print_linux_comparison(
-    args: &crate::cli::CompareArgs,
+    args: &CompareArgs,
     mut packets: table::Comparison,
     mut control: table::Comparison,
     run: &crate::vm::RunReport,
@@ -361,7 +357,7 @@ fn print_linux_comparison(
         c.set_params(with_totals(&params, c));
     }
     let (packets, control) = (&packets, &control);
-    let text = args.format == crate::cli::Format::Text;
+    let text = args.format == Format::Text;
     eprintln!("[compare] done in {:.1} s", run.run_time.as_secs_f64());
     if let Some(n) = run.net.as_ref().and_then(|n| n.pinger.as_ref()) {
         eprintln!(
@@ -406,7 +402,7 @@ fn print_linux_comparison(
     Ok(())
 }
 
-fn tiny_guest(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
+fn tiny_guest(args: &CompareArgs) -> Result<(), CompareError> {
     eprintln!(
         "[compare] booting the tiny comparison guest: I/O workload and CPU-bound control, \
          cpu-switch then domain-switch, one boot ({} us per I/O access)...",
@@ -429,7 +425,7 @@ fn tiny_guest(args: &crate::cli::CompareArgs) -> Result<(), CompareError> {
     for c in [&mut t.io, &mut t.control] {
         c.set_params(with_totals(&params, c));
     }
-    let text = args.format == crate::cli::Format::Text;
+    let text = args.format == Format::Text;
     let mut files = Vec::new();
     for c in [&t.io, &t.control] {
         let (csv, svg) = write_outputs(&args.out, c)?;
@@ -467,7 +463,7 @@ fn param(key: &str, value: impl Into<serde_json::Value>) -> (String, serde_json:
     (key.to_string(), value.into())
 }
 
-fn kernel_name(args: &crate::cli::CompareArgs) -> String {
+fn kernel_name(args: &CompareArgs) -> String {
     args.kernel
         .as_deref()
         .map(|k| k.display().to_string())
@@ -477,14 +473,14 @@ fn kernel_name(args: &crate::cli::CompareArgs) -> String {
 /// The run's parameters, in CSV and JSON order: the workload, what the workload adds
 /// (`extra`), the PMU model, host quirks, and the time the run spent in each mode.
 fn run_params(
-    args: &crate::cli::CompareArgs,
+    args: &CompareArgs,
     run: &crate::vm::RunReport,
     extra: Vec<(String, serde_json::Value)>,
 ) -> Vec<(String, serde_json::Value)> {
     let workload = match args.workload {
-        crate::cli::Workload::Tiny => "tiny",
-        crate::cli::Workload::PacketRx => "packet-rx",
-        crate::cli::Workload::Command => "command",
+        Workload::Tiny => "tiny",
+        Workload::PacketRx => "packet-rx",
+        Workload::Command => "command",
     };
     let mut p = vec![param("schema", COMPARE_SCHEMA), param("workload", workload)];
     p.extend(extra);

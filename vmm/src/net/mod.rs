@@ -6,9 +6,7 @@ pub mod pinger;
 
 use std::time::Duration;
 
-use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::virtio::net::{NetDeviceCounts, VirtioNet};
-use crate::net::pinger::{NetStats, GUEST_IP, HOST_IP};
+use crate::net::pinger::{GUEST_IP, HOST_IP};
 
 /// `--net`: a virtio-net card whose other end is the VMM's pinger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,27 +36,4 @@ pub fn kernel_cmdline() -> String {
 /// How often vCPU 0 runs the pinger: once per request, but not more than once a millisecond.
 pub fn tick_period(rx_pps: u32) -> Duration {
     Duration::from_secs_f64(1.0 / f64::from(rx_pps.max(1))).max(Duration::from_millis(1))
-}
-
-/// What the network card and the pinger counted, for the end-of-run report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetReport {
-    pub pinger: Option<NetStats>,
-    pub card: NetDeviceCounts,
-    /// virtio-mmio status register at the end (0xf: the driver is up), interrupts raised.
-    pub status: u32,
-    pub interrupts: u64,
-    pub bad_accesses: u64,
-}
-
-impl NetReport {
-    pub fn from_card(t: &MmioTransport<VirtioNet>) -> Self {
-        NetReport {
-            pinger: t.device().pinger_stats(),
-            card: t.device().counts.clone(),
-            status: t.status(),
-            interrupts: t.interrupts,
-            bad_accesses: t.bad_accesses,
-        }
-    }
 }

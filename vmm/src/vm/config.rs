@@ -147,3 +147,43 @@ impl VmConfig {
         }
     }
 }
+
+/// One `--disk PATH[,readonly=on|off]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskArg {
+    pub path: PathBuf,
+    pub readonly: bool,
+}
+
+/// `--disk PATH[,readonly=on|off]` (a path with a comma in it cannot be given).
+pub fn parse_disk(s: &str) -> Result<DiskArg, String> {
+    let mut parts = s.split(',');
+    let path = parts.next().unwrap_or_default();
+    if path.is_empty() {
+        return Err("no image path (PATH[,readonly=on])".into());
+    }
+    let mut readonly = false;
+    for opt in parts {
+        readonly = match opt {
+            "readonly=on" | "readonly" => true,
+            "readonly=off" => false,
+            _ => {
+                return Err(format!(
+                    "unknown disk option {opt:?} (known: readonly=on|off)"
+                ))
+            }
+        };
+    }
+    Ok(DiskArg {
+        path: PathBuf::from(path),
+        readonly,
+    })
+}
+
+/// `--disk-access-cost-us`, as asked, else by host: 0 where guest kernel code runs natively,
+/// more where it is emulated ([`DiskConfig::default_access_cost_us`]).
+pub fn disk_access_cost(asked: Option<u32>, quirks: QuirkSetting) -> u32 {
+    asked.unwrap_or_else(|| {
+        DiskConfig::default_access_cost_us(crate::host_quirks::detect(quirks).is_some())
+    })
+}

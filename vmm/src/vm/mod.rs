@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::boot;
 use crate::devices::virtio::blk::file::DiskError;
+use crate::devices::virtio::net::NetReport;
 use crate::devices::BusError;
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
-use crate::net::NetReport;
 use crate::pmu::{self, BackendChoice, PmuStats};
 use crate::seccomp;
 use crate::vcpu::regs;

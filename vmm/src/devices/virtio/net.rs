@@ -331,6 +331,29 @@ impl VirtioDevice for VirtioNet {
     }
 }
 
+/// What the network card and the pinger counted, for the end-of-run report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetReport {
+    pub pinger: Option<NetStats>,
+    pub card: NetDeviceCounts,
+    /// virtio-mmio status register at the end (0xf: the driver is up), interrupts raised.
+    pub status: u32,
+    pub interrupts: u64,
+    pub bad_accesses: u64,
+}
+
+impl NetReport {
+    pub fn from_card(t: &super::mmio::MmioTransport<VirtioNet>) -> Self {
+        NetReport {
+            pinger: t.device().pinger_stats(),
+            card: t.device().counts.clone(),
+            status: t.status(),
+            interrupts: t.interrupts,
+            bad_accesses: t.bad_accesses,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
