@@ -145,7 +145,7 @@ pub enum BackendError {
 /// (enable bit, global enable, privilege bits, an event the backend supports), stops it when
 /// they say it does not, and asks for a notification before the virtual counter would wrap.
 /// Every call comes from the vCPU thread that owns the [`Pmu`](crate::Pmu).
-pub trait CounterBackend: Send {
+pub trait CounterBackend: Send + 'static {
     /// Whether this backend can count `event`. Also decides Intel's CPUID.0AH:EBX (an
     /// architectural event the backend cannot count is advertised as unavailable).
     fn supports(&self, event: &Event) -> bool;
@@ -186,30 +186,10 @@ pub trait CounterBackend: Send {
     /// KVM_RUN returns. The model never calls it. Default: nothing.
     fn leave_guest(&mut self) {}
 
-    /// Called by the VMM (through [`Pmu::forget_host_time`](crate::Pmu::forget_host_time))
-    /// outside KVM_RUN: up to `amount` (backend units) of what the counters counted since the
-    /// last entry was the host's work, not the guest's (a host-side sampler interrupted the
-    /// guest: its timer, signal and exit). Counts never go backwards; a backend that counts
-    /// guest mode alone (hardware with its host time excluded) ignores it. Returns how much it
-    /// forgot. Default: nothing (0).
-    fn forget_host_time(&mut self, _amount: u64) -> u64 {
-        0
-    }
-
-    /// Called by the VMM (through [`Pmu::host_work_begins`](crate::Pmu::host_work_begins))
-    /// outside KVM_RUN: from here to [`host_work_ends`](Self::host_work_ends) the VMM does
-    /// work that is not on the guest's behalf (a host-side sampler's sample). A backend that
-    /// charges the VMM's work to the guest (domain-switch) leaves it out of every counter,
-    /// whatever the counters count; counts never go backwards and overflows stay due where
-    /// the guest armed them. Default: nothing.
-    fn host_work_begins(&mut self) {}
-
-    /// Ends what [`host_work_begins`](Self::host_work_begins) began. Returns the host time
-    /// left out (ns) where the backend counts time (a soft backend); None where it counts
-    /// events or left nothing out. Default: None.
-    fn host_work_ends(&mut self) -> Option<u64> {
-        None
-    }
+    /// The backend itself, for the VMM that made it: what it offers beyond counting for the
+    /// guest (a host-side profiler's bookkeeping) is the VMM's business, reached by downcasting
+    /// through [`Pmu::backend_mut`](crate::Pmu::backend_mut). The model never calls it.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 
     /// Switches the accounting mode at run time, outside KVM_RUN. The model calls it from
     /// [`Pmu::set_accounting_mode`](crate::Pmu::set_accounting_mode) with every running counter

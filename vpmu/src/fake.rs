@@ -192,6 +192,10 @@ impl FakeBackend {
 }
 
 impl CounterBackend for FakeBackend {
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn supports(&self, event: &Event) -> bool {
         (self.lock().supports)(event)
     }

@@ -254,21 +254,9 @@ impl Pmu {
         self.core.backend_mut().leave_guest();
     }
 
-    /// Forwards to [`CounterBackend::forget_host_time`]: call outside KVM_RUN, after an exit a
-    /// host-side sampler caused.
-    pub fn forget_host_time(&mut self, amount: u64) -> u64 {
-        self.core.backend_mut().forget_host_time(amount)
-    }
-
-    /// Forwards to [`CounterBackend::host_work_begins`]: call outside KVM_RUN, before work the
-    /// guest is not to be charged for.
-    pub fn host_work_begins(&mut self) {
-        self.core.backend_mut().host_work_begins();
-    }
-
-    /// Forwards to [`CounterBackend::host_work_ends`].
-    pub fn host_work_ends(&mut self) -> Option<u64> {
-        self.core.backend_mut().host_work_ends()
+    /// The counter backend, for the VMM that made it ([`CounterBackend::as_any_mut`]).
+    pub fn backend_mut(&mut self) -> &mut dyn CounterBackend {
+        self.core.backend_mut()
     }
 
     /// Switches the accounting mode at run time (call outside KVM_RUN): counts so far are kept,

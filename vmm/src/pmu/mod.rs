@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use crate::exit::{GpFault, MsrHandler};
 use crate::vcpu_access::VcpuAccess;
+use backend::PerfBackend;
 
 /// Which counter backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -110,24 +111,32 @@ pub struct SamplerTime {
 }
 
 impl VcpuPmu {
+    /// The VMM's perf backend under the model (None: another backend, as unit tests give).
+    fn backend(&mut self) -> Option<&mut PerfBackend> {
+        self.pmu.backend_mut().as_any_mut().downcast_mut()
+    }
+
     /// A host-side profile sample cost the guest's counters `t`: forgotten when they count in
     /// the sample's mode (the sampler's count measured it in that mode; in another the figure
     /// would not be what the counters counted).
     pub fn forget_sampler_time(&mut self, t: SamplerTime) {
         if t.mode == self.mode {
-            self.stats.sampler_ns_forgotten += self.pmu.forget_host_time(t.ns);
+            self.stats.sampler_ns_forgotten +=
+                self.backend().map_or(0, |b| b.forget_host_time(t.ns));
         }
     }
 
     /// The VMM's work for a host-side profile sample begins: not the guest's (see
-    /// [`vpmu::CounterBackend::host_work_begins`]).
+    /// [`PerfBackend::host_work_begins`]).
     pub fn host_work_begins(&mut self) {
-        self.pmu.host_work_begins();
+        if let Some(b) = self.backend() {
+            b.host_work_begins();
+        }
     }
 
     /// ... and ends: left out of the guest's counts where they count it (domain-switch).
     pub fn host_work_ends(&mut self) {
-        if let Some(ns) = self.pmu.host_work_ends() {
+        if let Some(ns) = self.backend().and_then(|b| b.host_work_ends()) {
             self.stats.sampler_work_ns_left_out += ns;
         }
         self.stats.samples_left_out += 1;

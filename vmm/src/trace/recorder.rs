@@ -209,7 +209,7 @@ impl VcpuRecorder {
     /// After the exit was handled, before re-entering: takes a profile sample if one is due,
     /// and has the guest's counters (`pmu`) leave out what the sample cost them. The VMM's
     /// sample work is left out by the backend, whatever it counts
-    /// ([`vpmu::CounterBackend::host_work_begins`]: only domain-switch counts it). The
+    /// ([`crate::pmu::backend::PerfBackend::host_work_begins`]: only domain-switch counts it). The
     /// interruption before the exit is forgotten where the sampler measured it (see
     /// [`SamplerTime`]): a cycles-counter trigger interrupted guest code that runs natively,
     /// so nothing of the guest ran between the sampler's notification and the exit: user code

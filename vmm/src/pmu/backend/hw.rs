@@ -172,7 +172,7 @@ impl Hw {
         c.last
     }
 
-    /// Host work the guest is not charged for begins ([`vpmu::CounterBackend::host_work_begins`]):
+    /// Host work the guest is not charged for begins ([`super::PerfBackend::host_work_begins`]):
     /// in domain-switch each counter's events are read (cpu-switch's count guest mode alone).
     pub(super) fn host_work_begins(&mut self, sys: &mut dyn PerfSys) {
         self.host_work_from.clear();

@@ -210,6 +210,46 @@ fn close_events(sys: &mut dyn PerfSys, fds: &[RawFd]) {
     }
 }
 
+/// What the VMM's host-side profiler needs of the backend (not part of the guest's model).
+impl PerfBackend {
+    /// Up to `ns` of what the counters counted since the last entry was a host-side sampler's
+    /// interruption of the guest (its timer, signal and exit), not the guest's: forgotten where
+    /// the counters count time (counts never go backwards). Returns how much was forgotten.
+    pub fn forget_host_time(&mut self, ns: u64) -> u64 {
+        // The hardware source counts guest mode alone in cpu-switch (exclude_host); in
+        // domain-switch it cannot tell how many events the interruption before the exit
+        // counted (docs/tracing.md, Limits), only the VMM's work after it (`host_work_*`).
+        match &mut self.imp {
+            Imp::Soft(s) => s.forget_host_time(ns),
+            Imp::Hw(_) => 0,
+        }
+    }
+
+    /// From here to [`Self::host_work_ends`] the VMM does work not on the guest's behalf (a
+    /// host-side sample): domain-switch leaves it out of every counter, overflows stay due
+    /// where the guest armed them.
+    pub fn host_work_begins(&mut self) {
+        let sys = self.sys.as_mut();
+        match &mut self.imp {
+            Imp::Soft(s) => s.host_work_begins(sys),
+            Imp::Hw(h) => h.host_work_begins(sys),
+        }
+    }
+
+    /// Ends what [`Self::host_work_begins`] began: the host time left out (ns) where the
+    /// backend counts time; None where it counts events or left nothing out.
+    pub fn host_work_ends(&mut self) -> Option<u64> {
+        let sys = self.sys.as_mut();
+        match &mut self.imp {
+            Imp::Soft(s) => s.host_work_ends(sys),
+            Imp::Hw(h) => {
+                h.host_work_ends(sys);
+                None
+            }
+        }
+    }
+}
+
 impl CounterBackend for PerfBackend {
     fn supports(&self, e: &Event) -> bool {
         self.source().supports(e)
@@ -268,33 +308,8 @@ impl CounterBackend for PerfBackend {
         src.set_mode(mode);
     }
 
-    fn forget_host_time(&mut self, ns: u64) -> u64 {
-        // The hardware source counts guest mode alone in cpu-switch (exclude_host); in
-        // domain-switch it cannot tell how many events the interruption before the exit
-        // counted (docs/tracing.md, Limits), only the VMM's work after it (`host_work_*`).
-        match &mut self.imp {
-            Imp::Soft(s) => s.forget_host_time(ns),
-            Imp::Hw(_) => 0,
-        }
-    }
-
-    fn host_work_begins(&mut self) {
-        let sys = self.sys.as_mut();
-        match &mut self.imp {
-            Imp::Soft(s) => s.host_work_begins(sys),
-            Imp::Hw(h) => h.host_work_begins(sys),
-        }
-    }
-
-    fn host_work_ends(&mut self) -> Option<u64> {
-        let sys = self.sys.as_mut();
-        match &mut self.imp {
-            Imp::Soft(s) => s.host_work_ends(sys),
-            Imp::Hw(h) => {
-                h.host_work_ends(sys);
-                None
-            }
-        }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 
     fn leave_guest(&mut self) {

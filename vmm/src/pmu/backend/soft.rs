@@ -257,7 +257,7 @@ impl Soft {
     }
 
     /// `ns` of thread CPU time since the last entry was the host's, not the guest's (see
-    /// [`vpmu::CounterBackend::forget_host_time`]): cpu-switch takes it off the gate's last
+    /// [`super::PerfBackend::forget_host_time`]): cpu-switch takes it off the gate's last
     /// KVM_RUN interval (at most all of it); domain-switch moves every counter's zero forward
     /// by it (a counter then stands still until it has counted that much again: counts never
     /// go backwards, see `count`).
@@ -273,7 +273,7 @@ impl Soft {
     }
 
     /// Host work the guest is not charged for begins (see
-    /// [`vpmu::CounterBackend::host_work_begins`]): in domain-switch, notes the thread's CPU
+    /// [`super::PerfBackend::host_work_begins`]): in domain-switch, notes the thread's CPU
     /// time (every soft counter counts it); cpu-switch counts nothing outside KVM_RUN.
     pub(super) fn host_work_begins(&mut self, sys: &mut dyn PerfSys) {
         self.host_work_from = match self.counters.keys().next() {
