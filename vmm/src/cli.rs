@@ -10,7 +10,7 @@ use crate::end::EXIT_CODES_HELP;
 // take no types from the command line); re-exported here, where the command line is put
 // together.
 pub use crate::compare::args::{CompareArgs, Format, Profiler, Workload};
-use crate::host_quirks::QuirkSetting;
+use crate::host_quirks::{HostKind, QuirkSetting};
 use crate::pmu::{BackendChoice, ModelChoice};
 use crate::seccomp::SeccompSetting;
 use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
@@ -322,6 +322,7 @@ impl RunArgs {
                 "--pmu-event-filter needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
             );
         }
+        let host = HostKind::decide(self.host_quirks);
         Ok(VmConfig {
             boot: Boot::Linux {
                 kernel: self.kernel.clone(),
@@ -351,11 +352,11 @@ impl RunArgs {
                 .map(|d| DiskConfig {
                     path: d.path.clone(),
                     readonly: d.readonly,
-                    access_cost_us: disk_access_cost(self.disk_access_cost_us, self.host_quirks),
+                    access_cost_us: disk_access_cost(self.disk_access_cost_us, host),
                 })
                 .collect(),
             serial2: self.serial2.clone(),
-            host_quirks: self.host_quirks,
+            host,
             timeout,
             console_out: self.console.clone(),
             output_file_cap_mib: self.output_file_cap_mib,

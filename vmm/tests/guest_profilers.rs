@@ -797,7 +797,8 @@ struct PacketRxSize {
 
 impl PacketRxSize {
     fn for_this_host(profiler: &str) -> PacketRxSize {
-        let emulated = vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some();
+        let emulated =
+            vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks();
         if !emulated {
             // A VT-x/SVM host (tier 4's nested kvm_amd, VPMU_SVM_PROFILERS=1): guest kernel code
             // runs in hardware and interrupts are taken at once. 30 s windows at 200 echo

@@ -161,6 +161,43 @@ fn interrupts_off_hang_ends_by_timeout_7_with_every_vcpu_rip() {
     assert!(d.iter().all(|l| !l.contains("ended the run")), "{d:?}");
 }
 
+/// `--host-quirks off` means no fix-up runs: the first emulation failure ends the run with
+/// code 6 and says why, where `auto` would have completed it (the test below).
+#[test]
+fn with_host_quirks_off_an_emulation_failure_ends_the_run() {
+    if !kvm_available() {
+        return;
+    }
+    use vmm::host_quirks::{HostKind, QuirkSetting};
+    let g = tiny_guests::INT3_LOOP64;
+    let r = run_tiny_with(&g, Duration::from_secs(120), |c| {
+        c.host = HostKind::decide(QuirkSetting::Off);
+    });
+    if !HostKind::decide(QuirkSetting::Auto).quirks() {
+        testkit::not_checked(
+            "with_host_quirks_off_an_emulation_failure_ends_the_run",
+            &format!(
+                "this host runs int3 in hardware: no emulation failure to refuse (the run ended: {})",
+                r.report.end
+            ),
+        );
+        return;
+    }
+    assert_eq!(
+        r.report.end.exit_code(),
+        code::EMULATION_FAILURE,
+        "{}",
+        r.report.end
+    );
+    let end = r.report.end.to_string();
+    assert!(end.contains("--host-quirks off: no fix-up"), "{end}");
+    assert!(
+        r.report.fixups.is_empty(),
+        "fix-ups ran: {:?}",
+        r.report.fixups
+    );
+}
+
 #[test]
 fn fixup_without_progress_exits_6_instead_of_spinning() {
     if !kvm_available() {
@@ -171,8 +208,8 @@ fn fixup_without_progress_exits_6_instead_of_spinning() {
     let r = run_tiny_with(&g, Duration::from_secs(120), |_| {});
     let d = diagnostic(&r);
     eprintln!("ended after {:.1} s", t.elapsed().as_secs_f64());
-    let quirks = vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto);
-    if quirks.is_none() {
+    let quirks = vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto);
+    if !quirks.quirks() {
         // int3 runs in hardware here: the guest overruns its stack and ends some other way.
         testkit::not_checked(
             "fixup_without_progress_exits_6_instead_of_spinning",

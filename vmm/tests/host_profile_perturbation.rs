@@ -170,7 +170,7 @@ fn kernel_code_interruptions_are_forgotten_only_where_it_runs_natively() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let emulated = vmm::host_quirks::detect(QuirkSetting::Auto).is_some();
+    let emulated = vmm::host_quirks::HostKind::decide(QuirkSetting::Auto).quirks();
     let mut forgotten = Vec::new();
     for quirks in [QuirkSetting::Auto, QuirkSetting::Off] {
         let r = common::run_tiny_with(
@@ -180,7 +180,7 @@ fn kernel_code_interruptions_are_forgotten_only_where_it_runs_natively() {
                 c.vpmu = VpmuSetting::CpuSwitch;
                 c.pmu_model = ModelChoice::Amd;
                 c.pmu_backend = BackendChoice::Soft;
-                c.host_quirks = quirks;
+                c.host = vmm::host_quirks::HostKind::decide(quirks);
                 c.record.profile = Some(ProfileConfig {
                     path: dir.path().join("k.prof"),
                     hz: 1000,

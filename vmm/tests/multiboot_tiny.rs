@@ -200,7 +200,7 @@ fn xbegin_at_cpl0_is_an_abort_through_the_trap_or_a_ud_the_guest_receives() {
         return;
     }
     const { assert!(XBEGIN_MULTIBOOT64.multiboot, "built as an ELF32") };
-    let quirks = vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some();
+    let quirks = vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks();
     let supported = kvm_ioctls::Kvm::new()
         .unwrap()
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)

@@ -40,7 +40,7 @@ fn run_with(
         cfg.pmu_model = model;
         cfg.pmu_backend = BackendChoice::Soft;
         cfg.rdpmc = rdpmc;
-        cfg.host_quirks = quirks;
+        cfg.host = vmm::host_quirks::HostKind::decide(quirks);
     });
     let words: Vec<u64> = r
         .serial2

@@ -142,7 +142,7 @@ fn run_syscall64(sync_regs: bool) -> Sample {
     let per_syscall = w[15] as f64 / n as f64;
     let per_ud2 = w[16] as f64 / m as f64;
     let mut relayed = 0;
-    if vmm::host_quirks::detect(vmm::host_quirks::QuirkSetting::Auto).is_some() {
+    if vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks() {
         let count = |k: &str| {
             r.report
                 .fixups

@@ -58,10 +58,6 @@ pub const VIRTIO_NET_PREFIXES: &[&str] = &[
 /// published e1000 table these are the interrupt, rx-poll and transmit functions.
 pub const DEVICE_ACCESS_FUNCTIONS: &[&str] = &["vm_interrupt", "vm_notify"];
 
-/// Default extra device-model work per card register access where guest kernel code is
-/// emulated (µs): a 4 µs user-space device-model round trip, scaled like the guest's code.
-pub const EMULATED_ACCESS_COST_US: u32 = 4000;
-
 /// The row that sums the virtio-net path in the packet-receive table.
 pub const VIRTIO_NET_TOTAL: &str = "[virtio-net rx/tx/irq path: total]";
 

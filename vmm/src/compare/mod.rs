@@ -12,6 +12,7 @@ pub mod tiny;
 
 use std::path::{Path, PathBuf};
 
+use crate::host_quirks::HostKind;
 use crate::vm::VmError;
 use args::{CompareArgs, Format, Profiler, Workload};
 
@@ -141,17 +142,18 @@ fn check_workload_args(args: &CompareArgs, guest_profiler: bool) -> Result<(), C
     }
 }
 
-/// Whether this host emulates guest kernel code (kvm_pvm, whose quirks the VMM fixes up).
-fn guest_kernel_emulated() -> bool {
-    crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some()
+/// The kind of host the comparison's runs get (`VmConfig::new` decides it the same way, once
+/// per run; compare has no `--host-quirks`).
+fn host() -> HostKind {
+    HostKind::decide(crate::host_quirks::QuirkSetting::Auto)
 }
 
 /// The extra device-model work per card register access: as asked, else by host, and why.
-fn access_cost(args: &CompareArgs, emulated: bool) -> (u32, &'static str) {
-    match (args.net_access_cost_us, emulated) {
+fn access_cost(args: &CompareArgs, host: HostKind) -> (u32, &'static str) {
+    match (args.net_access_cost_us, host.quirks()) {
         (Some(us), _) => (us, "as asked"),
         (None, true) => (
-            linux::EMULATED_ACCESS_COST_US,
+            host.default_access_cost_us(),
             "scaled like this host's emulated guest kernel code; docs/accounting-modes.md",
         ),
         (None, false) => (0, "the VMM's own work only"),
@@ -161,7 +163,7 @@ fn access_cost(args: &CompareArgs, emulated: bool) -> (u32, &'static str) {
 fn packet_rx_host(args: &CompareArgs) -> Result<(), CompareError> {
     let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
         .map_err(CompareError::Input)?;
-    let (access_cost_us, why) = access_cost(args, guest_kernel_emulated());
+    let (access_cost_us, why) = access_cost(args, host());
     eprintln!(
         "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
          {} echo requests/s; then 4 phases of {} s (packets and a CPU-bound control, each in cpu-switch and domain-switch) \
@@ -237,10 +239,8 @@ fn in_guest_comparison(
     let (kernel, root, is_disk) =
         linux::check_in_guest_inputs(args.kernel.as_deref(), args.initrd.as_deref(), root_path)
             .map_err(CompareError::Input)?;
-    let disk_cost = crate::vm::config::disk_access_cost(
-        args.disk_access_cost_us,
-        crate::host_quirks::QuirkSetting::Auto,
-    );
+    let host = host();
+    let disk_cost = crate::vm::config::disk_access_cost(args.disk_access_cost_us, host);
     let root = if is_disk {
         in_guest::GuestRoot::Disk {
             path: root,
@@ -259,8 +259,8 @@ fn in_guest_comparison(
             access_cost_us: disk_cost,
         })
         .collect();
-    let emulated = guest_kernel_emulated();
-    let (access_cost_us, why) = access_cost(args, emulated);
+    let emulated = host.quirks();
+    let (access_cost_us, why) = access_cost(args, host);
     let (sampling, period_why) = in_guest::Sampling::for_host(emulated, args.guest_period);
     let period = sampling.period;
     let window = match args.workload {
@@ -484,7 +484,7 @@ fn run_params(
     };
     let mut p = vec![param("schema", COMPARE_SCHEMA), param("workload", workload)];
     p.extend(extra);
-    let quirks = crate::host_quirks::detect(crate::host_quirks::QuirkSetting::Auto).is_some();
+    let quirks = run.host.quirks;
     let time = crate::pmu::mode::time_in_modes(&run.mode_history, run.run_time);
     p.extend([
         param("host_quirks", quirks),

@@ -67,20 +67,75 @@ pub const KERNEL_OPTIONS: &str =
 /// How the user asked quirks to be chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QuirkSetting {
-    /// Enable when the host is detected (the `kvm_pvm` module is loaded).
+    /// Enable when the host is detected (the `kvm_pvm` module is loaded); elsewhere, an
+    /// instruction the host fails to emulate still gets a fix-up, with a warning.
     Auto,
+    /// Every work-around, whatever the host.
     On,
+    /// None at all: an instruction the host fails to emulate ends the run (exit code 6).
     Off,
 }
 
-/// Why the quirks are on, for the log.
-pub fn detect(setting: QuirkSetting) -> Option<&'static str> {
-    match setting {
-        QuirkSetting::On => Some("forced with --host-quirks=on"),
-        QuirkSetting::Off => None,
-        QuirkSetting::Auto => Path::new("/sys/module/kvm_pvm")
-            .exists()
-            .then_some("the kvm_pvm module is loaded: guest kernel code is emulated by the host"),
+/// Extra device-model work per access to a virtio card's registers where guest kernel code is
+/// emulated (~1000x slower): it stands for a 4 us user-space device-model round trip scaled
+/// alike, which would otherwise be lost next to the guest's emulated driver code
+/// (docs/accounting-modes.md). `--net-access-cost-us` and `--disk-access-cost-us` default to it
+/// there, to 0 on a VT-x/SVM host.
+pub const EMULATED_ACCESS_COST_US: u32 = 4000;
+
+/// The kind of host, decided once at start from `--host-quirks` and detection, and passed down:
+/// everything host-specific asks it instead of looking again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKind {
+    /// Guest kernel code is emulated by the host (kvm_pvm): the quirks are on (CPUID and
+    /// command-line edits before boot, fix-ups, the SYSCALL relay). `why` is for the log.
+    EmulatedKernel { why: &'static str },
+    /// Hardware virtualization (VT-x/SVM): no quirk before boot. With `--host-quirks auto`, an
+    /// emulation failure the host reports still gets a fix-up (logged: the host was not what
+    /// detection said); with `off`, none runs and the failure ends the run.
+    Hardware { fixups_on_failure: bool },
+}
+
+impl HostKind {
+    pub fn decide(setting: QuirkSetting) -> HostKind {
+        match setting {
+            QuirkSetting::On => HostKind::EmulatedKernel {
+                why: "forced with --host-quirks=on",
+            },
+            QuirkSetting::Off => HostKind::Hardware {
+                fixups_on_failure: false,
+            },
+            QuirkSetting::Auto if Path::new("/sys/module/kvm_pvm").exists() => {
+                HostKind::EmulatedKernel {
+                    why: "the kvm_pvm module is loaded: guest kernel code is emulated by the host",
+                }
+            }
+            QuirkSetting::Auto => HostKind::Hardware {
+                fixups_on_failure: true,
+            },
+        }
+    }
+
+    /// The quirks are on: guest kernel code is emulated.
+    pub fn quirks(self) -> bool {
+        matches!(self, HostKind::EmulatedKernel { .. })
+    }
+
+    /// Whether an emulation failure may be completed by a fix-up.
+    pub fn fixups(self) -> bool {
+        match self {
+            HostKind::EmulatedKernel { .. } => true,
+            HostKind::Hardware { fixups_on_failure } => fixups_on_failure,
+        }
+    }
+
+    /// The default extra work per access to a card's registers ([`EMULATED_ACCESS_COST_US`]).
+    pub fn default_access_cost_us(self) -> u32 {
+        if self.quirks() {
+            EMULATED_ACCESS_COST_US
+        } else {
+            0
+        }
     }
 }
 

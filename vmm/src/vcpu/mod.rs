@@ -47,9 +47,9 @@ pub struct VcpuRunner {
     pub ticker: Option<ticker::Ticker>,
     pub control: Arc<VmControl>,
     pub fixups: Arc<FixupCounts>,
-    /// Whether host quirks were detected before boot (otherwise the first emulation failure
-    /// turns the fix-ups on, with a log line saying so).
-    pub quirks_expected: bool,
+    /// The kind of host: with the quirks off, the first emulation failure turns the fix-ups on
+    /// (a log line says so) unless `--host-quirks off` forbids them.
+    pub host: host_quirks::HostKind,
     /// The vPMU (None with `--vpmu=off`).
     pub pmu: Option<VcpuPmu>,
     /// For MSIs (PMIs with a fixed LVTPC vector).
@@ -89,8 +89,8 @@ pub struct VcpuShared {
     pub vm: Arc<VmFd>,
     pub control: Arc<VmControl>,
     pub fixups: Arc<FixupCounts>,
-    /// [`VcpuRunner::quirks_expected`].
-    pub quirks_expected: bool,
+    /// [`VcpuRunner::host`].
+    pub host: host_quirks::HostKind,
     /// [`VcpuRunner::const_msrs`].
     pub const_msrs: bool,
 }
@@ -115,7 +115,7 @@ impl VcpuRunner {
             ticker,
             control: shared.control,
             fixups: shared.fixups,
-            quirks_expected: shared.quirks_expected,
+            host: shared.host,
             pmu,
             vm: shared.vm,
             const_msrs: shared.const_msrs,
@@ -304,6 +304,12 @@ impl VcpuRunner {
             })
         })?;
         let in_a_row = self.last_exits.emulation_failure_at(rip);
+        if !self.host.fixups() {
+            return Err(VmEnd::EmulationFailure(format!(
+                "vCPU {}: the host could not emulate the guest instruction at RIP {rip:#x} (--host-quirks off: no fix-up)",
+                self.id
+            )));
+        }
         match host_quirks::emulate::emulate(cpu) {
             Ok(kind) if in_a_row >= last_exits::NO_PROGRESS_LIMIT => {
                 Err(VmEnd::EmulationFailure(format!(
@@ -313,7 +319,7 @@ impl VcpuRunner {
             }
             Ok(kind) => {
                 if self.fixups.record(kind) {
-                    if !self.quirks_expected && self.fixups.snapshot().len() == 1 {
+                    if !self.host.quirks() && self.fixups.snapshot().len() == 1 {
                         log::warn!("the host failed to emulate a guest instruction: enabling host-quirk fix-ups");
                     }
                     log::info!("host quirk: completed `{kind}` for the guest (first at RIP {rip:#x}, vCPU {})", self.id);

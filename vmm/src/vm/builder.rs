@@ -83,10 +83,11 @@ pub(super) struct BuiltVm {
 
 /// Builds the VM `cfg` describes, up to the moment its vCPU threads may start.
 pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
-    let quirks = host_quirks::detect(cfg.host_quirks);
-    if let Some(why) = quirks {
+    let host = cfg.host;
+    if let host_quirks::HostKind::EmulatedKernel { why } = host {
         log::info!("host quirks on: {why}");
     }
+    let quirks = host.quirks();
     let (hv, vm) = create_vm()?;
     // The guest's PMU is the VMM's (or none, with --vpmu off): KVM's own must not answer the
     // guest's RDPMC from counters nobody programs. Before the vCPUs are created.
@@ -102,7 +103,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     );
     let mem = create_memory(&vm, cfg.memory_mib)?;
     let throttle_off = guest_pmi_throttle_off(cfg);
-    let guest = load_guest(cfg, &mem, quirks.is_some(), throttle_off)?;
+    let guest = load_guest(cfg, &mem, quirks, throttle_off)?;
     let control = Arc::new(VmControl::new(cfg.panic_vcpu_at_exit));
     let mode_switch = mode_switch(cfg);
     let devices = attach_devices(cfg, &vm, &mem, &control, mode_switch.as_ref())?;
@@ -119,7 +120,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         &guest_cpuid,
         &guest.code,
         &mode_switch,
-        quirks.is_some(),
+        quirks,
     )?;
     let probe = vpmu.as_mut().and_then(|v| apply_host_probe(cfg, &hv, v));
     // The host-side profile's sampler is a soft counter too, with or without a vPMU.
@@ -134,7 +135,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     kick::install_handler().map_err(kvm("installing the vCPU kick signal handler"))?;
     let fixups = Arc::new(FixupCounts::default());
     // Guest user space where the host leaves SYSCALL half done (host quirks only).
-    let relay = quirks.map(|_| syscall_relay::SyscallRelay::new(fixups.clone()));
+    let relay = quirks.then(|| syscall_relay::SyscallRelay::new(fixups.clone()));
     // `--rdpmc trap`: the int3 over the guest's #GP handler.
     let gp_trap = vpmu
         .as_ref()
@@ -144,7 +145,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     // RTM as the guest sees it: these hosts ignore leaf 7 of KVM_SET_CPUID2, so the host's own
     // table decides, even when the guest's identity (an AMD one) leaves RTM out (no identity
     // adds it).
-    let ud_trap = (quirks.is_some()
+    let ud_trap = (quirks
         && matches!(guest.code, pmu::setup::GuestCode::Unpatched)
         && host_quirks::xbegin_abort::offers_rtm(supported.as_slice()))
     .then(|| Arc::new(host_quirks::xbegin_abort::trap(fixups.clone())));
@@ -155,13 +156,13 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         vm: vm.clone(),
         control: control.clone(),
         fixups: fixups.clone(),
-        quirks_expected: quirks.is_some(),
+        host,
         const_msrs: !cfg.const_msrs.is_empty(),
     };
     let vcpus = VcpuPlan {
         cfg,
         guest_cpuid: &guest_cpuid,
-        quirks: quirks.is_some(),
+        quirks,
         entry: guest.entry,
         vpmu: vpmu.as_ref(),
         mode_switch: &mode_switch,
@@ -177,16 +178,10 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         .and_then(|r| r.fd.get_tsc_khz().ok())
         .map(u64::from)
         .filter(|&k| k > 0);
-    let recording = start_recording(
-        cfg,
-        &mut runners,
-        &mode_switch,
-        quirks.is_some(),
-        notify_cost_ns,
-    )?;
+    let recording = start_recording(cfg, &mut runners, &mode_switch, quirks, notify_cost_ns)?;
     let host = super::HostReport {
         kvm: host_quirks::kvm_module(),
-        quirks: quirks.is_some(),
+        quirks,
         backend: vpmu.as_ref().map(|v| v.backend),
         exit_cost_ns: vpmu.as_ref().map_or(0, |v| v.exit_cost_ns),
         kvm_answers_rdpmc: probe.map(|p| p.kvm_answers_rdpmc),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::boot::layout;
 use crate::control::Controller;
 use crate::devices::virtio::blk::DiskConfig;
-use crate::host_quirks::QuirkSetting;
+use crate::host_quirks::{HostKind, QuirkSetting};
 use crate::net::NetConfig;
 use crate::pmu::{self, BackendChoice, ModelChoice, RdpmcSetting, VpmuSetting};
 
@@ -47,7 +47,8 @@ pub struct VmConfig {
     pub vcpus: u32,
     pub vpmu: VpmuSetting,
     pub serial2: Option<PathBuf>,
-    pub host_quirks: QuirkSetting,
+    /// The kind of host (`--host-quirks` and detection, decided once).
+    pub host: HostKind,
     pub timeout: Option<Duration>,
     /// Where guest console output goes (stdout when None).
     pub console_out: Option<PathBuf>,
@@ -121,7 +122,7 @@ impl VmConfig {
             memory_mib: 256,
             vcpus: 1,
             vpmu: VpmuSetting::Off,
-            host_quirks: QuirkSetting::Auto,
+            host: HostKind::decide(QuirkSetting::Auto),
             timeout: None,
             console_out: None,
             output_file_cap_mib: DEFAULT_OUTPUT_FILE_CAP_MIB,
@@ -181,9 +182,7 @@ pub fn parse_disk(s: &str) -> Result<DiskArg, String> {
 }
 
 /// `--disk-access-cost-us`, as asked, else by host: 0 where guest kernel code runs natively,
-/// more where it is emulated ([`DiskConfig::default_access_cost_us`]).
-pub fn disk_access_cost(asked: Option<u32>, quirks: QuirkSetting) -> u32 {
-    asked.unwrap_or_else(|| {
-        DiskConfig::default_access_cost_us(crate::host_quirks::detect(quirks).is_some())
-    })
+/// more where it is emulated ([`HostKind::default_access_cost_us`]).
+pub fn disk_access_cost(asked: Option<u32>, host: HostKind) -> u32 {
+    asked.unwrap_or_else(|| host.default_access_cost_us())
 }

@@ -57,23 +57,6 @@ pub struct DiskConfig {
     pub access_cost_us: u32,
 }
 
-/// Default `--disk-access-cost-us` where guest kernel code is emulated (host quirks on): the
-/// network card's scaling (a 4 µs user-space device-model round trip, scaled like the guest's
-/// ~1000x slower kernel code; docs/accounting-modes.md). 0 on a VT-x/SVM host.
-pub const EMULATED_ACCESS_COST_US: u32 = 4000;
-
-impl DiskConfig {
-    /// `--disk-access-cost-us` when not given: [`EMULATED_ACCESS_COST_US`] on a host that
-    /// emulates guest kernel code, else 0.
-    pub fn default_access_cost_us(emulated_guest_kernel: bool) -> u32 {
-        if emulated_guest_kernel {
-            EMULATED_ACCESS_COST_US
-        } else {
-            0
-        }
-    }
-}
-
 /// At most this many disks (one IOAPIC pin each, [`disk_gsi`]).
 pub const MAX_DISKS: usize = 8;
 
