@@ -3,5 +3,5 @@
 //! ([`iret`]). No KVM calls and no VMM types (kvm-bindings' plain register structs only): every
 //! other module may use it (it sits at the bottom of the layer table in `tests/layering.rs`).
 
-pub mod iret;
+pub(crate) mod iret;
 pub mod x86;

@@ -140,6 +140,7 @@ pub enum AcpiError {
 /// Builds the ACPI tables for `num_cpus` vCPUs (APIC ids 0..num_cpus), the I/O APIC at
 /// `ioapic_addr` (GSI base 0) and the local APICs at `lapic_addr`, writes them into guest
 /// memory from [`RSDP_ADDR`] on, and returns the address of the RSDP.
+#[cfg(test)]
 pub fn create_acpi_tables(
     mem: &GuestMemoryMmap,
     num_cpus: u8,

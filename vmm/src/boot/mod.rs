@@ -2,7 +2,7 @@
 //! Multiboot v1 kernels (kvm-unit-tests) and the ACPI tables. A bzImage's vmlinux is extracted
 //! by `analysis::bzimage` (the symbol readers read it too).
 
-pub mod acpi;
+pub(crate) mod acpi;
 pub mod kernel;
 pub mod layout;
 pub mod multiboot;

@@ -4,7 +4,7 @@
 //! the host), [`in_guest`] (the same, profiled by the guest's own perf or OProfile: needs a
 //! VT-x/SVM host) and [`tiny`] (a bare-metal guest that samples itself with the vPMU).
 
-pub mod args;
+pub(crate) mod args;
 pub mod in_guest;
 pub mod linux;
 pub mod table;

@@ -3,9 +3,9 @@
 //! domain-switch accounting charges it to the guest), and so does periodic device work ([`Tick`]).
 
 pub mod acpi_pm;
-pub mod bus;
-pub mod debug_exit;
-pub mod delay;
+pub(crate) mod bus;
+pub(crate) mod debug_exit;
+pub(crate) mod delay;
 pub mod i8042;
 pub mod packet_gate;
 pub mod serial;

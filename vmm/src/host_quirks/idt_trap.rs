@@ -591,6 +591,7 @@ impl TrapPoll {
     }
 
     /// The next look is due at once, and the waits start again from [`POLL_INTERVAL_TSC`].
+    #[cfg(test)]
     pub fn reset(&mut self) {
         *self = Self::new();
     }

@@ -19,8 +19,8 @@
 //! of guest *kernel* code only when the quirks are off (`trace::recorder`, `guest_kernel_emulated`:
 //! emulated kernel code runs on for the PMI skid after the sampler's notification).
 
-pub mod emulate;
-pub mod idt_trap;
+pub(crate) mod emulate;
+pub(crate) mod idt_trap;
 pub mod syscall_relay;
 pub mod xbegin_abort;
 

@@ -3,12 +3,12 @@
 //! ([`backend`]); after each exit a due PMI is delivered through the guest's LVTPC ([`pmi`]).
 //! [`setup`] holds what is done once per VM (MSR filter) or per vCPU (CPUID).
 
-pub mod backend;
+pub(crate) mod backend;
 pub mod mode;
-pub mod perf;
+pub(crate) mod perf;
 pub mod pmi;
 pub mod rdpmc;
-pub mod rdpmc_trap;
+pub(crate) mod rdpmc_trap;
 pub mod setup;
 
 use std::sync::Arc;

@@ -102,8 +102,6 @@ pub trait PerfSys: Send {
     /// Opens an event on the calling thread; overflow notifications (if sampling) go to that
     /// thread as the vCPU kick signal.
     fn open(&mut self, req: &PerfRequest) -> io::Result<RawFd>;
-    fn enable(&mut self, fd: RawFd);
-    fn disable(&mut self, fd: RawFd);
     fn read(&mut self, fd: RawFd) -> u64;
     /// `read(2)` with the time totals, for an event opened with [`PerfRequest::read_times`]
     /// (the default: the count alone, times 0).
@@ -272,16 +270,6 @@ impl PerfSys for HostPerf {
             }
         }
         Ok(fd)
-    }
-
-    fn enable(&mut self, fd: RawFd) {
-        // SAFETY: ioctl on a perf fd we own.
-        unsafe { sys::ioctls::ENABLE(fd, 0) };
-    }
-
-    fn disable(&mut self, fd: RawFd) {
-        // SAFETY: ioctl on a perf fd we own.
-        unsafe { sys::ioctls::DISABLE(fd, 0) };
     }
 
     fn read(&mut self, fd: RawFd) -> u64 {

@@ -16,6 +16,6 @@
 //!   VMM's exit handling).
 
 pub mod btf_layout;
-pub mod call_stack;
+pub(crate) mod call_stack;
 pub mod guest_task;
-pub mod sampler;
+pub(crate) mod sampler;

@@ -137,11 +137,6 @@ impl Sampler {
         self.mode
     }
 
-    /// Nanoseconds of the sampled clock per sample.
-    pub fn period_ns(&self) -> u64 {
-        self.period_ns
-    }
-
     /// Arms the counter or timer; must run on the vCPU thread (perf events and the timer
     /// signal belong to the calling thread). Called on the first `enter_guest`.
     fn start(&mut self) -> Result<(), SamplerError> {

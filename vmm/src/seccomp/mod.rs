@@ -10,9 +10,9 @@
 //! the end. Filters stack and are inherited, so each thread applies its kind's filters only, and
 //! the calling thread applies its own last (threads it spawned earlier do not inherit them).
 
-pub mod fds;
-pub mod names;
-pub mod rules;
+pub(crate) mod fds;
+pub(crate) mod names;
+pub(crate) mod rules;
 
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, OnceLock};

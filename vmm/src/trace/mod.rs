@@ -11,6 +11,6 @@
 //! * [`series`] — `--interval` CSV time series and its SVG chart.
 
 pub mod recorder;
-pub mod writer;
+pub(crate) mod writer;
 
 pub use recorder::{ProfileClock, ProfileConfig, RecordConfig};

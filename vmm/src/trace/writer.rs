@@ -129,6 +129,7 @@ impl VcpuSink {
         });
     }
 
+    #[cfg(test)]
     pub fn dropped(&self) -> u64 {
         self.dropped_total
     }

@@ -109,8 +109,13 @@ pub fn for_vcpu(
     out
 }
 
-/// Looks an entry up (for callers and tests).
-pub fn find(entries: &[kvm_cpuid_entry2], function: u32, index: u32) -> Option<&kvm_cpuid_entry2> {
+/// Looks an entry up (the unit tests of the CPUID edits).
+#[cfg(test)]
+pub(crate) fn find(
+    entries: &[kvm_cpuid_entry2],
+    function: u32,
+    index: u32,
+) -> Option<&kvm_cpuid_entry2> {
     entries
         .iter()
         .find(|e| e.function == function && e.index == index)

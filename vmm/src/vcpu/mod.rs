@@ -2,11 +2,11 @@
 //! KVM_RUN ([`run_loop`]: the loop and the order of its hooks), hands each exit to
 //! [`crate::exit::handle`], and acts on the outcome.
 
-pub mod cpuid;
-pub mod identity;
-pub mod regs;
-pub mod run_loop;
-pub mod ticker;
+pub(crate) mod cpuid;
+pub(crate) mod identity;
+pub(crate) mod regs;
+pub(crate) mod run_loop;
+pub(crate) mod ticker;
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;

@@ -44,8 +44,8 @@
 //! Beside it: [`kick`] (interrupting a vCPU's KVM_RUN from another thread) and [`lapic`] (the
 //! LAPIC registers in KVM's page).
 
-pub mod kick;
-pub mod lapic;
+pub(crate) mod kick;
+pub(crate) mod lapic;
 
 use std::os::fd::{AsRawFd, RawFd};
 

@@ -4,7 +4,7 @@
 //! threads share is [`crate::control`] (re-exported here).
 
 mod builder;
-pub mod config;
+pub(crate) mod config;
 mod host_probe;
 mod run;
 

@@ -7,8 +7,8 @@
 pub mod blk;
 pub mod mmio;
 pub mod net;
-pub mod queue;
-pub mod segments;
+pub(crate) mod queue;
+pub(crate) mod segments;
 
 use std::time::Instant;
 

@@ -26,10 +26,6 @@ impl Segments {
         self.0.iter().map(|s| s.1).max().unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The pieces from byte `from` on, at most `n` bytes of them.
     pub fn range(&self, from: u64, n: u64) -> Segments {
         let mut out = Vec::new();

@@ -36,7 +36,7 @@
 //! through the access layer ([`crate::vcpu_access::VcpuAccess`]). The int3 itself (install,
 //! re-check, move, step over) is [`super::idt_trap`], shared with the RDPMC trap.
 
-pub mod classify;
+pub(crate) mod classify;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -31,10 +31,10 @@ use vpmu::{AccountingMode, BackendError, CounterBackend, CounterId, Event, Scale
 
 use super::perf::{PerfRequest, PerfSys};
 
-pub use gate::Gate;
-pub use hw::MIN_HW_PERIOD;
+#[cfg(test)]
+use gate::Gate;
 pub use sim_host::SimHost;
-pub use soft::{min_period_ns as min_soft_period_ns, MIN_SOFT_PERIOD_NS};
+pub use soft::min_period_ns as min_soft_period_ns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -147,6 +147,7 @@ impl PerfBackend {
         }
     }
 
+    #[cfg(test)]
     fn gate(&self) -> Option<&Gate> {
         match &self.imp {
             Imp::Soft(s) => Some(&s.gate),
@@ -154,7 +155,8 @@ impl PerfBackend {
         }
     }
 
-    /// Host-thread switches seen during outside intervals (soft cpu-switch; for reports).
+    /// Host-thread switches seen during outside intervals (soft cpu-switch).
+    #[cfg(test)]
     pub fn switched_intervals(&self) -> u64 {
         self.gate().map_or(0, |g| g.switched_intervals)
     }
@@ -162,6 +164,7 @@ impl PerfBackend {
     /// Counters (a bitmap of [`CounterId::bit`]s) whose host events perf was seen
     /// multiplexing (more events than the host has counters): their counts are scaled by time
     /// enabled / time running, and each was warned about once. hw source only.
+    #[cfg(test)]
     pub fn multiplexed_counters(&self) -> u64 {
         match &self.imp {
             Imp::Hw(h) => h.multiplexed,
@@ -169,7 +172,8 @@ impl PerfBackend {
         }
     }
 
-    /// `read(2)`s of the gate's thread clock (soft cpu-switch; for reports and tests).
+    /// `read(2)`s of the gate's thread clock (soft cpu-switch).
+    #[cfg(test)]
     pub fn clock_reads(&self) -> u64 {
         self.gate().map_or(0, |g| g.clock_reads)
     }

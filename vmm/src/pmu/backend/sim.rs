@@ -273,6 +273,23 @@ impl Sim {
 
 pub(super) struct SimPerf(pub(super) Sim);
 
+/// PERF_EVENT_IOC_ENABLE / _DISABLE as the kernel does them (no backend calls them: they open
+/// their events enabled and close them; the simulation's own tests do).
+#[cfg(test)]
+impl Sim {
+    fn enable(&self, fd: RawFd) {
+        if let Some(e) = self.state().events.get_mut(&fd) {
+            e.enabled = true;
+        }
+    }
+
+    fn disable(&self, fd: RawFd) {
+        if let Some(e) = self.state().events.get_mut(&fd) {
+            e.enabled = false;
+        }
+    }
+}
+
 impl PerfSys for SimPerf {
     fn open(&mut self, req: &PerfRequest) -> io::Result<RawFd> {
         let mut s = self.0.state();
@@ -288,18 +305,6 @@ impl PerfSys for SimPerf {
         };
         s.events.insert(fd, e);
         Ok(fd)
-    }
-
-    fn enable(&mut self, fd: RawFd) {
-        if let Some(e) = self.0.state().events.get_mut(&fd) {
-            e.enabled = true;
-        }
-    }
-
-    fn disable(&mut self, fd: RawFd) {
-        if let Some(e) = self.0.state().events.get_mut(&fd) {
-            e.enabled = false;
-        }
     }
 
     fn read(&mut self, fd: RawFd) -> u64 {
@@ -408,9 +413,9 @@ mod tests {
         p.set_period(fd, 30);
         sim.run(Ctx::GUEST_USER, 29);
         assert_eq!(sim.state().notifications[&fd], 2);
-        p.disable(fd);
+        sim.disable(fd);
         sim.run(Ctx::GUEST_USER, 1000);
-        p.enable(fd);
+        sim.enable(fd);
         sim.run(Ctx::GUEST_USER, 1);
         assert_eq!(sim.state().notifications[&fd], 3);
         assert_eq!(p.read(fd), 280);

@@ -181,16 +181,6 @@ impl PerfSys for SimHost {
         self.perf.open(req)
     }
 
-    fn enable(&mut self, fd: RawFd) {
-        self.catch_up();
-        self.perf.enable(fd);
-    }
-
-    fn disable(&mut self, fd: RawFd) {
-        self.catch_up();
-        self.perf.disable(fd);
-    }
-
     fn read(&mut self, fd: RawFd) -> u64 {
         self.catch_up();
         self.perf.read(fd)

@@ -28,8 +28,6 @@ pub(super) fn advance(tsc: u64) {
 #[derive(Default)]
 pub(super) struct Log {
     pub(super) opened: Vec<PerfRequest>,
-    pub(super) enabled: Vec<RawFd>,
-    pub(super) disabled: Vec<RawFd>,
     pub(super) closed: Vec<RawFd>,
     pub(super) periods: Vec<(RawFd, u64)>,
     /// Counts added by the test, per event.
@@ -52,12 +50,6 @@ impl PerfSys for FakePerf {
             l.cpu_at_open.insert(fd, cpu);
         }
         Ok(fd)
-    }
-    fn enable(&mut self, fd: RawFd) {
-        self.0.lock().unwrap().enabled.push(fd);
-    }
-    fn disable(&mut self, fd: RawFd) {
-        self.0.lock().unwrap().disabled.push(fd);
     }
     fn read(&mut self, fd: RawFd) -> u64 {
         let l = self.0.lock().unwrap();
@@ -156,12 +148,6 @@ pub(super) struct CountingReads(pub(super) FakePerf, pub(super) Arc<Mutex<u32>>)
 impl PerfSys for CountingReads {
     fn open(&mut self, req: &PerfRequest) -> std::io::Result<RawFd> {
         self.0.open(req)
-    }
-    fn enable(&mut self, fd: RawFd) {
-        self.0.enable(fd)
-    }
-    fn disable(&mut self, fd: RawFd) {
-        self.0.disable(fd)
     }
     fn read(&mut self, fd: RawFd) -> u64 {
         *self.1.lock().unwrap() += 1;

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 #[cfg(test)]
 mod fake;
-pub mod maps;
+pub(crate) mod maps;
 
 use crate::kvm_error::AccessError;
 use crate::vcpu_access::VcpuAccess;

@@ -5,9 +5,9 @@
 //! Offered: VERSION_1, SIZE_MAX, SEG_MAX, BLK_SIZE, FLUSH, DISCARD, WRITE_ZEROES, and RO for a
 //! read-only disk (which is offered neither DISCARD nor WRITE_ZEROES). docs/virtio-blk.md.
 
-pub mod counts;
+pub(crate) mod counts;
 pub mod file;
-pub mod request;
+pub(crate) mod request;
 
 use std::mem::offset_of;
 use std::path::PathBuf;
