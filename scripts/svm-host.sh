@@ -43,6 +43,8 @@
 #   CPU is, in L1 or in a nested guest). Just before --timeout runs out, L1's registers are read
 #   there three times, a second apart, and printed with the timeout: a RIP that stays put is a
 #   CPU spinning, and its address says in what.
+#   With --share, CMD may ask for the same: it writes a name to DIR/sample-request, and ten
+#   readings a second apart land in DIR/cpu-samples.NAME (scripts/svm-tier.sh, on a hang).
 # - Exit codes: CMD's own; 124 on timeout; 125 when L1 fails (boot, kvm_amd, mounts); 130/143
 #   when interrupted (QEMU is killed, $X removed).
 # - Cache: ${VPMU_CACHE:-~/.cache/vpmu}/svm-host/<package>_<version>_<hash of this script>/
@@ -247,6 +249,16 @@ run() {
     if [ -z "$dumped" ] && [ "$(elapsed "$t0" | cut -d. -f1)" -ge $((tmo - 5)) ]; then
       dumped=1
       monitor "$X/monitor" 'info registers' 'info registers' 'info registers' >"$X/cpu-at-timeout" 2>&1 || true
+    fi
+    # On request from CMD (scripts/svm-tier.sh, when a test hangs): where L1's CPU is, ten
+    # times a second apart, into the share (sample-request names the test).
+    if [ -n "$share" ] && [ -s "$share/sample-request" ]; then
+      local req i cmds=()
+      req=$(tr -cd 'A-Za-z0-9_' <"$share/sample-request")
+      rm -f "$share/sample-request"
+      for i in 1 2 3 4 5 6 7 8 9 10; do cmds+=('info registers'); done
+      monitor "$X/monitor" "${cmds[@]}" >"$share/cpu-samples.$req.tmp" 2>&1 || true
+      mv -f "$share/cpu-samples.$req.tmp" "$share/cpu-samples.$req"
     fi
     for m in init kvm-up run; do
       [ -z "${shown[$m]:-}" ] || continue

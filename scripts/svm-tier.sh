@@ -11,8 +11,12 @@
 #   the cached images guest-image/build.sh made (scripts/test.sh builds them first).
 # Each test binary's whole output is kept in $VPMU_SVM_OUT (default target/svm-tier/) and its
 # summary printed with its wall time and L1 time; a binary still running after its limit in
-# wall time (600 s for a tiny-guest binary, VPMU_SVM_TINY_LIMIT) is a hang: its threads' stacks
-# (gdb) go into its log, their top frames are printed, and it fails. L1 runs on the emulator's
+# wall time (600 s for a tiny-guest binary, VPMU_SVM_TINY_LIMIT) is a hang: QEMU's monitor is
+# read ten times from outside L1 (where the CPU is), its threads' stacks (gdb) go into its log,
+# their top frames are printed, and it fails -- except a linux_boot hang whose monitor readings
+# show the known stall of the nested guest (scripts/svm-stall.py: its vCPU spinning with IF=0 in
+# the kernel's spinlock slow path; issue 32): that one is printed as STALLED and listed NOT
+# CHECKED with the readings' summary, with the boots after it. L1 runs on the emulator's
 # instruction clock (VPMU_SVM_CLOCK=icount, the default; `host` for the wall clock: see
 # scripts/svm-host.sh); linux_boot gets VPMU_SVM_LINUX_LIMIT (900 s) and L1 as a whole
 # VPMU_SVM_TIMEOUT (2100 s) of wall time.
@@ -77,6 +81,8 @@ touch "$VPMU_NOT_CHECKED_LOG"
 inner_log=$out/l1-not-checked.log
 
 scripts/svm-host.sh setup
+# The hang classifier below must work before its verdict can count.
+python3 scripts/svm-stall.py --self-test >&2
 
 # The test executables, built here (L1 runs them from the shared tree).
 say "building the test binaries (cargo test --release -p vmm --no-run)"
@@ -118,7 +124,7 @@ stacks() {
   if command -v gdb >/dev/null; then
     for p in $(tree "$1"); do
       echo "== gdb, pid $p"
-      timeout 300 gdb -p "$p" -batch -ex 'thread apply all bt 20' 2>&1 | grep -E '^Thread |^#'
+      timeout 120 gdb -p "$p" -batch -ex 'thread apply all bt 20' 2>&1 | grep -E '^Thread |^#'
     done
   fi
 }
@@ -128,9 +134,15 @@ one() {
   "$@" >"$OUT/$name.log" 2>&1 &
   pid=$!
   while kill -0 "$pid" 2>/dev/null && [ $(( $(wall) - w0 )) -lt "$limit" ]; do sleep 1; done
+  hung=''
   if kill -0 "$pid" 2>/dev/null; then
-    # A hang: every thread's stack goes into the log (the vCPU threads' also here), then the
-    # binary is killed.
+    # A hang: where the CPU is, from QEMU's monitor outside L1 (scripts/svm-host.sh: ten
+    # readings, while the guest still runs), then every thread's stack goes into the log (the
+    # vCPU threads' also here), then the binary is killed.
+    hung=1
+    echo "$name" >"$OUT/sample-request"
+    w1=$(wall)
+    while [ ! -e "$OUT/cpu-samples.$name" ] && [ $(( $(wall) - w1 )) -lt 120 ]; do sleep 1; done
     echo "[svm-tier] $name: still running after $limit s of wall time: HUNG; its threads' stacks follow" >>"$OUT/$name.log"
     stacks "$pid" >"$OUT/$name.stacks" 2>&1
     cat "$OUT/$name.stacks" >>"$OUT/$name.log"
@@ -142,6 +154,11 @@ one() {
   r=$?
   echo "[svm-tier] $name: exit $r after $(( $(wall) - w0 )) s ($(( $(date +%s) - t0 )) s of L1 time): $(grep -E '^test result' "$OUT/$name.log" | tail -n 1)"
   grep -E '^test .* FAILED$|panicked at' "$OUT/$name.log" | head -n 20
+  if [ -n "$hung" ]; then
+    echo "$name hung" >>"$OUT/failures"
+  elif [ "$r" != 0 ]; then
+    echo "$name exit $r" >>"$OUT/failures"
+  fi
   [ "$r" = 0 ] || rc=1
 }
 EOF
@@ -197,6 +214,26 @@ trap 'kill "$clock_pid" 2>/dev/null || true' EXIT
 scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-2100}" \
   --clock "${VPMU_SVM_CLOCK:-icount}" --share "$out" -- sh "$runner" || rc=$?
 kill "$clock_pid" 2>/dev/null || true
+# A hang of linux_boot is the known stall of the nested guest (issue 32) only when QEMU's
+# monitor, read while it hung, shows the guest's vCPU spinning with IF=0 in the kernel's
+# spinlock slow path (scripts/svm-stall.py): then it is listed as NOT CHECKED with that
+# evidence, loudly, instead of failing the tier. Any other failure or hang still fails it.
+if [ "$rc" = 1 ] && [ -s "$out/failures" ] && ! grep -qv '^linux_boot hung$' "$out/failures"; then
+  maps=()
+  for k in "${DEFAULT_BZIMAGE:-}" "${NOPCI_BZIMAGE:-}"; do
+    [ -n "$k" ] && [ -f "$(dirname "$k")/System.map" ] && maps+=("$(dirname "$k")/System.map")
+  done
+  if [ ${#maps[@]} -gt 0 ] && [ -s "$out/cpu-samples.linux_boot" ] &&
+    evidence=$(python3 scripts/svm-stall.py "$out/cpu-samples.linux_boot" "${maps[@]}"); then
+    hung_test=$(grep -E '^test [a-z0-9_]+ \.\.\. ' "$out/linux_boot.log" | grep -v ' \.\.\. ok$' | tail -n 1 | awk '{print $2}')
+    say "STALLED: linux_boot${hung_test:+::$hung_test} hung in the known stall of the nested guest (issue 32): $evidence; it and the boots after it are NOT CHECKED (log: $out/linux_boot.log)"
+    printf '[SVM host] [svm-tier] linux_boot%s and the boots after it: STALLED, the nested guest spinning with interrupts off (issue 32, open): %s\n' \
+      "${hung_test:+::$hung_test}" "$evidence" >>"$VPMU_NOT_CHECKED_LOG"
+    rc=0
+  else
+    say "linux_boot hung, and not in the known stall: ${evidence:-no monitor samples}"
+  fi
+fi
 if [ -s "$inner_log" ]; then
   sed 's/^/[SVM host] /' "$inner_log" >>"$VPMU_NOT_CHECKED_LOG"
 fi
