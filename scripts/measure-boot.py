@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Measure a guest boot with vpmu-vmm: wall time to each milestone line on the console, the VMM's
 own start-up (process start to the vCPUs being ready, bzImage extraction included), and the
-host-quirk fix-up counts. Prints one summary; rerun it any time.
+host-quirk fix-up counts. The VMM's figures come from its JSON report (`run --report-json`,
+schema vpmu-run/1), not from its text. Prints one summary; rerun it any time.
 
   scripts/measure-boot.py --kernel PATH [--initrd PATH] [--cpus N] [--timeout SECS] [-- extra run args]
 """
-import argparse, os, re, subprocess, sys, time
+import argparse, json, os, subprocess, sys, tempfile, time
 
 MILESTONES = [
     ("console up", "Linux version"),
@@ -28,7 +29,10 @@ def main():
     a = ap.parse_args()
     if not os.path.exists(a.vmm):
         sys.exit(f"error: {a.vmm} not found: run `cargo build --release` first")
-    cmd = [a.vmm, "run", "--kernel", a.kernel, "--cpus", a.cpus, "--timeout", a.timeout] + a.extra
+    report_dir = tempfile.TemporaryDirectory(prefix="measure-boot.")
+    report = os.path.join(report_dir.name, "report.json")
+    cmd = [a.vmm, "run", "--kernel", a.kernel, "--cpus", a.cpus, "--timeout", a.timeout,
+           "--report-json", report] + a.extra
     if a.initrd:
         cmd += ["--initrd", a.initrd]
     t0 = time.monotonic()
@@ -47,17 +51,21 @@ def main():
     err = p.stderr.read().decode(errors="replace")
     code = p.wait()
     total = time.monotonic() - t0
-    ready = re.search(r"VM ready in ([0-9.]+) ms", err)
-    fix = re.search(r"host-quirk fix-ups: (.*)", err)
-    exits = re.search(r"exits: (\d+) total", err)
+    try:
+        with open(report) as f:
+            r = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.stderr.write(err)
+        sys.exit(f"error: no report from the VMM ({e}); exit code {code}")
+    fixups = ", ".join(f"{k} {n}" for k, n in r["host_quirk_fixups"].items()) or "none"
     print("\n== boot measurement ==")
     print(f"command        : {' '.join(cmd)}")
-    print(f"VMM start-up   : {ready.group(1) + ' ms' if ready else '?'} (process start to vCPUs ready)")
+    print(f"VMM start-up   : {r['setup_secs'] * 1000:.1f} ms (process start to vCPUs ready)")
     for name, _ in MILESTONES:
         print(f"{name:15}: {'%.1f s' % seen[name] if name in seen else 'not reached'}")
     print(f"total wall     : {total:.1f} s, exit code {code}")
-    print(f"VM exits       : {exits.group(1) if exits else '?'}")
-    print(f"fix-ups        : {fix.group(1) if fix else 'none'}")
+    print(f"VM exits       : {r['exits']['total']}")
+    print(f"fix-ups        : {fixups}")
     tail = [l for l in err.splitlines() if l.startswith("[vpmu-vmm]")]
     print("\n".join(tail))
 
