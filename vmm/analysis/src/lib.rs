@@ -6,6 +6,8 @@
 //!   xenalyze-style summaries, the `--interval` series and the `trace summary` command;
 //! * [`profile`] — guest symbols (kallsyms, System.map, the guest's own ELF files), samples by
 //!   process and symbol, flame graphs, and the `report` command;
+//! * [`svg`] — the one SVG writer of the charts (`trace summary --svg`, `compare`), and the
+//!   one XML escaper;
 //! * [`bzimage`] — the vmlinux inside a bzImage (the VMM boots from it, the symbol readers
 //!   read it).
 //!
@@ -15,4 +17,5 @@ pub mod bzimage;
 pub mod exit_reason;
 pub mod guest_task;
 pub mod profile;
+pub mod svg;
 pub mod trace;

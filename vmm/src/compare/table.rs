@@ -414,85 +414,76 @@ impl Comparison {
             .max(selection.chars().count() as f64 * 6.8)
             .max(order.chars().count() as f64 * 6.8);
         let width = width.max((header_w + 30.0) as usize);
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
+        let mut s = Svg::new(
+            width as f64,
+            height as f64,
+            r#"font-family="sans-serif" font-size="12""#,
         );
-        let _ = writeln!(
-            s,
-            r#"<rect width="{width}" height="{height}" fill="white"/>"#
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="10" y="22" font-size="15" font-weight="bold">{}</text>"#,
-            xml(&title)
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="10" y="42" fill="#444">{}</text><text x="10" y="58" fill="#444">{order}</text>"##,
-            xml(&selection)
-        );
+        s.text(10.0, 22.0, r#"font-size="15" font-weight="bold""#, &title);
+        s.text(10.0, 42.0, r##"fill="#444""##, &selection);
+        s.text(10.0, 58.0, r##"fill="#444""##, order);
         for (i, (color, text)) in legend.iter().enumerate() {
-            let y = 70 + 18 * i;
-            let _ = writeln!(
-                s,
-                r##"<rect x="10" y="{y}" width="12" height="12" fill="{color}"/><text x="27" y="{}">{}</text>"##,
-                y + 10,
-                xml(text)
-            );
+            let y = (70 + 18 * i) as f64;
+            s.rect(10.0, y, 12.0, 12.0, &format!(r#"fill="{color}""#));
+            s.text(27.0, y + 10.0, "", text);
         }
         // Percent axis on top, grid lines through the plot.
-        let bottom = TOP + rows.len() * ROW;
+        let (top, bottom) = (TOP as f64, (TOP + rows.len() * ROW) as f64);
         let mut t = 0.0;
         while t <= axis_max + 1e-9 {
             let x = x_of(t);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{bottom}" stroke="#ddd"/><text x="{x:.1}" y="{}" text-anchor="middle" fill="#444">{t}%</text>"##,
-                TOP - 6,
-                TOP - 10
+            s.line((x, top - 6.0), (x, bottom), r##"stroke="#ddd""##);
+            s.text(
+                x,
+                top - 10.0,
+                r##"text-anchor="middle" fill="#444""##,
+                &format!("{t}%"),
             );
             t += step;
         }
-        let _ = writeln!(
-            s,
-            r##"<text x="{:.1}" y="{}" text-anchor="middle" fill="#444">share of the mode's samples</text><text x="{ratio_x:.1}" y="{}" font-weight="bold">dom/cpu</text>"##,
+        s.text(
             plot_x as f64 + PLOT / 2.0,
-            bottom + 30,
-            TOP - 10
+            bottom + 30.0,
+            r##"text-anchor="middle" fill="#444""##,
+            "share of the mode's samples",
         );
+        s.text(ratio_x, top - 10.0, r#"font-weight="bold""#, "dom/cpu");
         for (i, (r, label)) in rows.iter().zip(&labels).enumerate() {
-            let y = TOP + i * ROW + 4;
+            let y = (TOP + i * ROW + 4) as f64;
             let total = self.is_total(r);
             let other = i + 1 == rows.len() && !self.rows.iter().any(|x| x.function == r.function);
             let weight = if total {
-                r#" font-weight="bold""#
+                r#"font-weight="bold""#
             } else if other {
-                r#" font-style="italic""#
+                r#"font-style="italic""#
             } else {
                 ""
             };
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{}" text-anchor="end" font-family="monospace"{weight}><title>{}</title>{}</text>"#,
-                plot_x - 8,
-                y + BAR + 4,
-                xml(&r.function),
-                xml(label)
+            s.titled_text(
+                (plot_x - 8) as f64,
+                y + (BAR + 4) as f64,
+                &format!(r#"text-anchor="end" font-family="monospace" {weight}"#),
+                Some(&r.function),
+                label,
             );
             for (j, (pct, color)) in [(r.cpu_percent, cpu_c), (r.domain_percent, dom_c)]
                 .into_iter()
                 .enumerate()
             {
                 let len = x_of(pct) - plot_x as f64;
-                let by = y + j * BAR;
-                let _ = writeln!(
-                    s,
-                    r#"<rect x="{plot_x}" y="{by}" width="{len:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}" font-size="11">{pct:.1}%</text>"#,
-                    BAR - 2,
+                let by = y + (j * BAR) as f64;
+                s.rect(
+                    plot_x as f64,
+                    by,
+                    len,
+                    (BAR - 2) as f64,
+                    &format!(r#"fill="{color}""#),
+                );
+                s.text(
                     plot_x as f64 + len + 4.0,
-                    by + BAR - 3
+                    by + (BAR - 3) as f64,
+                    r#"font-size="11""#,
+                    &format!("{pct:.1}%"),
                 );
             }
             let ratio = r.ratio();
@@ -501,28 +492,22 @@ impl Comparison {
             } else {
                 format!("{ratio:.2}x")
             };
-            let _ = writeln!(
-                s,
-                r#"<text x="{ratio_x:.1}" y="{}"{weight}>{ratio}</text>"#,
-                y + BAR + 4
-            );
+            s.text(ratio_x, y + (BAR + 4) as f64, weight, &ratio);
             if total {
-                let _ = writeln!(
-                    s,
-                    r##"<line x1="10" y1="{}" x2="{:.1}" y2="{}" stroke="#999" stroke-dasharray="4 3"/>"##,
-                    y + ROW - 6,
-                    ratio_x + 60.0,
-                    y + ROW - 6
+                let ly = y + (ROW - 6) as f64;
+                s.line(
+                    (10.0, ly),
+                    (ratio_x + 60.0, ly),
+                    r##"stroke="#999" stroke-dasharray="4 3""##,
                 );
             }
         }
-        let _ = writeln!(
-            s,
-            r##"<line x1="{plot_x}" y1="{}" x2="{plot_x}" y2="{bottom}" stroke="#444"/>"##,
-            TOP - 6
+        s.line(
+            (plot_x as f64, top - 6.0),
+            (plot_x as f64, bottom),
+            r##"stroke="#444""##,
         );
-        s.push_str("</svg>\n");
-        s
+        s.finish()
     }
 }
 
@@ -620,7 +605,7 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-use analysis::trace::series::xml;
+use analysis::svg::Svg;
 
 #[cfg(test)]
 mod tests {

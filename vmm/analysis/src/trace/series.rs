@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use super::format::{FormatError, Reason, Record};
 use super::read::Records;
 use super::summary::vmm_ticks;
+use crate::svg::Svg;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Interval {
@@ -214,18 +215,9 @@ pub fn svg(iv: &[Interval], secs: f64, title: &str) -> String {
         .iter()
         .map(|i| i.exits() as f64 / secs)
         .fold(1.0, f64::max);
-    let mut s = String::new();
     let height = top + 2.0 * ph + gap + 50.0;
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{left}" y="20" font-size="14">{}</text>"#,
-        xml(title)
-    );
+    let mut s = Svg::new(w, height, r#"font-family="sans-serif" font-size="12""#);
+    s.text(left, 20.0, r#"font-size="14""#, title);
     let panels: [Panel; 2] = [
         (
             top,
@@ -275,95 +267,58 @@ pub fn svg(iv: &[Interval], secs: f64, title: &str) -> String {
     ];
     for (y0, label, max, lines) in panels {
         let y = |v: f64| y0 + ph - v / max * ph;
-        let _ = writeln!(
-            s,
-            r##"<rect x="{left}" y="{y0}" width="{plot_w}" height="{ph}" fill="none" stroke="#444"/>"##
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="10" y="{}" transform="rotate(-90 10 {})" text-anchor="middle">{label}</text>"#,
-            y0 + ph / 2.0,
-            y0 + ph / 2.0
+        s.rect(left, y0, plot_w, ph, r##"fill="none" stroke="#444""##);
+        let mid = y0 + ph / 2.0;
+        s.text(
+            10.0,
+            mid,
+            &format!(r#"transform="rotate(-90 10 {mid})" text-anchor="middle""#),
+            label,
         );
         for k in 0..=4 {
             let v = max * f64::from(k) / 4.0;
-            let _ = writeln!(
-                s,
-                r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-                left - 4.0,
-                y(v) + 4.0,
-                if max >= 100.0 {
-                    format!("{v:.0}")
-                } else {
-                    format!("{v:.1}")
-                }
-            );
+            let tick = if max >= 100.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v:.1}")
+            };
+            s.text(left - 4.0, y(v) + 4.0, r#"text-anchor="end""#, &tick);
         }
         for (n, (name, color, vals)) in lines.iter().enumerate() {
-            let pts: Vec<String> = vals
+            let points = vals
                 .iter()
                 .enumerate()
-                .map(|(i, v)| format!("{:.1},{:.1}", x((i as f64 + 0.5) * secs), y(*v)))
-                .collect();
-            let _ = writeln!(
-                s,
-                r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#,
-                pts.join(" ")
-            );
+                .map(|(i, v)| (x((i as f64 + 0.5) * secs), y(*v)));
+            s.polyline(points, &format!(r#"stroke="{color}" stroke-width="1.5""#));
             let ly = y0 + 14.0 + 16.0 * n as f64;
-            let _ = writeln!(
-                s,
-                r#"<line x1="{}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="3"/><text x="{}" y="{}">{name}</text>"#,
-                left + plot_w + 10.0,
-                left + plot_w + 30.0,
-                left + plot_w + 35.0,
-                ly + 4.0
+            s.line(
+                (left + plot_w + 10.0, ly),
+                (left + plot_w + 30.0, ly),
+                &format!(r#"stroke="{color}" stroke-width="3""#),
             );
+            s.text(left + plot_w + 35.0, ly + 4.0, "", name);
         }
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="middle">time (s)</text><text x="{left}" y="{}">0</text><text x="{}" y="{}" text-anchor="end">{total_s:.1}</text>"#,
+        s.text(
             left + plot_w / 2.0,
             y0 + ph + 30.0,
-            y0 + ph + 15.0,
+            r#"text-anchor="middle""#,
+            "time (s)",
+        );
+        s.text(left, y0 + ph + 15.0, "", "0");
+        s.text(
             left + plot_w,
-            y0 + ph + 15.0
+            y0 + ph + 15.0,
+            r#"text-anchor="end""#,
+            &format!("{total_s:.1}"),
         );
     }
-    s.push_str("</svg>\n");
-    s
-}
-
-/// `s` as XML text or attribute value (the SVG charts here and `compare`'s).
-pub fn xml(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            // XML 1.0 allows no control characters, not even as references: a name the guest
-            // chose shows them as text escapes, as `guest_task::printable` does.
-            c if c.is_control() => out.extend(c.escape_unicode()),
-            c => out.push(c),
-        }
-    }
-    out
+    s.finish()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::trace::format::{ExitEvent, Header, SampleClock, Trace, VcpuTrace, CONTENTS_EXITS};
-
-    #[test]
-    fn xml_escapes_markup_and_control_characters() {
-        assert_eq!(
-            xml("a<b>&\"c\"\x1b\n"),
-            "a&lt;b&gt;&amp;&quot;c&quot;\\u{1b}\\u{a}"
-        );
-    }
 
     #[test]
     fn spread_splits_across_buckets() {
@@ -419,6 +374,5 @@ mod tests {
         let g = svg(&iv, 0.001, "t<1>");
         assert!(g.starts_with("<svg") && g.trim_end().ends_with("</svg>"));
         assert!(g.contains("t&lt;1&gt;"));
-        assert_eq!(xml(r#"a "b" & <c>"#), "a &quot;b&quot; &amp; &lt;c&gt;");
     }
 }
