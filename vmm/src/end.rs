@@ -4,6 +4,66 @@ use std::time::Duration;
 
 use crate::kvm_error::{AccessError, KvmVcpuError};
 
+/// Why an instruction the host failed to emulate ended the run (exit code 6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmulationEnd {
+    /// No fix-up could complete it (`host_quirks::emulate`).
+    NotCompleted {
+        vcpu: u32,
+        failure: EmulationFailure,
+    },
+    /// `--host-quirks off`: no fix-up may run.
+    FixupsOff { vcpu: u32, rip: u64 },
+    /// Fix-ups completed it again and again at one RIP with no other exit in between
+    /// (`last_exits::NO_PROGRESS_LIMIT`): the guest does not move on.
+    NoProgress {
+        vcpu: u32,
+        in_a_row: u32,
+        rip: u64,
+        fixup: &'static str,
+    },
+}
+
+impl std::fmt::Display for EmulationEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmulationEnd::NotCompleted { vcpu, failure } => write!(f, "vCPU {vcpu}: {failure}"),
+            EmulationEnd::FixupsOff { vcpu, rip } => write!(
+                f,
+                "vCPU {vcpu}: the host could not emulate the guest instruction at RIP {rip:#x} (--host-quirks off: no fix-up)"
+            ),
+            EmulationEnd::NoProgress {
+                vcpu,
+                in_a_row,
+                rip,
+                fixup,
+            } => write!(
+                f,
+                "vCPU {vcpu}: no progress: {in_a_row} emulation failures in a row at RIP {rip:#x}, each completed as `{fixup}`, with no other exit in between"
+            ),
+        }
+    }
+}
+
+/// An instruction we could not complete: enough for the user to see what the guest was doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmulationFailure {
+    pub rip: u64,
+    pub bytes: Vec<u8>,
+    pub text: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for EmulationFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "guest instruction at RIP {:#x} [{:02x?}] `{}`: {}",
+            self.rip, self.bytes, self.text, self.reason
+        )
+    }
+}
+
 /// Exit codes of `vpmu-vmm run`.
 pub mod code {
     /// The guest powered off or rebooted.
@@ -103,7 +163,7 @@ pub enum VmEnd {
     GuestPanic(String),
     TripleFault,
     KvmFailure(KvmFailure),
-    EmulationFailure(String),
+    EmulationFailure(EmulationEnd),
     Timeout(Duration),
     /// A run-time controller (e.g. `vpmu-vmm compare`) ended the run when its experiment was done.
     Stopped(String),
@@ -218,7 +278,7 @@ mod tests {
             VmEnd::Reboot,
             VmEnd::GuestPanic(String::new()),
             VmEnd::TripleFault,
-            VmEnd::EmulationFailure(String::new()),
+            VmEnd::EmulationFailure(EmulationEnd::FixupsOff { vcpu: 0, rip: 0 }),
             VmEnd::Timeout(Duration::ZERO),
             VmEnd::Stopped(String::new()),
             VmEnd::VmmPanic(String::new()),

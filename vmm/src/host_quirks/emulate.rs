@@ -14,6 +14,7 @@ use crate::arch::x86::{
     EFER_LMA, MSR_TSC_AUX, RFLAGS_AC, RFLAGS_AF, RFLAGS_CF, RFLAGS_OF, RFLAGS_PF, RFLAGS_SF,
     RFLAGS_ZF, VECTOR_BP, VECTOR_UD,
 };
+use crate::end::EmulationFailure;
 use crate::vcpu_access::{AccessError, VcpuAccess};
 
 /// Why an operand could not be read or written.
@@ -121,25 +122,6 @@ impl<'a> Cpu<'a> {
             self.dirty = false;
         }
         Ok(())
-    }
-}
-
-/// An instruction we could not complete: enough for the user to see what the guest was doing.
-#[derive(Debug, Clone)]
-pub struct EmulationFailure {
-    pub rip: u64,
-    pub bytes: Vec<u8>,
-    pub text: String,
-    pub reason: String,
-}
-
-impl std::fmt::Display for EmulationFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "guest instruction at RIP {:#x} [{:02x?}] `{}`: {}",
-            self.rip, self.bytes, self.text, self.reason
-        )
     }
 }
 

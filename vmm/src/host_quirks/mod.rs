@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 
-pub use emulate::EmulationFailure;
+pub use crate::end::EmulationFailure;
 
 /// Kernel options that keep Linux off instructions this host's emulator cannot run:
 /// * `noxsave`: XSAVE stays visible in CPUID.1:ECX whatever the VMM writes, and `xrstor64` hangs;

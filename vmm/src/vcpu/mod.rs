@@ -21,7 +21,7 @@ use vpmu::guest_warn;
 use crate::arch::x86::ExceptionFrame;
 use crate::control::VmControl;
 use crate::devices::{MmioBus, PioBus};
-use crate::end::{KvmFailure, VmEnd};
+use crate::end::{EmulationEnd, KvmFailure, VmEnd};
 use crate::exit::ExitCounts;
 use crate::host_quirks::idt_trap::{Stopped, TrapError};
 use crate::host_quirks::{self, FixupCounts};
@@ -305,17 +305,19 @@ impl VcpuRunner {
         })?;
         let in_a_row = self.last_exits.emulation_failure_at(rip);
         if !self.host.fixups() {
-            return Err(VmEnd::EmulationFailure(format!(
-                "vCPU {}: the host could not emulate the guest instruction at RIP {rip:#x} (--host-quirks off: no fix-up)",
-                self.id
-            )));
+            return Err(VmEnd::EmulationFailure(EmulationEnd::FixupsOff {
+                vcpu: self.id,
+                rip,
+            }));
         }
         match host_quirks::emulate::emulate(cpu) {
-            Ok(kind) if in_a_row >= last_exits::NO_PROGRESS_LIMIT => {
-                Err(VmEnd::EmulationFailure(format!(
-                    "vCPU {}: no progress: {in_a_row} emulation failures in a row at RIP {rip:#x}, each completed as `{kind}`, with no other exit in between",
-                    self.id
-                )))
+            Ok(fixup) if in_a_row >= last_exits::NO_PROGRESS_LIMIT => {
+                Err(VmEnd::EmulationFailure(EmulationEnd::NoProgress {
+                    vcpu: self.id,
+                    in_a_row,
+                    rip,
+                    fixup,
+                }))
             }
             Ok(kind) => {
                 if self.fixups.record(kind) {
@@ -326,10 +328,10 @@ impl VcpuRunner {
                 }
                 Ok(())
             }
-            Err(failure) => Err(VmEnd::EmulationFailure(format!(
-                "vCPU {}: {failure}",
-                self.id
-            ))),
+            Err(failure) => Err(VmEnd::EmulationFailure(EmulationEnd::NotCompleted {
+                vcpu: self.id,
+                failure,
+            })),
         }
     }
 
