@@ -50,7 +50,7 @@ impl MsrHandler for ConstMsrs {
 
 /// Per-vCPU exit counts by kind: [`ExitCounts::count`] from the exit's classification, and
 /// `unclaimed_io` from [`handle`] (no device claimed the port).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ExitCounts {
     pub io_in: u64,
     pub io_out: u64,
