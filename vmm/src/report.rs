@@ -37,115 +37,7 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         total.internal_error
     ));
     if r.vpmu != crate::vm::VpmuSetting::Off {
-        let p = &r.pmu;
-        out.push(format!(
-            "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} held back by the rate limit",
-            r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
-        ));
-        if p.pmis_throttled > 0 || p.pmis_merged > 0 {
-            out.push(format!(
-                "[vpmu-vmm] vPMU rate limit: {} PMIs raised = {} delivered + {} dropped (masked) + {} merged into held-back ones + {} held at the end; {} signals on the vCPU threads",
-                p.pmis_raised,
-                p.pmis_nmi + p.pmis_vector,
-                p.pmis_masked,
-                p.pmis_merged,
-                p.pmis_held_at_end,
-                p.signals
-            ));
-        }
-        if r.mode_history.len() > 1 {
-            let step = |s: &crate::pmu::mode::Switch| {
-                format!(
-                    "{} at {:.1} s ({})",
-                    s.mode.name(),
-                    s.at.as_secs_f64(),
-                    s.by
-                )
-            };
-            let h = &r.mode_history;
-            // A repeating schedule switches hundreds of times: show the ends of the list.
-            let steps: Vec<String> = if h.len() <= 8 {
-                h.iter().map(step).collect()
-            } else {
-                let mut v: Vec<String> = h[..3].iter().map(step).collect();
-                v.push(format!("... {} switches ...", h.len() - 6));
-                v.extend(h[h.len() - 3..].iter().map(step));
-                v
-            };
-            out.push(format!(
-                "[vpmu-vmm] accounting modes: {}",
-                steps.join(" -> ")
-            ));
-        }
-        let time = crate::pmu::mode::time_in_modes(&r.mode_history, r.run_time);
-        for (i, m) in [
-            vpmu::AccountingMode::CpuSwitch,
-            vpmu::AccountingMode::DomainSwitch,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let c = p.by_mode[i];
-            if c.pmis + c.rdpmc_reads > 0 || (r.mode_history.len() > 1 && !time[i].is_zero()) {
-                out.push(format!(
-                    "[vpmu-vmm]   in {} ({:.1} s): {} PMIs delivered, {} RDPMC served",
-                    m.name(),
-                    time[i].as_secs_f64(),
-                    c.pmis,
-                    c.rdpmc_reads
-                ));
-            }
-        }
-        if p.sampler_ns_forgotten + p.sampler_work_ns_left_out > 0 {
-            out.push(format!(
-                "[vpmu-vmm] host profile: its samples cost the guest's counters {:.3} ms of host time \
-                 (interruptions {:.3} ms, the VMM's sample work {:.3} ms), taken back from them",
-                (p.sampler_ns_forgotten + p.sampler_work_ns_left_out) as f64 / 1e6,
-                p.sampler_ns_forgotten as f64 / 1e6,
-                p.sampler_work_ns_left_out as f64 / 1e6
-            ));
-        }
-        if p.rdpmc_fixed > 0 {
-            out.push(format!(
-                "[vpmu-vmm]   {} of the RDPMCs read a fixed counter",
-                p.rdpmc_fixed
-            ));
-        }
-        if p.rdpmc_trapped + p.gp_delivered > 0 {
-            out.push(format!(
-                "[vpmu-vmm] RDPMC trap: {} RDPMCs served through the guest's #GP handler; {} #GPs \
-                 passed to the guest ({} of them RDPMCs that fault as on hardware)",
-                p.rdpmc_trapped, p.gp_delivered, p.rdpmc_gp
-            ));
-        }
-        if let Some(f) = &r.pmu_event_filter {
-            let per: Vec<String> = p
-                .filter_blocked_by_vcpu
-                .iter()
-                .enumerate()
-                .map(|(i, n)| format!("vCPU {i}: {n}"))
-                .collect();
-            out.push(format!(
-                "[vpmu-vmm] vPMU event filter {f}: {} counter programmings refused ({})",
-                p.filter_blocked,
-                per.join(", ")
-            ));
-        }
-        if !p.uncounted.is_empty() {
-            let list = uncounted_names(&p.uncounted);
-            out.push(format!(
-                "[vpmu-vmm] WARNING: the guest programmed events the vPMU's backend cannot count; their \
-                 counters stayed still (a guest profiler shows 0 for them, docs/vpmu.md \
-                 \"What the soft backend cannot do\"): {}",
-                list.join(", ")
-            ));
-        }
-        if p.rdpmc_genuine_msr > 0 {
-            out.push(format!(
-                "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",
-                p.rdpmc_genuine_msr
-            ));
-        }
+        print_vpmu(&mut out, r);
     }
     if let Some(n) = &r.net {
         print_net(&mut out, n);
@@ -187,6 +79,120 @@ pub fn lines(r: &RunReport) -> Vec<String> {
         }
     }
     out
+}
+
+/// The vPMU's lines: MSR and RDPMC service, PMIs, the rate limit, modes, the host profile's
+/// share, the trap, the event filter and what the backend could not count.
+fn print_vpmu(out: &mut Vec<String>, r: &RunReport) {
+    let p = &r.pmu;
+    out.push(format!(
+        "[vpmu-vmm] vPMU ({:?}): {} MSR reads, {} writes, {} RDPMC served, {} #GP; PMIs: {} NMI, {} vector, {} dropped (LVTPC masked), {} held back by the rate limit",
+        r.vpmu, p.msr_reads, p.msr_writes, p.rdpmc_reads, p.gp_faults, p.pmis_nmi, p.pmis_vector, p.pmis_masked, p.pmis_throttled
+    ));
+    if p.pmis_throttled > 0 || p.pmis_merged > 0 {
+        out.push(format!(
+            "[vpmu-vmm] vPMU rate limit: {} PMIs raised = {} delivered + {} dropped (masked) + {} merged into held-back ones + {} held at the end; {} signals on the vCPU threads",
+            p.pmis_raised,
+            p.pmis_nmi + p.pmis_vector,
+            p.pmis_masked,
+            p.pmis_merged,
+            p.pmis_held_at_end,
+            p.signals
+        ));
+    }
+    print_modes(out, r);
+    if p.sampler_ns_forgotten + p.sampler_work_ns_left_out > 0 {
+        out.push(format!(
+            "[vpmu-vmm] host profile: its samples cost the guest's counters {:.3} ms of host time \
+             (interruptions {:.3} ms, the VMM's sample work {:.3} ms), taken back from them",
+            (p.sampler_ns_forgotten + p.sampler_work_ns_left_out) as f64 / 1e6,
+            p.sampler_ns_forgotten as f64 / 1e6,
+            p.sampler_work_ns_left_out as f64 / 1e6
+        ));
+    }
+    if p.rdpmc_fixed > 0 {
+        out.push(format!(
+            "[vpmu-vmm]   {} of the RDPMCs read a fixed counter",
+            p.rdpmc_fixed
+        ));
+    }
+    if p.rdpmc_trapped + p.gp_delivered > 0 {
+        out.push(format!(
+            "[vpmu-vmm] RDPMC trap: {} RDPMCs served through the guest's #GP handler; {} #GPs \
+             passed to the guest ({} of them RDPMCs that fault as on hardware)",
+            p.rdpmc_trapped, p.gp_delivered, p.rdpmc_gp
+        ));
+    }
+    if let Some(f) = &r.pmu_event_filter {
+        let per: Vec<String> = p
+            .filter_blocked_by_vcpu
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("vCPU {i}: {n}"))
+            .collect();
+        out.push(format!(
+            "[vpmu-vmm] vPMU event filter {f}: {} counter programmings refused ({})",
+            p.filter_blocked,
+            per.join(", ")
+        ));
+    }
+    if !p.uncounted.is_empty() {
+        let list = uncounted_names(&p.uncounted);
+        out.push(format!(
+            "[vpmu-vmm] WARNING: the guest programmed events the vPMU's backend cannot count; their \
+             counters stayed still (a guest profiler shows 0 for them, docs/vpmu.md \
+             \"What the soft backend cannot do\"): {}",
+            list.join(", ")
+        ));
+    }
+    if p.rdpmc_genuine_msr > 0 {
+        out.push(format!(
+            "[vpmu-vmm] {} RDMSRs of RDPMC index numbers from unpatched code were left to KVM",
+            p.rdpmc_genuine_msr
+        ));
+    }
+}
+
+/// The accounting modes of the run: its switches, and what each mode saw.
+fn print_modes(out: &mut Vec<String>, r: &RunReport) {
+    let p = &r.pmu;
+    if r.mode_history.len() > 1 {
+        let step = |s: &crate::pmu::mode::Switch| {
+            format!(
+                "{} at {:.1} s ({})",
+                s.mode.name(),
+                s.at.as_secs_f64(),
+                s.by
+            )
+        };
+        let h = &r.mode_history;
+        // A repeating schedule switches hundreds of times: show the ends of the list.
+        let steps: Vec<String> = if h.len() <= 8 {
+            h.iter().map(step).collect()
+        } else {
+            let mut v: Vec<String> = h[..3].iter().map(step).collect();
+            v.push(format!("... {} switches ...", h.len() - 6));
+            v.extend(h[h.len() - 3..].iter().map(step));
+            v
+        };
+        out.push(format!(
+            "[vpmu-vmm] accounting modes: {}",
+            steps.join(" -> ")
+        ));
+    }
+    let time = crate::pmu::mode::time_in_modes(&r.mode_history, r.run_time);
+    for (i, m) in vpmu::AccountingMode::ALL.into_iter().enumerate() {
+        let c = p.by_mode[i];
+        if c.pmis + c.rdpmc_reads > 0 || (r.mode_history.len() > 1 && !time[i].is_zero()) {
+            out.push(format!(
+                "[vpmu-vmm]   in {} ({:.1} s): {} PMIs delivered, {} RDPMC served",
+                m.name(),
+                time[i].as_secs_f64(),
+                c.pmis,
+                c.rdpmc_reads
+            ));
+        }
+    }
 }
 
 /// Guest-triggered warnings that were only counted (none: no line).
@@ -411,21 +417,18 @@ pub fn to_json(r: &RunReport) -> serde_json::Value {
     let vpmu = if r.vpmu == crate::vm::VpmuSetting::Off {
         serde_json::Value::Null
     } else {
-        let by_mode: Vec<serde_json::Value> = [
-            vpmu::AccountingMode::CpuSwitch,
-            vpmu::AccountingMode::DomainSwitch,
-        ]
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| {
-            json!({
-                "mode": m.name(),
-                "secs": time[i].as_secs_f64(),
-                "pmis_delivered": p.by_mode[i].pmis,
-                "rdpmc_served": p.by_mode[i].rdpmc_reads,
+        let by_mode: Vec<serde_json::Value> = vpmu::AccountingMode::ALL
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                json!({
+                    "mode": m.name(),
+                    "secs": time[i].as_secs_f64(),
+                    "pmis_delivered": p.by_mode[i].pmis,
+                    "rdpmc_served": p.by_mode[i].rdpmc_reads,
+                })
             })
-        })
-        .collect();
+            .collect();
         let switches: Vec<serde_json::Value> = r
             .mode_history
             .iter()
