@@ -46,6 +46,8 @@ step() {
   if [ "$rc" != 0 ]; then
     failed+=("$name (exit code $rc, after $((SECONDS - t0)) s)")
     say "*** FAILED: $name (exit code $rc) ***"
+  else
+    say "passed in $((SECONDS - t0)) s: $name"
   fi
 }
 summary() {
