@@ -13,14 +13,7 @@ cd "$(dirname "$0")/.."
 MINUTES=${1:-30}
 WHAT=${2:-both}
 case "$WHAT" in storm|soak|both) ;; *) echo "usage: $0 [MINUTES] [storm|soak|both]" >&2; exit 2;; esac
-# The bench executable, as cargo names it (not the newest file that looks like it).
-BIN=$(cargo bench -p vpmu-benches --bench storm_soak --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json, sys
-for l in sys.stdin:
-    m = json.loads(l) if l.startswith("{") else {}
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -n 1)
-[ -x "$BIN" ] || { echo "error: cargo built no storm_soak bench executable" >&2; exit 1; }
+BIN=$(scripts/bench-bin.sh storm_soak)
 status=0
 if [ "$WHAT" != soak ]; then
   "$BIN" --label "storm (cap 2000)" --secs 60 --sample 10 --probe 0.25 --pmi-limit 2000 || status=1

@@ -5,14 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LONG=${LONG:-60}
-# The bench executable, as cargo names it (not the newest file that looks like it).
-BIN=$(cargo bench -p vpmu-benches --bench trace --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json, sys
-for l in sys.stdin:
-    m = json.loads(l) if l.startswith("{") else {}
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])' | tail -n 1)
-[ -x "$BIN" ] || { echo "error: cargo built no trace bench executable" >&2; exit 1; }
+BIN=$(scripts/bench-bin.sh trace)
 "$BIN"
 for secs in 5 "$LONG"; do
   out=$( { /usr/bin/time -v "$BIN" --long "$secs" ; } 2>&1 )
