@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::{kvm_available, run_tiny_with, TinyRun};
 use tiny_guests::TinyGuest;
 use vmm::end::code;
+use vmm::host_quirks::{HostKind, QuirkSetting};
 use vmm::trace::{ProfileClock, ProfileConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
@@ -161,6 +162,29 @@ fn interrupts_off_hang_ends_by_timeout_7_with_every_vcpu_rip() {
     assert!(d.iter().all(|l| !l.contains("ended the run")), "{d:?}");
 }
 
+/// The int3-loop guest run with `quirks`, when this host emulates guest kernel code (its int3s
+/// are emulation failures); elsewhere int3 runs in hardware: the test is named NOT CHECKED,
+/// the guest must still have ended (it overruns its stack), and None comes back.
+fn int3_loop(test: &str, quirks: QuirkSetting) -> Option<TinyRun> {
+    let t = Instant::now();
+    let r = run_tiny_with(&tiny_guests::INT3_LOOP64, Duration::from_secs(120), |c| {
+        c.host = HostKind::decide(quirks);
+    });
+    eprintln!("ended after {:.1} s", t.elapsed().as_secs_f64());
+    if HostKind::decide(QuirkSetting::Auto).quirks() {
+        return Some(r);
+    }
+    testkit::not_checked(
+        test,
+        &format!(
+            "this host runs int3 in hardware, no emulation failure to complete or refuse (the run ended: {})",
+            r.report.end
+        ),
+    );
+    assert_ne!(r.report.end.exit_code(), code::TIMEOUT, "the guest hung");
+    None
+}
+
 /// `--host-quirks off` means no fix-up runs: the first emulation failure ends the run with
 /// code 6 and says why, where `auto` would have completed it (the test below).
 #[test]
@@ -168,21 +192,12 @@ fn with_host_quirks_off_an_emulation_failure_ends_the_run() {
     if !kvm_available() {
         return;
     }
-    use vmm::host_quirks::{HostKind, QuirkSetting};
-    let g = tiny_guests::INT3_LOOP64;
-    let r = run_tiny_with(&g, Duration::from_secs(120), |c| {
-        c.host = HostKind::decide(QuirkSetting::Off);
-    });
-    if !HostKind::decide(QuirkSetting::Auto).quirks() {
-        testkit::not_checked(
-            "with_host_quirks_off_an_emulation_failure_ends_the_run",
-            &format!(
-                "this host runs int3 in hardware: no emulation failure to refuse (the run ended: {})",
-                r.report.end
-            ),
-        );
+    let Some(r) = int3_loop(
+        "with_host_quirks_off_an_emulation_failure_ends_the_run",
+        QuirkSetting::Off,
+    ) else {
         return;
-    }
+    };
     assert_eq!(
         r.report.end.exit_code(),
         code::EMULATION_FAILURE,
@@ -204,23 +219,13 @@ fn fixup_without_progress_exits_6_instead_of_spinning() {
         return;
     }
     let g = tiny_guests::INT3_LOOP64;
-    let t = Instant::now();
-    let r = run_tiny_with(&g, Duration::from_secs(120), |_| {});
-    let d = diagnostic(&r);
-    eprintln!("ended after {:.1} s", t.elapsed().as_secs_f64());
-    let quirks = vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto);
-    if !quirks.quirks() {
-        // int3 runs in hardware here: the guest overruns its stack and ends some other way.
-        testkit::not_checked(
-            "fixup_without_progress_exits_6_instead_of_spinning",
-            &format!(
-                "this host runs int3 in hardware, no fix-up happens (the run ended: {})",
-                r.report.end
-            ),
-        );
-        assert_ne!(r.report.end.exit_code(), code::TIMEOUT, "the guest hung");
+    let Some(r) = int3_loop(
+        "fixup_without_progress_exits_6_instead_of_spinning",
+        QuirkSetting::Auto,
+    ) else {
         return;
-    }
+    };
+    let d = diagnostic(&r);
     assert_eq!(
         r.report.end.exit_code(),
         code::EMULATION_FAILURE,
