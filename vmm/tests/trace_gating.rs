@@ -6,11 +6,16 @@
 //!
 //! The guest (`gating_pair_amd64`) counts cycles around 2 x 2000 unclaimed port writes, 20
 //! rounds of 100 in each mode (switching through the vPMU control port). Boots with and
-//! without `--trace` run in BOOTS back-to-back pairs (A/B, then B/A); each pair gives a ratio
-//! with/without, and the median of the pairs' cpu-switch ratios must lie within TOLERANCE of 1.
-//! Ratios within a pair, not medians of each side: this machine's speed shifts by up to 25 %
-//! for seconds at a time, and a shift between the with-boots and the without-boots once made
-//! the medians 0.80x apart. domain-switch, which charges the VMM's work, is printed beside it.
+//! without `--trace` alternate in BOOTS back-to-back pairs (A/B, then B/A). A boot's speed is
+//! set for its whole life and differs from the next boot's by up to 2x on the build machines (a
+//! pool machine, pinned to one CPU, read 22M to 46M cycles for the same work from boot to
+//! boot), which defeats any one estimate now and then: the median of 5 pair ratios failed 6
+//! runs of 7 there (on the commit before this test changed as after), the fastest boot of each
+//! side failed 2 runs of 9 (one stray fast boot on one side). So two estimates of the same
+//! ratio are taken from 16 pairs, the median of the pairs' cpu-switch ratios and the fastest
+//! boot with over the fastest without, and the test passes if either lies within TOLERANCE of
+//! 1: tracing work charged inside the gate shifts both. domain-switch, which charges the VMM's
+//! work, is printed beside it.
 //!
 //! What it can and cannot catch (measured on this project's build machine, 2 shared cores):
 //! the recorder's per-exit work is well under 1 % of a ~8 us exit here, below the boot-to-boot
@@ -29,8 +34,8 @@ use vmm::end::VmEnd;
 use vmm::pmu::{BackendChoice, ModelChoice};
 use vmm::vm::VpmuSetting;
 
-const BOOTS: usize = 5;
-/// How far the median of the pairs' cpu-switch ratios with/without may lie from 1.
+const BOOTS: usize = 16;
+/// How far the cpu-switch ratio with/without may lie from 1.
 const TOLERANCE: f64 = 0.05;
 
 /// (cpu-switch, domain-switch) cycles the guest counted in its least disturbed round of 100
@@ -73,11 +78,6 @@ fn one_boot(trace: bool) -> (u64, u64) {
     (min(0), min(1))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_unstable_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 #[test]
 fn tracing_is_not_charged_to_the_guest_in_cpu_switch() {
     if !common::kvm_available() {
@@ -92,27 +92,39 @@ fn tracing_is_not_charged_to_the_guest_in_cpu_switch() {
         let b = one_boot(!first_traced);
         pairs.push(if first_traced { (a, b) } else { (b, a) });
     }
-    let ratio = |part: fn(&(u64, u64)) -> u64| {
-        median(
-            pairs
-                .iter()
-                .map(|(w, wo)| part(w) as f64 / part(wo).max(1) as f64)
-                .collect(),
-        )
+    type Pair = ((u64, u64), (u64, u64));
+    let median_ratio = |mode: fn((u64, u64)) -> u64| {
+        let mut v: Vec<f64> = pairs
+            .iter()
+            .map(|(w, wo)| mode(*w) as f64 / mode(*wo).max(1) as f64)
+            .collect();
+        v.sort_unstable_by(f64::total_cmp);
+        v[v.len() / 2]
     };
-    let cpu = ratio(|v| v.0);
-    let dom = ratio(|v| v.1);
+    let fastest = |side: fn(&Pair) -> (u64, u64), mode: fn((u64, u64)) -> u64| {
+        pairs
+            .iter()
+            .map(|p| mode(side(p)))
+            .min()
+            .unwrap_or(0)
+            .max(1) as f64
+    };
+    let fastest_ratio =
+        |mode: fn((u64, u64)) -> u64| fastest(|p| p.0, mode) / fastest(|p| p.1, mode);
+    let (cpu_median, cpu_fastest) = (median_ratio(|v| v.0), fastest_ratio(|v| v.0));
+    let (dom_median, dom_fastest) = (median_ratio(|v| v.1), fastest_ratio(|v| v.1));
     eprintln!(
-        "cycles over 2000 exits, median of {BOOTS} pairs' ratios with/without --trace: \
-         cpu-switch {cpu:.4}x, domain-switch {dom:.4}x\n\
-         (with, without) per pair, as (cpu-switch, domain-switch): {pairs:?}"
+        "cycles over 2000 exits with/without --trace, {BOOTS} pairs: cpu-switch {cpu_median:.4}x \
+         (median of pairs), {cpu_fastest:.4}x (fastest boots); domain-switch {dom_median:.4}x, \
+         {dom_fastest:.4}x\n(with, without) per pair, as (cpu-switch, domain-switch): {pairs:?}"
     );
     assert!(
         pairs.iter().all(|(_, wo)| wo.0 > 0),
         "cpu-switch counted nothing"
     );
     assert!(
-        (cpu - 1.0).abs() <= TOLERANCE,
-        "tracing changed what cpu-switch charges the guest: {cpu:.4}x (allowed {TOLERANCE})"
+        (cpu_median - 1.0).abs() <= TOLERANCE || (cpu_fastest - 1.0).abs() <= TOLERANCE,
+        "tracing changed what cpu-switch charges the guest: {cpu_median:.4}x (median of pairs), \
+         {cpu_fastest:.4}x (fastest boots); allowed {TOLERANCE}"
     );
 }
