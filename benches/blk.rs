@@ -29,15 +29,15 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
+use runtime::devices::virtio::blk::file::RawFile;
+use runtime::devices::virtio::blk::VirtioBlk;
+use runtime::devices::virtio::VirtioDevice;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
 };
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::devices::virtio::blk::file::RawFile;
-use vmm::devices::virtio::blk::VirtioBlk;
-use vmm::devices::virtio::VirtioDevice;
 
 const ROUNDS: usize = 7;
 /// Wall time per case per round.

@@ -1,4 +1,4 @@
-//! Cost of the per-vCPU ring of last exits (vmm/src/last_exits.rs) on the exit path, as a
+//! Cost of the per-vCPU ring of last exits (vmm/runtime/src/last_exits.rs) on the exit path, as a
 //! ratio from one run (`cargo bench -p vpmu-benches --bench last_exits`).
 //!
 //! R1  ns per `LastExits::push` of a port-write exit (classification + ring stores), against
@@ -9,10 +9,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::VcpuExit;
-use vmm::end::VmEnd;
-use vmm::exit::kind::classify;
-use vmm::last_exits::LastExits;
-use vmm::vm::{Boot, VmConfig};
+use runtime::end::VmEnd;
+use runtime::exit::kind::classify;
+use runtime::last_exits::LastExits;
+use runtime::vm::{Boot, VmConfig};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -40,7 +40,7 @@ fn exit_ns() -> f64 {
         console_out: Some(dir.path().join("console")),
         ..VmConfig::new(Boot::tiny(&tiny_guests::EXIT_STORM64))
     };
-    let r = vmm::vm::run(&cfg).expect("VM run");
+    let r = runtime::vm::run(&cfg).expect("VM run");
     assert_eq!(r.end, VmEnd::PowerOff, "{:?}", r.end);
     r.run_time.as_nanos() as f64 / r.exits[0].total() as f64
 }

@@ -1,5 +1,5 @@
 //! P3 of `benches/vpmu.rs`: what naming a host-side sample's guest task, executable and call
-//! stack costs the VMM (`vmm::trace::recorder::annotate`, issue 19), on a synthetic guest: real
+//! stack costs the VMM (`runtime::trace::recorder::annotate`, issue 19), on a synthetic guest: real
 //! x86-64 4-level page tables in a `GuestMemoryMmap`, a task reached through the per-CPU area
 //! as Linux 6.1 lays it out (the default kernel's offsets), its mm, exe_file, dentry and name,
 //! a 6-frame user stack and a 10-frame kernel stack. The reads go through the same vCPU access
@@ -8,11 +8,11 @@
 
 use std::sync::Arc;
 
+use runtime::arch::x86::{CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
+use runtime::profile::guest_task::{TaskLayout, TaskReader};
+use runtime::trace::recorder::annotate;
+use runtime::vcpu_access::fake::FakeVcpu;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::arch::x86::{CR0_PE, CR0_PG, CR4_PAE, EFER_LMA, EFER_LME};
-use vmm::profile::guest_task::{TaskLayout, TaskReader};
-use vmm::trace::recorder::annotate;
-use vmm::vcpu_access::fake::FakeVcpu;
 
 const DIRECT_MAP: u64 = 0xffff_8880_0000_0000;
 const BANNER: &str = "Linux version 6.1.192 (bench) #1 SMP";

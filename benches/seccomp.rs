@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::seccomp::SeccompSetting;
-use vmm::vm::{Boot, VmConfig};
+use runtime::end::VmEnd;
+use runtime::seccomp::SeccompSetting;
+use runtime::vm::{Boot, VmConfig};
 
 fn run(seccomp: SeccompSetting) -> f64 {
     let dir = tempfile::tempdir().unwrap();

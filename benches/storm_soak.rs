@@ -3,7 +3,7 @@
 //! One run of the `storm_smp64` tiny guest on 2 vCPUs: each vCPU arms a period-1 counter with
 //! LVTPC -> NMI and re-arms it from its NMI handler, so only the VMM's `--pmi-limit` holds the
 //! PMIs back, while `--vpmu-schedule cpu-switch:1,domain-switch:1,repeat` switches the
-//! accounting mode every second. This process is the VMM (it calls `vmm::vm::run` as
+//! accounting mode every second. This process is the VMM (it calls `runtime::vm::run` as
 //! `vpmu-vmm run` does), so it measures itself while the storm runs:
 //! - console: every PROBE seconds a byte goes in through the VMM's stdin thread and COM1; the
 //!   guest echoes it; the time to its echo on the console output (a FIFO) is the round trip;
@@ -25,9 +25,9 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::{Boot, VmConfig, VpmuSetting};
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::{Boot, VmConfig, VpmuSetting};
 
 /// Every "other thread" answer must come within this.
 const ANSWER_LIMIT: Duration = Duration::from_millis(100);
@@ -66,9 +66,9 @@ fn parse_args() -> Args {
 
 /// TSC ticks per second, against the monotonic clock over 200 ms.
 fn tsc_hz() -> f64 {
-    let (t0, c0) = (Instant::now(), vmm::tsc::now());
+    let (t0, c0) = (Instant::now(), runtime::tsc::now());
     std::thread::sleep(Duration::from_millis(200));
-    let (t1, c1) = (Instant::now(), vmm::tsc::now());
+    let (t1, c1) = (Instant::now(), runtime::tsc::now());
     (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
 }
 
@@ -274,7 +274,7 @@ fn main() {
         });
         p.window = start.elapsed();
         p.sched[1] = sched_stats();
-        p.end_tsc = vmm::tsc::now();
+        p.end_tsc = runtime::tsc::now();
         stdin_w.write_all(b"q").expect("stdin pipe");
         p
     });

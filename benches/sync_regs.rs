@@ -1,4 +1,4 @@
-//! The exit path with and without sync registers (KVM_CAP_SYNC_REGS, vmm/src/vcpu_access/mod.rs),
+//! The exit path with and without sync registers (KVM_CAP_SYNC_REGS, vmm/runtime/src/vcpu_access/mod.rs),
 //! runs interleaved A/B in one process (`cargo bench -p vpmu-benches --bench sync_regs`).
 //!
 //! R1  ns per VM exit of exit_storm64 (100000 port writes; registers never read), sync
@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::vm::{Boot, VmConfig};
+use runtime::end::VmEnd;
+use runtime::vm::{Boot, VmConfig};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -31,9 +31,9 @@ fn config(guest: &tiny_guests::TinyGuest, dir: &std::path::Path, sync_regs: bool
     }
 }
 
-fn run(cfg: &VmConfig) -> vmm::vm::RunReport {
+fn run(cfg: &VmConfig) -> runtime::vm::RunReport {
     // On a thread of its own: vm::run leaves its calling thread confined by seccomp.
-    let r = std::thread::scope(|s| s.spawn(|| vmm::vm::run(cfg)).join().expect("vm::run"))
+    let r = std::thread::scope(|s| s.spawn(|| runtime::vm::run(cfg)).join().expect("vm::run"))
         .expect("VM run");
     assert_eq!(r.end, VmEnd::PowerOff, "{:?}", r.end);
     r

@@ -18,9 +18,9 @@
 use std::time::Duration;
 
 use analysis::trace::format::Trace;
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::{Boot, RunReport, VmConfig, VpmuSetting};
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::{Boot, RunReport, VmConfig, VpmuSetting};
 
 #[path = "trace_readers.rs"]
 mod trace_readers;

@@ -13,7 +13,7 @@ use analysis::trace::format::{
     block_header, end_record, ExitEvent, Header, Reason, Record, SampleClock, CONTENTS_EXITS,
     CONTENTS_SAMPLES, RECORD_SIZE,
 };
-use vmm::profile::guest_task::{GuestExe, GuestTask, COMM_MAX, EXE_NAME_MAX};
+use runtime::profile::guest_task::{GuestExe, GuestTask, COMM_MAX, EXE_NAME_MAX};
 
 /// Records per vCPU block (the writer's buffers are of this order).
 const BLOCK: usize = 4096;

@@ -28,7 +28,7 @@
 //! PMI latency: TSC at the host's overflow signal on the vCPU thread -> TSC read first thing in
 //!     the guest's NMI handler; p50 and p95.
 //! P3  naming a host-side sample's guest task, executable (or shared library) and call stack (issue 19:
-//!     `vmm::trace::recorder::annotate` over a synthetic guest, `sample_attribution.rs`), in bare
+//!     `runtime::trace::recorder::annotate` over a synthetic guest, `sample_attribution.rs`), in bare
 //!     user-space MSR exits of the same round. Goal (with the sample's own exit): <= 3.
 //!     `-- --p3-only` prints P3's own figure alone (no KVM); `-- --p2-only` P2 alone (five
 //!     rounds after a warm-up, a minute here), `-- --p0-only` P0 alone (nine rounds).
@@ -40,9 +40,9 @@ use std::time::Duration;
 #[path = "sample_attribution.rs"]
 mod sample_attribution;
 
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::{Boot, RunReport, VmConfig, VpmuSetting};
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::{Boot, RunReport, VmConfig, VpmuSetting};
 
 const P1_MSRS: [u32; 2] = [0xc001_0202, 0xc001_0203];
 /// The AMD MSRs the gating guest writes (PERF_CTL0, PERF_CTR0, PerfCntrGlobalCtl).

@@ -184,7 +184,7 @@ kernel_make() {
 }
 
 # write_task_layout SRC: the built tree's VPMU_ offsets (kernel/task-layout.c), the addresses of
-# the symbols they start from, and the kernel's banner, as vmm/src/profile/guest_task.rs reads
+# the symbols they start from, and the kernel's banner, as vmm/runtime/src/profile/guest_task/mod.rs reads
 # them: `banner TEXT`, `symbol NAME ADDR`, `value NAME NUMBER` lines.
 write_task_layout() {
 	local sym addr banner
@@ -350,7 +350,7 @@ apt_download() {
 	}
 }
 
-# dwarf_offsets VMLINUX: `NAME VALUE` lines of what a task layout holds (vmm/src/profile/
+# dwarf_offsets VMLINUX: `NAME VALUE` lines of what a task layout holds (vmm/runtime/src/profile/
 # btf_layout.rs), read by gdb from the vmlinux's DWARF: an independent reference for the BTF.
 DWARF_FIELDS=(
 	task_struct_pid:task_struct:pid task_struct_tgid:task_struct:tgid

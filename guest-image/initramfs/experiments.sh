@@ -29,7 +29,7 @@
 #     runs once per mode, after switching through the vPMU control port (see vpmu_set_mode).
 #
 # Results go to $VPMU_RESULTS_DEV (default /dev/ttyS1: the VMM's --serial2 FILE) as frames,
-# decoded on the host by `vpmu-vmm results FILE --out DIR` (vmm/src/guest_results.rs):
+# decoded on the host by `vpmu-vmm results FILE --out DIR` (vmm/analysis/src/guest_results.rs):
 #
 #   VPMU-RESULTS-BEGIN v1 experiments=<LIST> modes=<MODES or ->\n
 #   VPMU-FRAME v1 seq=<n> name=<name> mode=<tag> len=<bytes> crc32=<8 hex digits>\n
@@ -416,7 +416,7 @@ vpmu_run_one() {
 
 # --- Accounting modes ---------------------------------------------------------------------------
 # HOOK (issue 4, guest-side mode switch): the VMM's vPMU control port 0x511
-# (vmm/src/devices/vpmu_control.rs): write 1 = cpu-switch, 2 = domain-switch; a read returns the
+# (vmm/runtime/src/devices/vpmu_control.rs): write 1 = cpu-switch, 2 = domain-switch; a read returns the
 # mode being counted in (1 or 2). There only with the vPMU on; an unclaimed port reads 0xff.
 # Reached through /dev/port (kernel CONFIG_DEVPORT); VPMU_PORT_DEV replaces it in host checks.
 VPMU_CONTROL_PORT=1297 # 0x511
@@ -461,7 +461,7 @@ vpmu_set_mode() {
 # --- end of HOOK ----------------------------------------------------------------------------------
 
 # --- The VMM's packets --------------------------------------------------------------------------
-# The packet gate port 0x512 (vmm/src/devices/packet_gate.rs): write 1 = the VMM sends its echo
+# The packet gate port 0x512 (vmm/runtime/src/devices/packet_gate.rs): write 1 = the VMM sends its echo
 # requests, 0 = it holds them; a read returns 1 or 0. There only when the VMM starts its packets
 # gated (`vpmu-vmm compare --profiler`); elsewhere the port reads 0xff and the packets, if any,
 # arrive all the time.

@@ -5,22 +5,22 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::end::EXIT_CODES_HELP;
+use runtime::end::EXIT_CODES_HELP;
 // The `trace summary`, `report` and `compare` arguments live with their commands (lower layers
 // take no types from the command line); re-exported here, where the command line is put
 // together.
 pub use crate::compare::args::{CompareArgs, Format, Profiler, Workload};
-use crate::host_quirks::{HostKind, QuirkSetting};
-use crate::pmu::{BackendChoice, ModelChoice};
-use crate::seccomp::SeccompSetting;
-use crate::trace::{ProfileClock, ProfileConfig, RecordConfig};
-use crate::vm::config::{disk_access_cost, parse_disk, DiskArg};
-use crate::vm::{
+use crate::disk_arg::{disk_access_cost, parse_disk, DiskArg};
+pub use analysis::profile::report::ReportArgs;
+pub use analysis::trace::command::SummaryArgs;
+use runtime::host_quirks::{HostKind, QuirkSetting};
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::seccomp::SeccompSetting;
+use runtime::trace::{ProfileClock, ProfileConfig, RecordConfig};
+use runtime::vm::{
     Boot, DiskConfig, RdpmcSetting, VmConfig, VpmuSetting, DEFAULT_CMDLINE, MAX_MEMORY_MIB,
     MAX_VCPUS, MIN_MEMORY_MIB,
 };
-pub use analysis::profile::report::ReportArgs;
-pub use analysis::trace::command::SummaryArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,7 +63,7 @@ pub enum Command {
     /// --task-layout`), derived from a kernel image's own BTF and kallsyms: for kernels this
     /// project did not build (distribution kernels have both). `run --host-profile` does the same
     /// by itself when there is no `task-layout` file beside --kernel.
-    TaskLayout(crate::profile::btf_layout::TaskLayoutArgs),
+    TaskLayout(runtime::profile::btf_layout::TaskLayoutArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -103,7 +103,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "STR", default_value = "", long_help = format!(
         "Extra kernel command line, appended to the defaults \"{DEFAULT_CMDLINE}\" (and, on hosts that \
 emulate guest kernel code, \"{}\"); a later option overrides an earlier one. A Multiboot kernel gets \
-its file name followed by this text alone (kvm-unit-tests reads it as its arguments).", crate::host_quirks::KERNEL_OPTIONS))]
+its file name followed by this text alone (kvm-unit-tests reads it as its arguments).", runtime::host_quirks::KERNEL_OPTIONS))]
     pub cmdline: String,
     /// Guest memory in MiB.
     #[arg(long, value_name = "MiB", default_value_t = 256,
@@ -146,7 +146,7 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     /// switch through the vPMU control port (0x511: 1 = cpu-switch, 2 = domain-switch). Needs
     /// --vpmu cpu-switch or domain-switch.
     #[arg(long, value_name = "LIST")]
-    pub vpmu_schedule: Option<crate::pmu::mode::Schedule>,
+    pub vpmu_schedule: Option<runtime::pmu::mode::Schedule>,
     /// Keep the guest's counters from counting some events, as KVM_SET_PMU_EVENT_FILTER: SPEC is
     /// allow:LIST or deny:LIST (e.g. allow:0x3c,0xc0/0x00,fixed=0x3), or a file holding one.
     #[arg(long, value_name = "SPEC", value_parser = parse_event_filter, long_help = EVENT_FILTER_HELP)]
@@ -166,7 +166,7 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     /// The most the guest may write into the --console and --serial2 files, each, in MiB:
     /// then one line says so and the rest is dropped (counted in the end-of-run report), so a
     /// guest cannot fill the host's disk. 0: no limit.
-    #[arg(long, value_name = "MIB", default_value_t = crate::vm::config::DEFAULT_OUTPUT_FILE_CAP_MIB)]
+    #[arg(long, value_name = "MIB", default_value_t = runtime::vm::DEFAULT_OUTPUT_FILE_CAP_MIB)]
     pub output_file_cap_mib: u64,
     /// Record every VM exit that reaches the VMM (reason, port/MSR/MMIO, TSC at exit and
     /// re-entry) to FILE; read it with `vpmu-vmm trace summary FILE`.
@@ -204,7 +204,7 @@ its file name followed by this text alone (kvm-unit-tests reads it as its argume
     pub net: bool,
     /// With --net: echo requests per second sent to the guest (0: none).
     #[arg(long, value_name = "N", default_value_t = 10, requires = "net",
-          value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::net::MAX_RX_PPS)))]
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(runtime::net::MAX_RX_PPS)))]
     pub net_rx_pps: u32,
     /// With --net: extra device-model work per access to the card's registers, busy-waited on
     /// the vCPU thread (stands for a heavyweight device model; docs/accounting-modes.md).
@@ -341,7 +341,7 @@ impl RunArgs {
             pmu_event_filter: self.pmu_event_filter.clone(),
             io_delay_us: 0,
             const_msrs: Vec::new(),
-            net: self.net.then_some(crate::net::NetConfig {
+            net: self.net.then_some(runtime::net::NetConfig {
                 rx_pps: self.net_rx_pps,
                 access_cost_us: self.net_access_cost_us,
                 guest_gate: false,
@@ -411,18 +411,7 @@ mod tests {
     }
 
     #[test]
-    fn disk_options() {
-        let d = parse_disk("/img/a.img").unwrap();
-        assert_eq!((d.path, d.readonly), (PathBuf::from("/img/a.img"), false));
-        assert!(parse_disk("a.img,readonly=on").unwrap().readonly);
-        assert!(
-            !parse_disk("a.img,readonly=on,readonly=off")
-                .unwrap()
-                .readonly
-        );
-        let e = parse_disk("a.img,ro").unwrap_err();
-        assert!(e.contains("unknown disk option \"ro\""), "{e}");
-        assert!(parse_disk(",readonly=on").is_err());
+    fn disk_given_twice_is_two_disks() {
         let cli = Cli::try_parse_from([
             "vpmu-vmm",
             "run",

@@ -1,8 +1,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use runtime::end::code;
 use vmm::cli::{Cli, Command, TraceCommand};
-use vmm::end::code;
 
 fn main() -> ExitCode {
     let started = std::time::Instant::now();
@@ -24,7 +24,7 @@ fn main() -> ExitCode {
         .init();
 
     if matches!(cli.command, Command::Run(_) | Command::Compare(_)) {
-        if let Err(e) = vmm::stop_signal::install() {
+        if let Err(e) = runtime::stop_signal::install() {
             log::warn!("cannot catch SIGINT/SIGTERM ({e}): they will kill the run outright");
         }
     } else {
@@ -39,7 +39,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Results(args) => {
-            match vmm::guest_results::command(
+            match analysis::guest_results::command(
                 &args.file,
                 &args.out,
                 args.format == vmm::cli::Format::Json,
@@ -60,7 +60,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(code::USAGE as u8);
                 }
             };
-            match vmm::vm::run(&cfg) {
+            match runtime::vm::run(&cfg) {
                 Ok(report) => {
                     vmm::report::print(&report);
                     if let Some(f) = &args.report_json {
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             done(analysis::trace::command::summary(&args))
         }
         Command::Report(args) => done(analysis::profile::report::command(&args)),
-        Command::TaskLayout(args) => done(vmm::profile::btf_layout::command(&args)),
+        Command::TaskLayout(args) => done(runtime::profile::btf_layout::command(&args)),
     }
 }
 
@@ -91,7 +91,8 @@ fn main() -> ExitCode {
 /// sockets, or make KVM or perf calls. Where the kernel has no seccomp, they run unfiltered
 /// (said on stderr).
 fn confine_offline() {
-    let confined = vmm::seccomp::filters().and_then(|f| f.apply(vmm::seccomp::ThreadKind::Main));
+    let confined =
+        runtime::seccomp::filters().and_then(|f| f.apply(runtime::seccomp::ThreadKind::Main));
     if let Err(e) = confined {
         log::warn!("seccomp: {e}: running without a filter");
     }

@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{kvm_available, run_tiny_with};
-use vmm::end::VmEnd;
-use vmm::vm::DiskConfig;
+use runtime::end::VmEnd;
+use runtime::vm::DiskConfig;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 const SECTORS: u64 = 64;

@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use vmm::profile::btf_layout::{from_kernel, BtfLayoutError};
-use vmm::profile::guest_task::TaskLayout;
+use runtime::profile::btf_layout::{from_kernel, BtfLayoutError};
+use runtime::profile::guest_task::TaskLayout;
 
 fn paths() -> HashMap<String, PathBuf> {
     testkit::built_images()

@@ -297,7 +297,7 @@ fn option_help<'a>(help: &'a str, flag: &str) -> String {
 
 #[test]
 fn help_exit_codes_match_end_rs() {
-    use vmm::end::code;
+    use runtime::end::code;
     let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
     // The "Exit codes:" list: each line starts with its codes ("  9  ...", "  130, 143  ...").

@@ -25,11 +25,11 @@ use std::io::Write;
 use fuzz_common::{cases, largest_allocation};
 
 use analysis::bzimage;
+use analysis::guest_results;
 use analysis::profile::{kallsyms, symbols::SymbolTable};
 use analysis::trace::format::{self, Header, Record, SampleClock, Trace};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use vmm::guest_results;
 
 /// What a reader may allocate at once for an input of `len` bytes: a fixed allowance plus a
 /// multiple of the input.
@@ -521,8 +521,8 @@ fn bzimage_cut_inside_the_setup_header_is_an_error() {
 /// at most an ARP reply, never panic.
 #[test]
 fn guest_frames_reach_the_pinger_safely() {
-    use vmm::net::packet;
-    use vmm::net::pinger::{Pinger, ECHO_ID, GUEST_IP, GUEST_MAC, HOST_IP, HOST_MAC};
+    use runtime::net::packet;
+    use runtime::net::pinger::{Pinger, ECHO_ID, GUEST_IP, GUEST_MAC, HOST_IP, HOST_MAC};
     let mut seeds = Vec::new();
     for seq in 0..4u16 {
         let payload: Vec<u8> = (0..56).map(|i| (seq as u8).wrapping_add(i)).collect();
@@ -572,14 +572,14 @@ fn kernel_loader_survives_damaged_kernels() {
     let path = dir.path().join("kernel");
     for seed in [&elf, &bz] {
         std::fs::write(&path, seed).unwrap();
-        vmm::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
+        runtime::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
             .expect("the seed kernel loads");
     }
     // A tenth of the cases: each one writes a file and loads it into guest memory.
     let n = (cases() / 10).max(30);
     fuzz_n("kernel-loader", n, vec![elf, bz], bzimage_alloc_cap, |b| {
         std::fs::write(&path, b).unwrap();
-        let _ = vmm::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
+        let _ = runtime::boot::kernel::load(&mem, &path, None, "console=ttyS0", None)
             .map_err(|e| e.to_string());
     });
 }
@@ -588,7 +588,7 @@ fn kernel_loader_survives_damaged_kernels() {
 /// decodes the guest kernel's code, which the user supplies.
 #[test]
 fn rdpmc_site_finder_survives_damaged_kernels() {
-    use vmm::pmu::rdpmc;
+    use runtime::pmu::rdpmc;
     // mov ecx, 0x40000000; rdpmc; ret, between halts.
     let code = [
         &[0xf4u8; 16][..],
@@ -616,7 +616,7 @@ fn rdpmc_site_finder_survives_damaged_kernels() {
 /// arithmetic overflow (a panic in debug builds).
 #[test]
 fn rdpmc_code_that_wraps_the_address_space_is_refused() {
-    use vmm::pmu::rdpmc;
+    use runtime::pmu::rdpmc;
     let code = [0xb9, 0x00, 0x00, 0x00, 0x40, 0x0f, 0x33, 0xc3];
     let e = rdpmc::find_sites_flat(&code, u64::MAX - 4).unwrap_err();
     assert!(e.to_string().contains("wraps"), "{e}");
@@ -698,7 +698,7 @@ fn task_layouts() -> Vec<Vec<u8>> {
 /// and checked, or refused with a typed error.
 #[test]
 fn task_layout_reader_survives_damaged_files() {
-    use vmm::profile::guest_task::TaskLayout;
+    use runtime::profile::guest_task::TaskLayout;
     let seeds = task_layouts();
     assert!(TaskLayout::parse(TASK_LAYOUT).unwrap().maps.is_some());
     fuzz(
@@ -717,7 +717,8 @@ fn task_layout_reader_survives_damaged_files() {
                 // (__per_cpu_offset may be any address: the reader adds to it checked).
                 let l = std::sync::Arc::new(l);
                 for seed in 0..4u64 {
-                    let mut r = vmm::profile::guest_task::TaskReader::new(l.clone(), seed as u32);
+                    let mut r =
+                        runtime::profile::guest_task::TaskReader::new(l.clone(), seed as u32);
                     let mut mem = JunkMemory(
                         seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
                         l.linux_banner,
@@ -750,7 +751,7 @@ fn guest_report_texts() -> Vec<Vec<u8>> {
 
 #[test]
 fn guest_report_readers_survive_damaged_text() {
-    use vmm::guest_reports as g;
+    use analysis::guest_reports as g;
     fuzz(
         "guest-reports",
         guest_report_texts(),
@@ -776,8 +777,8 @@ fn guest_report_readers_survive_damaged_text() {
 /// A trace whose samples name a task, an executable and a mapping, with names a hostile guest
 /// could give (ESC sequences, a newline, bytes that are not UTF-8).
 fn trace_with_tasks() -> Vec<Vec<u8>> {
-    use vmm::profile::guest_task::GuestMapping;
-    use vmm::profile::guest_task::{GuestExe, GuestTask, EXE_NAME_MAX};
+    use runtime::profile::guest_task::GuestMapping;
+    use runtime::profile::guest_task::{GuestExe, GuestTask, EXE_NAME_MAX};
     let header = Header {
         vcpus: 1,
         contents: format::CONTENTS_SAMPLES,
@@ -1029,8 +1030,8 @@ fn elf_with_symbols(
 #[test]
 fn guest_files_reader_survives_damaged_elf_files() {
     use analysis::profile::user_symbols::{exe_name_bytes, GuestFiles, UserFrame};
-    use vmm::profile::guest_task::GuestExe;
-    use vmm::profile::guest_task::GuestMapping;
+    use runtime::profile::guest_task::GuestExe;
+    use runtime::profile::guest_task::GuestMapping;
     let vaddr = 0x40_1000u64;
     let mut code = vec![0x90u8; 0x100];
     code[..8].copy_from_slice(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5]);
@@ -1205,7 +1206,7 @@ fn kallsyms_tables(syms: &[(&str, i32)], base: u64) -> (Vec<u8>, [usize; 7]) {
 /// `task-layout KERNEL`: the kernel's BTF and symbols (a vmlinux the user hands in).
 #[test]
 fn btf_layout_reader_survives_damaged_kernels() {
-    use vmm::profile::btf_layout;
+    use runtime::profile::btf_layout;
     let vaddr = 0xffff_ffff_8100_0000u64;
     // Kernel symbols at vaddr + k are stored as -1 - k (absolute per-CPU mode); current_task
     // is a per-CPU offset, stored as itself.
@@ -1259,8 +1260,12 @@ fn btf_layout_reader_survives_damaged_kernels() {
 /// as the layout's, so the kernel is taken as verified.
 struct JunkMemory(u64, u64, Vec<u8>);
 
-impl vmm::profile::guest_task::GuestRead for JunkMemory {
-    fn read_virt(&mut self, gva: u64, buf: &mut [u8]) -> Result<(), vmm::kvm_error::AccessError> {
+impl runtime::profile::guest_task::GuestRead for JunkMemory {
+    fn read_virt(
+        &mut self,
+        gva: u64,
+        buf: &mut [u8],
+    ) -> Result<(), runtime::kvm_error::AccessError> {
         if gva == self.1 && buf.len() == self.2.len() {
             buf.copy_from_slice(&self.2);
             return Ok(());

@@ -28,13 +28,13 @@ use std::time::{Duration, Instant};
 use fuzz_common::{cases, largest_allocation};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use runtime::devices::virtio::mmio::MmioTransport;
+use runtime::devices::virtio::net::{VirtioNet, NET_HDR_LEN, RX_QUEUE, TX_QUEUE};
+use runtime::devices::MmioDevice;
+use runtime::devices::Tick;
+use runtime::net::pinger::{Pinger, GUEST_MAC};
 use virtio_bindings::virtio_mmio::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::devices::virtio::mmio::MmioTransport;
-use vmm::devices::virtio::net::{VirtioNet, NET_HDR_LEN, RX_QUEUE, TX_QUEUE};
-use vmm::devices::MmioDevice;
-use vmm::devices::Tick;
-use vmm::net::pinger::{Pinger, GUEST_MAC};
 use vmm_sys_util::eventfd::EventFd;
 
 const MEM: u64 = 1 << 20;
@@ -544,11 +544,11 @@ fn the_driver_cannot_set_needs_reset() {
 
 mod blk {
     use super::*;
+    use runtime::devices::virtio::blk::file::DiskFile;
+    use runtime::devices::virtio::blk::VirtioBlk;
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::{Arc, Mutex};
     use virtio_bindings::virtio_blk::*;
-    use vmm::devices::virtio::blk::file::DiskFile;
-    use vmm::devices::virtio::blk::VirtioBlk;
 
     const SECTORS: u64 = 16;
     const IMAGE: u64 = SECTORS * 512;

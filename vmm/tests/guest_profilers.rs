@@ -53,11 +53,11 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use vmm::guest_reports::{
+use analysis::guest_reports::{
     failed_steps, ocount_counts, opreport_samples, perf_report_samples, perf_stat_count,
     proc_stat_steal_ms,
 };
-use vmm::guest_results::{decode, Decoded};
+use analysis::guest_results::{decode, Decoded};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
@@ -798,7 +798,8 @@ struct PacketRxSize {
 impl PacketRxSize {
     fn for_this_host(profiler: &str) -> PacketRxSize {
         let emulated =
-            vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks();
+            runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto)
+                .quirks();
         if !emulated {
             // A VT-x/SVM host (tier 4's nested kvm_amd, VPMU_SVM_PROFILERS=1): guest kernel code
             // runs in hardware and interrupts are taken at once. 30 s windows at 200 echo

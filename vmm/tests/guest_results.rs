@@ -1,5 +1,5 @@
 //! The guest's result framing (guest-image/initramfs/experiments.sh, run here by the host's
-//! busybox sh, as /init runs it in the guest) against the host's decoder (vmm::guest_results).
+//! busybox sh, as /init runs it in the guest) against the host's decoder (analysis::guest_results).
 //! A file stands in for the serial port and another for /dev/port (the vPMU control port).
 //! Needs /bin/busybox (Debian's busybox-static, installed by scripts/deps.sh): fails loudly
 //! without it.
@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use vmm::guest_results::{decode, Decoded};
+use analysis::guest_results::{decode, Decoded};
 
 const BUSYBOX: &str = "/bin/busybox";
 const CONTROL_PORT: usize = 0x511;
@@ -133,7 +133,7 @@ fn a_step_records_its_output_and_exit_status() {
     assert_eq!(runs, ".\n", "the crashed step ran more than once");
     assert!(!status.contains("retry"), "{status}");
     assert_eq!(
-        vmm::guest_reports::failed_steps(&status).len(),
+        analysis::guest_reports::failed_steps(&status).len(),
         2,
         "exit 7 and the SIGSEGV fail:\n{status}"
     );
@@ -226,7 +226,8 @@ fn stub(dir: &Path, name: &str, body: &str) {
 fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
     use vmm::compare::in_guest::{comparisons, GuestProfiler};
     let dir = tempfile::tempdir().unwrap();
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    // The readers and their fixtures are the analysis crate's.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("analysis/tests/fixtures");
     stub(
         dir.path(),
         "perf",
@@ -286,7 +287,7 @@ fn compare_experiments_feed_the_hosts_guest_profiler_comparison() {
             let status = d.get(mode, &format!("{exp}/status.txt")).unwrap();
             let status = String::from_utf8_lossy(&status.payload);
             assert!(
-                vmm::guest_reports::failed_steps(&status).is_empty(),
+                analysis::guest_reports::failed_steps(&status).is_empty(),
                 "{exp} {mode}: {status}\n{console}"
             );
         }

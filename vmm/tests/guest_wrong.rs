@@ -9,10 +9,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{kvm_available, run_tiny_with, TinyRun};
+use runtime::end::code;
+use runtime::host_quirks::{HostKind, QuirkSetting};
+use runtime::trace::{ProfileClock, ProfileConfig};
 use tiny_guests::TinyGuest;
-use vmm::end::code;
-use vmm::host_quirks::{HostKind, QuirkSetting};
-use vmm::trace::{ProfileClock, ProfileConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
@@ -251,13 +251,13 @@ fn fixup_without_progress_exits_6_instead_of_spinning() {
         .map(|(_, n)| n)
         .sum();
     assert!(
-        fixups >= u64::from(vmm::last_exits::NO_PROGRESS_LIMIT) - 1,
+        fixups >= u64::from(runtime::last_exits::NO_PROGRESS_LIMIT) - 1,
         "{fixups} fix-ups"
     );
 }
 
 /// Trace, host profile and COM2 output of a run that only --timeout ends.
-fn recorded_run(adjust: impl FnOnce(&mut vmm::vm::VmConfig)) -> (TinyRun, tempfile::TempDir) {
+fn recorded_run(adjust: impl FnOnce(&mut runtime::vm::VmConfig)) -> (TinyRun, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (trace, profile) = (dir.path().join("t.trace"), dir.path().join("p.profile"));
     let r = run_tiny_with(

@@ -17,11 +17,11 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::host_quirks::QuirkSetting;
-use vmm::pmu::{BackendChoice, ModelChoice, PmuStats};
-use vmm::trace::recorder::{ProfileClock, ProfileConfig};
-use vmm::vm::VpmuSetting;
+use runtime::end::VmEnd;
+use runtime::host_quirks::QuirkSetting;
+use runtime::pmu::{BackendChoice, ModelChoice, PmuStats};
+use runtime::trace::recorder::{ProfileClock, ProfileConfig};
+use runtime::vm::VpmuSetting;
 
 /// How a run is profiled.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -170,7 +170,7 @@ fn kernel_code_interruptions_are_forgotten_only_where_it_runs_natively() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let emulated = vmm::host_quirks::HostKind::decide(QuirkSetting::Auto).quirks();
+    let emulated = runtime::host_quirks::HostKind::decide(QuirkSetting::Auto).quirks();
     let mut forgotten = Vec::new();
     for quirks in [QuirkSetting::Auto, QuirkSetting::Off] {
         let r = common::run_tiny_with(
@@ -180,7 +180,7 @@ fn kernel_code_interruptions_are_forgotten_only_where_it_runs_natively() {
                 c.vpmu = VpmuSetting::CpuSwitch;
                 c.pmu_model = ModelChoice::Amd;
                 c.pmu_backend = BackendChoice::Soft;
-                c.host = vmm::host_quirks::HostKind::decide(quirks);
+                c.host = runtime::host_quirks::HostKind::decide(quirks);
                 c.record.profile = Some(ProfileConfig {
                     path: dir.path().join("k.prof"),
                     hz: 1000,

@@ -462,7 +462,8 @@ fn boot_and_check(extra: &[&str]) -> Option<Boot> {
     // Guest user space: init runs, `nproc` sees every vCPU, and the guest powers off. On hosts
     // that emulate guest kernel code this goes through the VMM's SYSCALL relay
     // (host_quirks/syscall_relay/), whose counts the end-of-run report gives.
-    let quirks = vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks();
+    let quirks =
+        runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto).quirks();
     let relayed = stderr
         .lines()
         .find_map(|l| l.split_once("syscall relay: system calls completed: "))

@@ -143,7 +143,7 @@ fn packet_receive_is_charged_to_the_driver_in_domain_switch() {
 /// ones cannot hide), and the kernel's samples must name tasks too. The other formats must come
 /// out of the same file.
 fn samples_name_the_guest_process(profile: &std::path::Path, kernel: &str) {
-    let layout = vmm::profile::guest_task::TaskLayout::beside(std::path::Path::new(kernel));
+    let layout = runtime::profile::guest_task::TaskLayout::beside(std::path::Path::new(kernel));
     assert!(
         layout.is_some(),
         "no task-layout beside {kernel}: guest-image/build.sh default-kernel writes one (a kernel \

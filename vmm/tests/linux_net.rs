@@ -82,7 +82,7 @@ fn stock_linux_answers_echo_requests_over_virtio_net() {
     );
     assert_eq!(
         out.status.code(),
-        Some(vmm::end::code::TIMEOUT),
+        Some(runtime::end::code::TIMEOUT),
         "{}",
         dump()
     );

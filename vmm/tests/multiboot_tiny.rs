@@ -8,10 +8,10 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use runtime::boot::layout;
+use runtime::boot::multiboot::BOOTLOADER_MAGIC;
+use runtime::end::code;
 use tiny_guests::{MULTIBOOT32, XBEGIN_MULTIBOOT64};
-use vmm::boot::layout;
-use vmm::boot::multiboot::BOOTLOADER_MAGIC;
-use vmm::end::code;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
@@ -200,12 +200,13 @@ fn xbegin_at_cpl0_is_an_abort_through_the_trap_or_a_ud_the_guest_receives() {
         return;
     }
     const { assert!(XBEGIN_MULTIBOOT64.multiboot, "built as an ELF32") };
-    let quirks = vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks();
+    let quirks =
+        runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto).quirks();
     let supported = kvm_ioctls::Kvm::new()
         .unwrap()
         .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
         .unwrap();
-    let rtm = vmm::host_quirks::xbegin_abort::offers_rtm(supported.as_slice());
+    let rtm = runtime::host_quirks::xbegin_abort::offers_rtm(supported.as_slice());
     eprintln!("host quirks {quirks}, RTM offered {rtm}");
     let dir = tempfile::tempdir().unwrap();
     let kernel = dir.path().join("xbegin.elf");

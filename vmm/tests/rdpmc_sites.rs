@@ -19,9 +19,9 @@ fn default_kernel_sites_agree_with_and_without_symbols() {
         );
         return;
     };
-    let with_syms = vmm::pmu::rdpmc::find_sites(&std::fs::read(&vmlinux).unwrap()).unwrap();
-    let stripped = vmm::boot::kernel::read_kernel(&bzimage).unwrap().elf;
-    let without = vmm::pmu::rdpmc::find_sites(&stripped).unwrap();
+    let with_syms = runtime::pmu::rdpmc::find_sites(&std::fs::read(&vmlinux).unwrap()).unwrap();
+    let stripped = runtime::boot::kernel::read_kernel(&bzimage).unwrap().elf;
+    let without = runtime::pmu::rdpmc::find_sites(&stripped).unwrap();
     for s in &with_syms {
         eprintln!("site {s} at physical {:#x}", s.paddr);
         assert!(s.function.is_some(), "{s}: not inside a function symbol");
@@ -31,6 +31,6 @@ fn default_kernel_sites_agree_with_and_without_symbols() {
         "the perf driver's RDPMC was not found"
     );
     let addrs =
-        |v: &[vmm::pmu::rdpmc::Site]| v.iter().map(|s| (s.vaddr, s.paddr)).collect::<Vec<_>>();
+        |v: &[runtime::pmu::rdpmc::Site]| v.iter().map(|s| (s.vaddr, s.paddr)).collect::<Vec<_>>();
     assert_eq!(addrs(&with_syms), addrs(&without));
 }

@@ -8,11 +8,11 @@ mod common;
 
 use std::time::Duration;
 
+use runtime::end::VmEnd;
+use runtime::host_quirks::QuirkSetting;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::{RdpmcSetting, VpmuSetting};
 use tiny_guests::TinyGuest;
-use vmm::end::VmEnd;
-use vmm::host_quirks::QuirkSetting;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::{RdpmcSetting, VpmuSetting};
 
 const K0: u64 = 0x1234_5678_9abc;
 const K_FIXED: u64 = 0xabcd_ef01_2345;
@@ -26,7 +26,7 @@ fn guest(model: ModelChoice) -> TinyGuest {
     }
 }
 
-fn run(model: ModelChoice, rdpmc: RdpmcSetting) -> (Vec<u64>, vmm::vm::RunReport, String) {
+fn run(model: ModelChoice, rdpmc: RdpmcSetting) -> (Vec<u64>, runtime::vm::RunReport, String) {
     run_with(model, rdpmc, QuirkSetting::Auto)
 }
 
@@ -34,13 +34,13 @@ fn run_with(
     model: ModelChoice,
     rdpmc: RdpmcSetting,
     quirks: QuirkSetting,
-) -> (Vec<u64>, vmm::vm::RunReport, String) {
+) -> (Vec<u64>, runtime::vm::RunReport, String) {
     let r = common::run_tiny_with(&guest(model), Duration::from_secs(120), |cfg| {
         cfg.vpmu = VpmuSetting::CpuSwitch;
         cfg.pmu_model = model;
         cfg.pmu_backend = BackendChoice::Soft;
         cfg.rdpmc = rdpmc;
-        cfg.host = vmm::host_quirks::HostKind::decide(quirks);
+        cfg.host = runtime::host_quirks::HostKind::decide(quirks);
     });
     let words: Vec<u64> = r
         .serial2
@@ -62,9 +62,9 @@ fn served(v: u64) -> (u64, u64) {
 
 /// TSC cycles per second of this host (the guest's TSC runs at the host's here).
 fn tsc_hz() -> f64 {
-    let (t0, c0) = (std::time::Instant::now(), vmm::tsc::now());
+    let (t0, c0) = (std::time::Instant::now(), runtime::tsc::now());
     std::thread::sleep(Duration::from_millis(50));
-    let (t1, c1) = (std::time::Instant::now(), vmm::tsc::now());
+    let (t1, c1) = (std::time::Instant::now(), runtime::tsc::now());
     (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
 }
 
@@ -203,16 +203,16 @@ fn patch_refuses_the_guest_and_auto_traps_instead() {
     if !common::kvm_available() {
         return;
     }
-    let cfg = vmm::vm::VmConfig {
+    let cfg = runtime::vm::VmConfig {
         memory_mib: 64,
         vpmu: VpmuSetting::CpuSwitch,
         pmu_model: ModelChoice::Amd,
         pmu_backend: BackendChoice::Soft,
         rdpmc: RdpmcSetting::Patch,
         timeout: Some(Duration::from_secs(60)),
-        ..vmm::vm::VmConfig::new(vmm::vm::Boot::tiny(&tiny_guests::RDPMC_TRAP_AMD64))
+        ..runtime::vm::VmConfig::new(runtime::vm::Boot::tiny(&tiny_guests::RDPMC_TRAP_AMD64))
     };
-    let result = std::thread::scope(|s| s.spawn(|| vmm::vm::run(&cfg)).join().unwrap());
+    let result = std::thread::scope(|s| s.spawn(|| runtime::vm::run(&cfg)).join().unwrap());
     let Err(err) = result else {
         panic!("--rdpmc patch must refuse a prefixed RDPMC");
     };

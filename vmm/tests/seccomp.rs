@@ -1,7 +1,7 @@
 //! Seccomp (docs/security.md): while a VM runs, every thread of the VMM is in seccomp filter
 //! mode (`Seccomp: 2` in /proc/<pid>/task/<tid>/status), and the run still ends normally;
 //! `--seccomp off` leaves them unfiltered. (A forbidden call's report and exit code are
-//! checked by the unit tests in vmm/src/seccomp/mod.rs.)
+//! checked by the unit tests in vmm/runtime/src/seccomp/mod.rs.)
 
 mod common;
 
@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vmm::end::{code, VmEnd};
-use vmm::vm::{Boot, Controller, VmConfig, VpmuSetting};
+use runtime::end::{code, VmEnd};
+use runtime::vm::{Boot, Controller, VmConfig, VpmuSetting};
 
 const BIN: &str = env!("CARGO_BIN_EXE_vpmu-vmm");
 
@@ -210,7 +210,7 @@ fn controller_and_calling_thread_are_filtered() {
         }))),
         ..VmConfig::new(Boot::tiny(&tiny_guests::HALT64))
     };
-    let report = vmm::vm::run(&cfg).unwrap();
+    let report = runtime::vm::run(&cfg).unwrap();
     watcher.join().expect("every thread filtered");
     assert_eq!(
         report.end,

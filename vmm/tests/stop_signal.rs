@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 
 use analysis::trace::format::Trace;
 use analysis::trace::read::Records;
-use vmm::end::{code, VmEnd};
-use vmm::trace::{ProfileClock, ProfileConfig};
+use runtime::end::{code, VmEnd};
+use runtime::trace::{ProfileClock, ProfileConfig};
 
 #[test]
 fn sigint_ends_the_run_with_130_and_closed_files() {
     if !common::kvm_available() {
         return;
     }
-    vmm::stop_signal::install().unwrap();
+    runtime::stop_signal::install().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (trace, profile) = (dir.path().join("t.trace"), dir.path().join("p.profile"));
     let t = Instant::now();

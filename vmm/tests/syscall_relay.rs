@@ -1,4 +1,4 @@
-//! Tier 2: guest user space through the SYSCALL relay (vmm/src/host_quirks/syscall_relay/).
+//! Tier 2: guest user space through the SYSCALL relay (vmm/runtime/src/host_quirks/syscall_relay/).
 //! A tiny kernel with Linux's GDT layout and SYSCALL MSRs drops to CPL3, makes N system calls,
 //! takes user #PFs (not present, supervisor page, a jump to LSTAR), M `ud2` round trips and one
 //! kernel #PF (guest-image/tiny/asm/syscall64.S). Exact counts, return values, registers and
@@ -9,8 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::host_quirks::syscall_relay::kinds;
+use runtime::end::VmEnd;
+use runtime::host_quirks::syscall_relay::kinds;
 
 /// One run's measurements (after the guest's and the relay's counts were checked).
 struct Sample {
@@ -142,7 +142,7 @@ fn run_syscall64(sync_regs: bool) -> Sample {
     let per_syscall = w[15] as f64 / n as f64;
     let per_ud2 = w[16] as f64 / m as f64;
     let mut relayed = 0;
-    if vmm::host_quirks::HostKind::decide(vmm::host_quirks::QuirkSetting::Auto).quirks() {
+    if runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto).quirks() {
         let count = |k: &str| {
             r.report
                 .fixups

@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{kvm_available, run_tiny};
-use vmm::end::{code, VmEnd};
+use runtime::end::{code, VmEnd};
 
 #[test]
 fn real_mode_guest_prints_and_resets() {

@@ -30,9 +30,9 @@ mod common;
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::VpmuSetting;
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::VpmuSetting;
 
 const BOOTS: usize = 16;
 /// How far the cpu-switch ratio with/without may lie from 1.

@@ -11,8 +11,8 @@ use analysis::profile::symbols::SymbolTable;
 use analysis::trace::format::{Reason, Record, Trace};
 use analysis::trace::read::Records;
 use analysis::trace::summary;
-use vmm::end::VmEnd;
-use vmm::trace::{ProfileClock, ProfileConfig};
+use runtime::end::VmEnd;
+use runtime::trace::{ProfileClock, ProfileConfig};
 
 #[test]
 fn exit_mix_counts_are_exact() {
@@ -222,7 +222,7 @@ fn a_guest_that_is_no_linux_gets_samples_that_say_why() {
     );
     assert!(samples > 20, "too few samples to judge: {samples}");
     assert_eq!(reasons.len(), samples, "one task record per sample");
-    use vmm::profile::guest_task::{Step, Unresolved};
+    use runtime::profile::guest_task::{Step, Unresolved};
     assert!(
         reasons
             .iter()
@@ -286,17 +286,20 @@ fn vpmu_overflows_and_profile_samples_share_the_signal() {
     if !common::kvm_available() {
         return;
     }
-    for backend in [vmm::pmu::BackendChoice::Soft, vmm::pmu::BackendChoice::Sim] {
+    for backend in [
+        runtime::pmu::BackendChoice::Soft,
+        runtime::pmu::BackendChoice::Sim,
+    ] {
         overflows_and_samples_share_the_signal(backend);
     }
 }
 
-fn overflows_and_samples_share_the_signal(backend: vmm::pmu::BackendChoice) {
+fn overflows_and_samples_share_the_signal(backend: runtime::pmu::BackendChoice) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("both.trace");
     let r = common::run_tiny_with(&tiny_guests::PMU_AMD64, Duration::from_secs(120), |cfg| {
-        cfg.vpmu = vmm::vm::VpmuSetting::DomainSwitch;
-        cfg.pmu_model = vmm::pmu::ModelChoice::Amd;
+        cfg.vpmu = runtime::vm::VpmuSetting::DomainSwitch;
+        cfg.pmu_model = runtime::pmu::ModelChoice::Amd;
         cfg.pmu_backend = backend;
         cfg.pmi_limit = 500;
         cfg.io_delay_us = 300;

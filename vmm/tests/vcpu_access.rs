@@ -1,4 +1,4 @@
-//! Tier 2: the vCPU access layer (`vmm::vcpu_access::KvmVcpu`) against a real KVM vCPU: each
+//! Tier 2: the vCPU access layer (`runtime::vcpu_access::KvmVcpu`) against a real KVM vCPU: each
 //! raw ioctl it makes (registers, special registers, MSRs, FPU, vCPU events) round-trips, writes
 //! wait for `commit`, and a guest-virtual read walks the guest's page tables in software.
 
@@ -7,9 +7,9 @@ mod common;
 use std::os::fd::AsRawFd;
 
 use kvm_ioctls::Kvm;
+use runtime::arch::x86;
+use runtime::vcpu_access::{AccessError, KvmVcpu, VcpuAccess};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm::arch::x86;
-use vmm::vcpu_access::{AccessError, KvmVcpu, VcpuAccess};
 
 #[test]
 fn kvm_vcpu_state_round_trips_through_the_access_layer() {

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{kvm_available, run_tiny_with};
-use vmm::end::VmEnd;
-use vmm::net::NetConfig;
+use runtime::end::VmEnd;
+use runtime::net::NetConfig;
 
 fn u32s(b: &[u8]) -> Vec<u32> {
     b.chunks_exact(4)
@@ -34,15 +34,18 @@ fn tiny_driver_negotiates_and_answers_echo_requests() {
     assert_eq!(regs[0], 0x7472_6976, "magic \"virt\"");
     assert_eq!(regs[1], 2, "virtio-mmio version 2 (modern)");
     assert_eq!(regs[2], 1, "device id: network card");
-    assert_eq!(regs[3], vmm::devices::virtio::mmio::VENDOR_ID);
+    assert_eq!(regs[3], runtime::devices::virtio::mmio::VENDOR_ID);
     assert_eq!(regs[4], 1, "features 63..32: VIRTIO_F_VERSION_1");
     assert_eq!(regs[5], 1 << 5, "features 31..0: VIRTIO_NET_F_MAC");
     assert_eq!(
         regs[6], 0xb,
         "FEATURES_OK stuck: the features were accepted"
     );
-    assert_eq!(regs[7], u32::from(vmm::devices::virtio::net::QUEUE_SIZE));
-    assert_eq!(&r.serial2[32..], &vmm::net::pinger::GUEST_MAC);
+    assert_eq!(
+        regs[7],
+        u32::from(runtime::devices::virtio::net::QUEUE_SIZE)
+    );
+    assert_eq!(&r.serial2[32..], &runtime::net::pinger::GUEST_MAC);
 
     let net = r.report.net.as_ref().expect("a net report");
     assert_eq!(net.status, 0xf, "driver OK");

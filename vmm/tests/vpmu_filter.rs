@@ -8,9 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::{RunReport, VpmuSetting};
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::{RunReport, VpmuSetting};
 
 /// The guests' start value (START in pmu_filter_body.inc).
 const START: u64 = 1000;

@@ -17,9 +17,9 @@ mod common;
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::VpmuSetting;
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::VpmuSetting;
 
 /// Boots per model.
 const BOOTS: usize = 5;
@@ -140,7 +140,7 @@ fn amd_model_on_the_hw_backend_cpu_switch_never_charges_more_than_domain_switch(
     if !common::kvm_available() {
         return;
     }
-    let backend = if vmm::pmu::setup::host_counts_instructions() {
+    let backend = if runtime::pmu::setup::host_counts_instructions() {
         eprintln!("*** hw backend: REAL (this host's hardware PMU counts instructions) ***");
         BackendChoice::Hw
     } else {

@@ -5,9 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use vmm::end::VmEnd;
-use vmm::pmu::{BackendChoice, ModelChoice};
-use vmm::vm::VpmuSetting;
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::VpmuSetting;
 
 /// What the guest reported over COM2.
 #[derive(Debug)]
@@ -34,7 +34,7 @@ fn run(
     model: ModelChoice,
     mode: VpmuSetting,
     backend: BackendChoice,
-) -> (Report, vmm::vm::RunReport) {
+) -> (Report, runtime::vm::RunReport) {
     let guest = match model {
         ModelChoice::Intel => tiny_guests::PMU_INTEL64,
         _ => tiny_guests::PMU_AMD64,
@@ -82,18 +82,18 @@ fn run(
 
 /// TSC cycles per second of this host, against the monotonic clock.
 fn tsc_hz() -> f64 {
-    let (t0, c0) = (std::time::Instant::now(), vmm::tsc::now());
+    let (t0, c0) = (std::time::Instant::now(), runtime::tsc::now());
     std::thread::sleep(Duration::from_millis(50));
-    let (t1, c1) = (std::time::Instant::now(), vmm::tsc::now());
+    let (t1, c1) = (std::time::Instant::now(), runtime::tsc::now());
     (c1 - c0) as f64 / (t1 - t0).as_secs_f64()
 }
 
 /// A run whose PMIs the limiter never held back: replays every delivery (the TSC when KVM_NMI
 /// returned) through a limiter at 1.1x the limit (slack for the replay's timing: the real check
 /// ran just before the injection): not one may be over it.
-fn storm_stayed_under_the_limit(p: &vmm::pmu::PmuStats) {
+fn storm_stayed_under_the_limit(p: &runtime::pmu::PmuStats) {
     assert!(
-        p.pmis_nmi as usize <= vmm::pmu::MAX_PMI_TSCS
+        p.pmis_nmi as usize <= runtime::pmu::MAX_PMI_TSCS
             && p.pmi_inject_tsc.len() as u64 == p.pmis_nmi,
         "storm neither throttled nor dropped, and not all {} NMIs recorded",
         p.pmis_nmi
@@ -101,7 +101,7 @@ fn storm_stayed_under_the_limit(p: &vmm::pmu::PmuStats) {
     let hz = tsc_hz();
     let t0 = std::time::Instant::now();
     let c0 = p.pmi_inject_tsc.first().copied().unwrap_or(0);
-    let mut l = vmm::pmu::pmi::PmiLimiter::new(PMI_LIMIT * 11 / 10, t0);
+    let mut l = runtime::pmu::pmi::PmiLimiter::new(PMI_LIMIT * 11 / 10, t0);
     let over = p
         .pmi_inject_tsc
         .iter()
@@ -218,7 +218,7 @@ fn intel_model_counts_samples_and_charges_by_mode() {
 /// (a perf_event_open of PERF_TYPE_HARDWARE / INSTRUCTIONS works), else over the simulated
 /// host PMU (`--vpmu-backend sim`: backend/sim_host.rs). Says loudly which.
 fn hw_backend() -> BackendChoice {
-    if vmm::pmu::setup::host_counts_instructions() {
+    if runtime::pmu::setup::host_counts_instructions() {
         eprintln!("*** hw backend: REAL (this host's hardware PMU counts instructions) ***");
         BackendChoice::Hw
     } else {
@@ -252,29 +252,29 @@ fn the_hw_backend_is_refused_where_the_host_pmu_cannot_count() {
     if !common::kvm_available() {
         return;
     }
-    if vmm::pmu::setup::host_counts_instructions() {
+    if runtime::pmu::setup::host_counts_instructions() {
         testkit::not_checked(
             "the_hw_backend_is_refused_where_the_host_pmu_cannot_count",
             "this host's PMU counts: --vpmu-backend hw is accepted here",
         );
         return;
     }
-    let cfg = vmm::vm::VmConfig {
+    let cfg = runtime::vm::VmConfig {
         memory_mib: 64,
         vpmu: VpmuSetting::CpuSwitch,
         pmu_model: ModelChoice::Amd,
         pmu_backend: BackendChoice::Hw,
         timeout: Some(Duration::from_secs(30)),
-        ..vmm::vm::VmConfig::new(vmm::vm::Boot::tiny(&tiny_guests::PMU_AMD64))
+        ..runtime::vm::VmConfig::new(runtime::vm::Boot::tiny(&tiny_guests::PMU_AMD64))
     };
-    let result = std::thread::scope(|s| s.spawn(|| vmm::vm::run(&cfg)).join().unwrap());
+    let result = std::thread::scope(|s| s.spawn(|| runtime::vm::run(&cfg)).join().unwrap());
     let Err(e) = result else {
         panic!("--vpmu-backend hw started on a host whose PMU cannot count");
     };
     let e = e.to_string();
     assert!(e.contains("this host's PMU cannot count"), "{e}");
     assert_eq!(
-        vmm::pmu::setup::resolve_backend(BackendChoice::Auto).unwrap(),
+        runtime::pmu::setup::resolve_backend(BackendChoice::Auto).unwrap(),
         BackendChoice::Soft
     );
 }
@@ -290,7 +290,7 @@ fn without_the_rdpmc_rewrite_the_guest_faults() {
         cfg.vpmu = VpmuSetting::CpuSwitch;
         cfg.pmu_model = ModelChoice::Amd;
         cfg.pmu_backend = BackendChoice::Soft;
-        cfg.rdpmc = vmm::vm::RdpmcSetting::Off;
+        cfg.rdpmc = runtime::vm::RdpmcSetting::Off;
     });
     if common::kvm_answers_rdpmc(&r.report) {
         // The guest runs to its end, its RDPMCs reading KVM's 0.
@@ -323,10 +323,10 @@ fn guest_switches_the_accounting_mode_at_run_time() {
             cfg.pmu_model = ModelChoice::Amd;
             cfg.pmu_backend = BackendChoice::Soft;
             cfg.io_delay_us = DELAY_US;
-            cfg.record.profile = Some(vmm::trace::ProfileConfig {
+            cfg.record.profile = Some(runtime::trace::ProfileConfig {
                 path: profile.clone(),
                 hz: 2000,
-                clock: vmm::trace::ProfileClock::Auto,
+                clock: runtime::trace::ProfileClock::Auto,
                 task_layout: None,
             });
         },

@@ -1,5 +1,5 @@
 // load: 0x200000 elf32
-// The XBEGIN trap (vmm/src/host_quirks/xbegin_abort.rs) end to end: a Multiboot v1 kernel, as
+// The XBEGIN trap (vmm/runtime/src/host_quirks/xbegin_abort.rs) end to end: a Multiboot v1 kernel, as
 // kvm-unit-tests' x86/pmu is, that enters long mode and runs at CPL 0
 //   1. XBEGIN whose fallback is the next instruction (kvm-unit-tests' `xbegin 1f; 1:`),
 //   2. XBEGIN whose fallback lies further on (the instructions between must not run),

@@ -1,5 +1,5 @@
 //! What a VM exit was about, as a trace record keeps it: the [`Reason`] byte and the
-//! [`ExitEvent`] detail. The VMM derives both from KVM's exit, once per exit (`vmm::exit::kind`);
+//! [`ExitEvent`] detail. The VMM derives both from KVM's exit, once per exit (`runtime::exit::kind`);
 //! the readers here know them only as data.
 
 use std::fmt;

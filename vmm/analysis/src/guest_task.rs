@@ -1,6 +1,6 @@
 //! The guest task, executable and mapping a host-side sample found, as a trace record keeps
 //! them, and why a sample found none ([`Unresolved`]). The VMM reads them from guest memory
-//! (`vmm::profile::guest_task`); the readers here know them only as data.
+//! (`runtime::profile::guest_task`); the readers here know them only as data.
 
 /// The most comm bytes a task record keeps (TASK_COMM_LEN 16 includes the NUL).
 pub const COMM_MAX: usize = 15;

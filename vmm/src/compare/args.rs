@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::pmu::ModelChoice;
-use crate::vm::config::{parse_disk, DiskArg};
+use crate::disk_arg::{parse_disk, DiskArg};
+use runtime::pmu::ModelChoice;
 
 /// Workloads of `vpmu-vmm compare`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -91,7 +91,7 @@ pub struct CompareArgs {
     pub rounds: u32,
     /// packet-rx: echo requests per second in the packet phases.
     #[arg(long, value_name = "N", default_value_t = 10,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::net::MAX_RX_PPS)))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(runtime::net::MAX_RX_PPS)))]
     pub net_rx_pps: u32,
     /// packet-rx: extra device-model work per access to the virtio-net card's registers
     /// (busy-wait on the vCPU thread). Default: 0 on a VT-x/SVM host; 4000 where guest kernel

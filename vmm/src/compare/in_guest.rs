@@ -5,8 +5,8 @@
 //! (guest-image/initramfs/experiments.sh) once per accounting mode, switching through the vPMU
 //! control port: a system-wide profile while the VMM's pinger sends packets, and a profile of
 //! cpu_split (the CPU-bound control). The pinger starts held; the guest opens the packet gate
-//! ([`crate::devices::packet_gate`]) for its system-wide windows only. The reports come back over
-//! COM2 as result frames ([`crate::guest_results`]) and are read with [`crate::guest_reports`].
+//! ([`runtime::devices::packet_gate`]) for its system-wide windows only. The reports come back over
+//! COM2 as result frames ([`analysis::guest_results`]) and are read with [`analysis::guest_reports`].
 //!
 //! Runs on VT-x/SVM hosts and on hosts whose KVM emulates guest kernel code (kvm_pvm, this
 //! project's build machines), where the VMM's SYSCALL relay (`host_quirks::syscall_relay`) lets
@@ -18,15 +18,15 @@ use std::time::Duration;
 
 use super::table::{Comparison, Profile};
 use super::CompareError;
-use crate::end::VmEnd;
-use crate::guest_reports::{
+use analysis::guest_reports::{
     failed_steps, log_tail, opreport_samples, perf_report_samples, step_log,
 };
-use crate::guest_results::{decode, Decoded};
-use crate::net::NetConfig;
-use crate::pmu::ModelChoice;
-use crate::vm::DiskConfig;
-use crate::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
+use analysis::guest_results::{decode, Decoded};
+use runtime::end::VmEnd;
+use runtime::net::NetConfig;
+use runtime::pmu::ModelChoice;
+use runtime::vm::DiskConfig;
+use runtime::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
 
 /// The guest's profiler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,16 +21,16 @@ use vpmu::AccountingMode;
 
 use super::table::{Comparison, Profile};
 use super::CompareError;
-use crate::end::VmEnd;
-use crate::net::NetConfig;
-use crate::pmu::ModelChoice;
-use crate::trace::{ProfileClock, ProfileConfig};
-use crate::vm::{self, Boot, Controller, RunReport, VmConfig, VmHandles, VpmuSetting};
 use analysis::profile::stacks::{self, Frames};
 use analysis::profile::symbols::SymbolTable;
 use analysis::profile::symbols::{bucket, USER_BUCKET_NAMED};
 use analysis::trace::format::{FormatError, Record};
 use analysis::trace::read::{for_each_sample, Records, TraceFile};
+use runtime::end::VmEnd;
+use runtime::net::NetConfig;
+use runtime::pmu::ModelChoice;
+use runtime::trace::{ProfileClock, ProfileConfig};
+use runtime::vm::{self, Boot, Controller, RunReport, VmConfig, VmHandles, VpmuSetting};
 use std::collections::HashMap;
 
 /// Name prefixes of the guest's virtio-net receive/transmit/interrupt path (driver, virtqueue
@@ -239,7 +239,7 @@ fn drive(
             .push(Slice {
                 workload,
                 mode,
-                start_tsc: crate::tsc::now(),
+                start_tsc: runtime::tsc::now(),
             });
         if i % 4 == 0 {
             eprintln!(
@@ -252,7 +252,7 @@ fn drive(
             return;
         }
     }
-    end_tsc.store(crate::tsc::now(), Ordering::Relaxed);
+    end_tsc.store(runtime::tsc::now(), Ordering::Relaxed);
     h.control
         .request_end(VmEnd::Stopped("compare: all slices done".into()));
 }

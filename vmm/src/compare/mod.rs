@@ -12,9 +12,9 @@ pub mod tiny;
 
 use std::path::{Path, PathBuf};
 
-use crate::host_quirks::HostKind;
-use crate::vm::VmError;
 use args::{CompareArgs, Format, Profiler, Workload};
+use runtime::host_quirks::HostKind;
+use runtime::vm::VmError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
@@ -37,14 +37,14 @@ pub enum CompareError {
 
 impl CompareError {
     /// A run that ended the wrong way: its end, `extra`, and one diagnostic line per vCPU.
-    pub fn guest_end(report: &crate::vm::RunReport, extra: &str) -> Self {
+    pub fn guest_end(report: &runtime::vm::RunReport, extra: &str) -> Self {
         let mut what = format!("{}{extra}", report.end);
         for l in crate::report::diagnostic(report) {
             what.push('\n');
             what.push_str(&l);
         }
         let code = if report.end.is_clean() {
-            crate::end::code::ERROR
+            runtime::end::code::ERROR
         } else {
             report.end.exit_code()
         };
@@ -56,7 +56,7 @@ impl CompareError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CompareError::GuestEnd(_, code) => *code,
-            _ => crate::end::code::ERROR,
+            _ => runtime::end::code::ERROR,
         }
     }
 }
@@ -145,7 +145,7 @@ fn check_workload_args(args: &CompareArgs, guest_profiler: bool) -> Result<(), C
 /// The kind of host the comparison's runs get (`VmConfig::new` decides it the same way, once
 /// per run; compare has no `--host-quirks`).
 fn host() -> HostKind {
-    HostKind::decide(crate::host_quirks::QuirkSetting::Auto)
+    HostKind::decide(runtime::host_quirks::QuirkSetting::Auto)
 }
 
 /// The extra device-model work per card register access: as asked, else by host, and why.
@@ -240,7 +240,7 @@ fn in_guest_comparison(
         linux::check_in_guest_inputs(args.kernel.as_deref(), args.initrd.as_deref(), root_path)
             .map_err(CompareError::Input)?;
     let host = host();
-    let disk_cost = crate::vm::config::disk_access_cost(args.disk_access_cost_us, host);
+    let disk_cost = crate::disk_arg::disk_access_cost(args.disk_access_cost_us, host);
     let root = if is_disk {
         in_guest::GuestRoot::Disk {
             path: root,
@@ -253,7 +253,7 @@ fn in_guest_comparison(
         .disk
         .iter()
         .skip(1)
-        .map(|d| crate::vm::DiskConfig {
+        .map(|d| runtime::vm::DiskConfig {
             path: d.path.clone(),
             readonly: d.readonly,
             access_cost_us: disk_cost,
@@ -348,7 +348,7 @@ fn print_linux_comparison(
     args: &CompareArgs,
     mut packets: table::Comparison,
     mut control: table::Comparison,
-    run: &crate::vm::RunReport,
+    run: &runtime::vm::RunReport,
     params: Vec<(String, serde_json::Value)>,
     io_total: &str,
 ) -> Result<(), CompareError> {
@@ -474,7 +474,7 @@ fn kernel_name(args: &CompareArgs) -> String {
 /// (`extra`), the PMU model, host quirks, and the time the run spent in each mode.
 fn run_params(
     args: &CompareArgs,
-    run: &crate::vm::RunReport,
+    run: &runtime::vm::RunReport,
     extra: Vec<(String, serde_json::Value)>,
 ) -> Vec<(String, serde_json::Value)> {
     let workload = match args.workload {
@@ -485,7 +485,7 @@ fn run_params(
     let mut p = vec![param("schema", COMPARE_SCHEMA), param("workload", workload)];
     p.extend(extra);
     let quirks = run.host.quirks;
-    let time = crate::pmu::mode::time_in_modes(&run.mode_history, run.run_time);
+    let time = runtime::pmu::mode::time_in_modes(&run.mode_history, run.run_time);
     p.extend([
         param("host_quirks", quirks),
         param("mode_switches", run.mode_history.len().saturating_sub(1)),
@@ -520,7 +520,7 @@ fn document(
     io: &table::Comparison,
     control: &table::Comparison,
     io_function: &str,
-    run: &crate::vm::RunReport,
+    run: &runtime::vm::RunReport,
 ) -> serde_json::Value {
     use serde_json::json;
     let params: serde_json::Map<String, serde_json::Value> = params

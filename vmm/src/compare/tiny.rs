@@ -7,9 +7,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::end::VmEnd;
-use crate::pmu::{BackendChoice, ModelChoice};
-use crate::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
+use runtime::end::VmEnd;
+use runtime::pmu::{BackendChoice, ModelChoice};
+use runtime::vm::{self, Boot, RunReport, VmConfig, VpmuSetting};
 
 use super::table::{Comparison, Profile};
 use super::CompareError;

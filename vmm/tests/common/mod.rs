@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use runtime::vm::{Boot, RunReport, VmConfig};
 use tiny_guests::TinyGuest;
-use vmm::vm::{Boot, RunReport, VmConfig};
 
 /// Returns false (after saying so loudly) when this tier cannot run here. Without /dev/kvm the
 /// test fails unless VPMU_ALLOW_NO_KVM=1 is set, so a machine without KVM never passes silently.
@@ -81,7 +81,7 @@ pub fn run_tiny_with(
     // On a thread of its own: with seccomp on (the default), vm::run leaves its calling thread
     // confined to the main thread's system calls, and some tests run several VMs.
     let report = std::thread::scope(|s| {
-        s.spawn(|| vmm::vm::run(&cfg))
+        s.spawn(|| runtime::vm::run(&cfg))
             .join()
             .expect("vm::run thread")
     })

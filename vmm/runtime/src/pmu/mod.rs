@@ -3,7 +3,7 @@
 //! ([`backend`]); after each exit a due PMI is delivered through the guest's LVTPC ([`pmi`]).
 //! [`setup`] holds what is done once per VM (MSR filter) or per vCPU (CPUID).
 
-pub(crate) mod backend;
+pub mod backend;
 pub mod mode;
 pub(crate) mod perf;
 pub mod pmi;
@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::exit::{GpFault, MsrHandler};
+use crate::merge::Distinct;
 use crate::vcpu_access::VcpuAccess;
 use backend::PerfBackend;
 
@@ -198,12 +199,12 @@ pub struct PmuStats {
     /// Counter programmings the `--pmu-event-filter` refused ([`vpmu::Pmu::filter_blocked`]):
     /// this vCPU's, or the sum.
     pub filter_blocked: u64,
-    /// `filter_blocked` of each [`PmuStats`] [`add`](PmuStats::add)ed, in order (the VM's
-    /// total lists its vCPUs' counts by vCPU id).
+    /// `filter_blocked` by vCPU: a vCPU's own is `[filter_blocked]`; merged, the VM's total
+    /// lists its vCPUs' counts by vCPU id.
     pub filter_blocked_by_vcpu: Vec<u64>,
     /// Events the guest enabled that the backend cannot count ([`vpmu::Pmu::uncounted`]): the
     /// counter stayed still, so the guest read 0 for them. Each once (the sum: across vCPUs).
-    pub uncounted: Vec<(vpmu::UncountedEvent, Option<vpmu::ArchEvent>)>,
+    pub uncounted: Distinct<(vpmu::UncountedEvent, Option<vpmu::ArchEvent>)>,
     /// TSC right after each of those NMIs was queued (KVM_NMI returned, or `nmi.pending` was
     /// set in kvm_run's events for the next KVM_RUN): with `pmi_signal_tsc`, the VMM's cost per
     /// delivered sample (benches/).
@@ -224,44 +225,37 @@ pub struct ModeCounts {
     pub rdpmc_reads: u64,
 }
 
-impl PmuStats {
-    pub fn add(&mut self, o: &PmuStats) {
-        self.msr_reads += o.msr_reads;
-        self.msr_writes += o.msr_writes;
-        self.gp_faults += o.gp_faults;
-        self.rdpmc_reads += o.rdpmc_reads;
-        self.rdpmc_trapped += o.rdpmc_trapped;
-        self.gp_delivered += o.gp_delivered;
-        self.rdpmc_gp += o.rdpmc_gp;
-        self.rdpmc_fixed += o.rdpmc_fixed;
-        self.rdpmc_genuine_msr += o.rdpmc_genuine_msr;
-        for (a, b) in self.by_mode.iter_mut().zip(&o.by_mode) {
-            a.pmis += b.pmis;
-            a.rdpmc_reads += b.rdpmc_reads;
-        }
-        self.mode_switches += o.mode_switches;
-        self.pmis_nmi += o.pmis_nmi;
-        self.pmis_vector += o.pmis_vector;
-        self.pmis_masked += o.pmis_masked;
-        self.pmis_throttled += o.pmis_throttled;
-        self.pmis_raised += o.pmis_raised;
-        self.pmis_merged += o.pmis_merged;
-        self.pmis_held_at_end += o.pmis_held_at_end;
-        self.signals += o.signals;
-        self.sampler_ns_forgotten += o.sampler_ns_forgotten;
-        self.samples_left_out += o.samples_left_out;
-        self.sampler_work_ns_left_out += o.sampler_work_ns_left_out;
-        self.pmi_signal_tsc.extend_from_slice(&o.pmi_signal_tsc);
-        self.filter_blocked += o.filter_blocked;
-        self.filter_blocked_by_vcpu.push(o.filter_blocked);
-        for u in &o.uncounted {
-            if !self.uncounted.contains(u) {
-                self.uncounted.push(*u);
-            }
-        }
-        self.pmi_inject_tsc.extend_from_slice(&o.pmi_inject_tsc);
-    }
-}
+crate::merge_fields!(ModeCounts { pmis, rdpmc_reads });
+
+crate::merge_fields!(PmuStats {
+    msr_reads,
+    msr_writes,
+    gp_faults,
+    rdpmc_reads,
+    rdpmc_trapped,
+    gp_delivered,
+    rdpmc_gp,
+    rdpmc_fixed,
+    rdpmc_genuine_msr,
+    by_mode,
+    mode_switches,
+    pmis_nmi,
+    pmis_vector,
+    pmis_masked,
+    sampler_ns_forgotten,
+    samples_left_out,
+    sampler_work_ns_left_out,
+    pmis_throttled,
+    pmis_raised,
+    pmis_merged,
+    pmis_held_at_end,
+    signals,
+    pmi_signal_tsc,
+    filter_blocked,
+    filter_blocked_by_vcpu,
+    uncounted,
+    pmi_inject_tsc,
+});
 
 impl VcpuPmu {
     pub fn new(

@@ -93,21 +93,6 @@ impl ExitCounts {
         }
     }
 
-    pub fn add(&mut self, o: &ExitCounts) {
-        self.io_in += o.io_in;
-        self.io_out += o.io_out;
-        self.unclaimed_io += o.unclaimed_io;
-        self.mmio += o.mmio;
-        self.unclaimed_mmio += o.unclaimed_mmio;
-        self.msr += o.msr;
-        self.hlt += o.hlt;
-        self.interrupted += o.interrupted;
-        self.internal_error += o.internal_error;
-        self.other += o.other;
-        self.access_ioctls += o.access_ioctls;
-        self.sync_regs |= o.sync_regs;
-    }
-
     pub fn total(&self) -> u64 {
         self.io_in
             + self.io_out
@@ -119,6 +104,21 @@ impl ExitCounts {
             + self.other
     }
 }
+
+crate::merge_fields!(ExitCounts {
+    io_in,
+    io_out,
+    unclaimed_io,
+    mmio,
+    unclaimed_mmio,
+    msr,
+    hlt,
+    interrupted,
+    internal_error,
+    other,
+    access_ioctls,
+    sync_regs,
+});
 
 /// The port a trapped guest exception handler writes on VT-x/SVM hosts (next to the
 /// isa-debug-exit port 0xf4; `host_quirks::idt_trap::Mark::PortOut`): `out %al, $0xf5`.

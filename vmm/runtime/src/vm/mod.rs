@@ -24,7 +24,10 @@ use crate::vcpu::regs;
 pub use crate::control::{Controller, Latch, VmControl, VmHandles};
 pub use crate::devices::virtio::blk::{DiskConfig, DiskReport};
 pub use crate::pmu::{RdpmcSetting, VpmuSetting};
-pub use config::{Boot, VmConfig, DEFAULT_CMDLINE, MAX_MEMORY_MIB, MAX_VCPUS, MIN_MEMORY_MIB};
+pub use config::{
+    Boot, VmConfig, DEFAULT_CMDLINE, DEFAULT_OUTPUT_FILE_CAP_MIB, MAX_MEMORY_MIB, MAX_VCPUS,
+    MIN_MEMORY_MIB,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {

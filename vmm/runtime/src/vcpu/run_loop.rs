@@ -36,6 +36,7 @@ use std::os::fd::AsRawFd;
 use super::VcpuRunner;
 use crate::end::{KvmFailure, VmEnd};
 use crate::exit::{self, ExitContext, ExitCounts, NoMsrs, Outcome};
+use crate::merge::Distinct;
 use crate::pmu::PmuStats;
 use crate::vcpu_access::{kick, KvmVcpu, VcpuAccess};
 
@@ -202,7 +203,8 @@ impl VcpuRunner {
                 // The model's own tallies, taken once at the end (a mode switch re-arms
                 // counters too, not only guest writes).
                 filter_blocked: p.pmu.filter_blocked(),
-                uncounted: p.pmu.uncounted().to_vec(),
+                filter_blocked_by_vcpu: vec![p.pmu.filter_blocked()],
+                uncounted: Distinct(p.pmu.uncounted().to_vec()),
                 ..p.stats
             })
             .unwrap_or_default();

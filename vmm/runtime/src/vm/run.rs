@@ -12,6 +12,7 @@ use crate::devices::virtio::blk::DiskReport;
 use crate::devices::virtio::net::NetReport;
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
+use crate::merge::Merge;
 use crate::pmu::PmuStats;
 use crate::seccomp::{self, ThreadKind};
 use crate::trace::recorder::Recording;
@@ -103,7 +104,7 @@ fn join_vcpus(handles: Vec<JoinHandle<(ExitCounts, PmuStats)>>) -> (Vec<ExitCoun
     for h in handles {
         let (counts, stats) = h.join().unwrap_or_default();
         exits.push(counts);
-        pmu.add(&stats);
+        pmu.merge(&stats);
     }
     (exits, pmu)
 }
