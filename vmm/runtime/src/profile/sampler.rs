@@ -1,4 +1,4 @@
-//! The host-side guest profiler's trigger, one per vCPU thread: either a cycles counter the VMM
+//! The host-side guest profiler's trigger, one per vCPU thread: either a clock counter the VMM
 //! programs for itself through the vPMU's own perf backend ([`PerfBackend`]), gated like the
 //! run's accounting mode, or a plain wall-clock timer. Both notify the vCPU thread with the kick
 //! signal, so KVM_RUN returns EINTR (or the signal lands while the VMM handles an exit); the
@@ -11,7 +11,7 @@
 //! accounting mode (`pmu::mode::ModeSwitch`): at a switch it is re-opened under the new mode,
 //! and each sample is tagged with the mode it was counted in.
 
-use vpmu::{AccountingMode, CounterBackend, CounterId, Event, Vendor};
+use vpmu::{AccountingMode, CounterBackend, CounterId};
 
 use crate::pmu::backend::{periods_passed, PerfBackend, Source};
 use crate::pmu::perf::HostPerf;
@@ -26,21 +26,7 @@ pub enum SamplerError {
     Timer(std::io::Error),
 }
 
-/// The cycles event the profiler's counter counts (the soft backend counts it as thread CPU
-/// time x TSC rate; a hardware backend would count real cycles).
-const CYCLES: Event = Event {
-    vendor: Vendor::Amd,
-    code: 0x76,
-    umask: 0,
-    usr: true,
-    os: true,
-    edge: false,
-    inv: false,
-    cmask: 0,
-    fixed: None,
-    in_tx: false,
-    in_tx_cp: false,
-};
+/// The one counter of the sampler's backend.
 const CTR: CounterId = CounterId::gp(0);
 
 enum Trigger {
@@ -144,7 +130,7 @@ impl Sampler {
             Trigger::Counter {
                 backend, period_ns, ..
             } => backend
-                .program(CTR, &CYCLES, Some(*period_ns))
+                .program_clock(CTR, *period_ns)
                 .map_err(|e| SamplerError::Counter(e.to_string())),
             Trigger::Wall {
                 timer,
@@ -209,7 +195,7 @@ impl Sampler {
                 // Re-open the counter under the new mode; it counts from 0 again.
                 backend.set_mode(want);
                 backend
-                    .program(CTR, &CYCLES, Some(*period_ns))
+                    .program_clock(CTR, *period_ns)
                     .map_err(|e| SamplerError::Counter(e.to_string()))?;
                 *next_at = *period_ns;
                 self.mode = Some(want);

@@ -127,6 +127,19 @@ impl PerfBackend {
         }
     }
 
+    /// For a sampler on the host's side (profile::sampler), not a guest counter: counter `ctr`
+    /// counts the soft source's clock (ns of the vCPU thread's time, gated by the accounting
+    /// mode) with a notification after `period_ns`. No guest event is involved; the hw source
+    /// has no such clock.
+    pub fn program_clock(&mut self, ctr: CounterId, period_ns: u64) -> Result<(), BackendError> {
+        match &mut self.imp {
+            Imp::Soft(s) => s.program_clock(self.sys.as_mut(), ctr.bit(), Some(period_ns)),
+            Imp::Hw(_) => Err(BackendError::Host(
+                "the host profile's clock needs the soft source".into(),
+            )),
+        }
+    }
+
     /// For a sampler on the host's side (profile::sampler): the next perf notification when
     /// counter `ctr` reaches `at`, counted from now. Soft source only (see
     /// `soft::Soft::notify_at`); nothing on the hw source.

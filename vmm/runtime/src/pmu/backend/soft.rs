@@ -317,33 +317,14 @@ impl Soft {
         let v = self.count(sys, ctr.bit());
         self.arm(sys, ctr.bit(), at.saturating_sub(v), true);
     }
-}
 
-/// Cycle events only; not cycles qualified to TSX transactions (IN_TX/IN_TXCP), which thread CPU
-/// time cannot tell apart.
-fn soft_counts(e: &Event) -> bool {
-    matches!(
-        e.arch_event(),
-        Some(ArchEvent::CoreCycles | ArchEvent::RefCycles)
-    ) && !e.in_tx
-        && !e.in_tx_cp
-}
-
-impl SourceBackend for Soft {
-    fn supports(&self, e: &Event) -> bool {
-        soft_counts(e)
-    }
-
-    fn scale(&self, _e: &Event) -> Scale {
-        // ns of thread CPU time -> cycles at the TSC rate.
-        Scale::new(self.tsc_khz.max(1), 1_000_000)
-    }
-
-    fn program(
+    /// Counter `bit` counts this source's clock (ns of the vCPU thread's time, gated by the
+    /// accounting mode), notifying after `overflow_after` ns: what every guest cycles event
+    /// counts here, and what the VMM's own sampler counts ([`super::PerfBackend::program_clock`]).
+    pub(super) fn program_clock(
         &mut self,
         sys: &mut dyn PerfSys,
         bit: u8,
-        _e: &Event,
         overflow_after: Option<u64>,
     ) -> Result<(), BackendError> {
         if self.reprogram(sys, bit, overflow_after) {
@@ -379,6 +360,38 @@ impl SourceBackend for Soft {
         };
         self.counters.insert(bit, c);
         Ok(())
+    }
+}
+
+/// Cycle events only; not cycles qualified to TSX transactions (IN_TX/IN_TXCP), which thread CPU
+/// time cannot tell apart.
+fn soft_counts(e: &Event) -> bool {
+    matches!(
+        e.arch_event(),
+        Some(ArchEvent::CoreCycles | ArchEvent::RefCycles)
+    ) && !e.in_tx
+        && !e.in_tx_cp
+}
+
+impl SourceBackend for Soft {
+    fn supports(&self, e: &Event) -> bool {
+        soft_counts(e)
+    }
+
+    fn scale(&self, _e: &Event) -> Scale {
+        // ns of thread CPU time -> cycles at the TSC rate.
+        Scale::new(self.tsc_khz.max(1), 1_000_000)
+    }
+
+    fn program(
+        &mut self,
+        sys: &mut dyn PerfSys,
+        bit: u8,
+        _e: &Event,
+        overflow_after: Option<u64>,
+    ) -> Result<(), BackendError> {
+        // Every event the soft source supports counts the same clock.
+        self.program_clock(sys, bit, overflow_after)
     }
 
     fn read(&mut self, sys: &mut dyn PerfSys, bit: u8) -> u64 {
