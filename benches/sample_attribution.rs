@@ -222,7 +222,7 @@ fn guest(l: &TaskLayout) -> FakeVcpu {
 /// Nanoseconds per `annotate` of a user-space sample in the executable, of one in a shared
 /// library called from another library (the memory map's maple tree walked twice: the RIP's
 /// mapping and its caller's), and of a kernel sample (each the fastest of 20 batches of 2000).
-pub fn measure() -> (f64, f64, f64) {
+pub(crate) fn measure() -> (f64, f64, f64) {
     let l = Arc::new(layout());
     let mut v = guest(&l);
     let mut reader = TaskReader::new(l, 0);

@@ -172,7 +172,7 @@ fn peak_rss_kib(args: &[&str]) -> u64 {
 }
 
 /// The child: the real command line of `vpmu-vmm`, nothing else.
-pub fn child(args: &[String]) -> ! {
+pub(crate) fn child(args: &[String]) -> ! {
     use clap::Parser;
     let cli = vmm::cli::Cli::parse_from(
         std::iter::once("vpmu-vmm".to_string()).chain(args.iter().cloned()),
@@ -194,7 +194,7 @@ pub fn child(args: &[String]) -> ! {
 }
 
 /// T2; `dir`: where the files go (kept), else a temporary directory.
-pub fn run(records: u64, dir: Option<PathBuf>) {
+pub(crate) fn run(records: u64, dir: Option<PathBuf>) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = dir.unwrap_or_else(|| tmp.path().to_path_buf());
     let files: Vec<(u64, PathBuf)> = [records, 4 * records]

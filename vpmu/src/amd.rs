@@ -16,7 +16,7 @@ use crate::msr::*;
 use crate::{AmdConfig, Event, Fault};
 
 /// Width of every AMD counter (APM: 48-bit counters).
-pub const COUNTER_WIDTH: u8 = 48;
+pub(crate) const COUNTER_WIDTH: u8 = 48;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AmdMsr {
@@ -30,7 +30,7 @@ enum AmdMsr {
 
 /// The MSR blocks an AMD model owns, whatever its configuration (MSRs the configuration lacks
 /// take #GP from the model).
-pub const MSR_RANGES: [RangeInclusive<u32>; 3] = [
+pub(crate) const MSR_RANGES: [RangeInclusive<u32>; 3] = [
     AMD_K7_PERF_CTL0..=AMD_K7_PERF_CTR0 + AMD_K7_COUNTERS - 1,
     AMD_F15H_PERF_CTL0..=AMD_F15H_PERF_CTL0 + 2 * AMD_CORE_COUNTERS - 1,
     AMD_PERF_CNTR_GLOBAL_STATUS..=AMD_PERF_CNTR_GLOBAL_STATUS_SET,
@@ -50,7 +50,7 @@ pub(crate) struct AmdModel {
 }
 
 impl AmdModel {
-    pub fn new(cfg: AmdConfig, backend: Box<dyn CounterBackend>) -> (AmdModel, CounterCore) {
+    pub(crate) fn new(cfg: AmdConfig, backend: Box<dyn CounterBackend>) -> (AmdModel, CounterCore) {
         let v2 = cfg.perfmon_v2();
         let layout = CoreLayout {
             gp: cfg.counters(),
@@ -110,7 +110,7 @@ impl AmdModel {
         }
     }
 
-    pub fn rdmsr(&self, core: &mut CounterCore, msr: u32) -> Result<u64, Fault> {
+    pub(crate) fn rdmsr(&self, core: &mut CounterCore, msr: u32) -> Result<u64, Fault> {
         Ok(match self.lookup(msr)? {
             AmdMsr::PerfCtl(i) => core.select(CounterId::gp(i)),
             AmdMsr::PerfCtr(i) => core.value(CounterId::gp(i)),
@@ -120,7 +120,7 @@ impl AmdModel {
         })
     }
 
-    pub fn wrmsr(&self, core: &mut CounterCore, msr: u32, v: u64) -> Result<(), Fault> {
+    pub(crate) fn wrmsr(&self, core: &mut CounterCore, msr: u32, v: u64) -> Result<(), Fault> {
         match self.lookup(msr)? {
             AmdMsr::PerfCtl(i) => {
                 let sel = v & !AMD_EVTSEL_RESERVED;
@@ -138,7 +138,7 @@ impl AmdModel {
     }
 
     /// RDPMC (APM Vol. 3, RDPMC): ECX 0..n-1 reads core counter ECX; anything else takes #GP.
-    pub fn rdpmc(&self, core: &mut CounterCore, ecx: u32) -> Result<u64, Fault> {
+    pub(crate) fn rdpmc(&self, core: &mut CounterCore, ecx: u32) -> Result<u64, Fault> {
         if ecx >= u32::from(self.cfg.counters()) {
             return Err(Fault::BadRdpmcIndex(ecx));
         }
@@ -146,12 +146,12 @@ impl AmdModel {
     }
 
     /// The ECX values RDPMC accepts.
-    pub fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
+    pub(crate) fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
         vec![0..=u32::from(self.cfg.counters()) - 1]
     }
 
     /// CPUID Fn8000_0022 for PerfMonV2.
-    pub fn leaf_8000_0022(&self) -> CpuidEntry {
+    pub(crate) fn leaf_8000_0022(&self) -> CpuidEntry {
         CpuidEntry {
             function: cpuid::LEAF_EXT_PERFMON,
             index: 0,
@@ -164,7 +164,7 @@ impl AmdModel {
 
     /// PerfCtrExtCore and Fn8000_0022 per the configuration; NB/LLC counter extensions, PDCM
     /// and leaf 0AH cleared.
-    pub fn cpuid_edits(&self) -> Vec<CpuidEdit> {
+    pub(crate) fn cpuid_edits(&self) -> Vec<CpuidEdit> {
         let mut v = vec![
             CpuidEdit::flag(
                 cpuid::LEAF_FEATURES,

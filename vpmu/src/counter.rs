@@ -146,7 +146,7 @@ pub(crate) struct CounterCore {
 }
 
 impl CounterCore {
-    pub fn new(layout: CoreLayout, backend: Box<dyn CounterBackend>) -> CounterCore {
+    pub(crate) fn new(layout: CoreLayout, backend: Box<dyn CounterBackend>) -> CounterCore {
         let gp = (0..layout.gp).map(|i| (CounterId::gp(i), layout.reset_gp));
         let fixed = (0..layout.fixed).map(|i| (CounterId::fixed(i), (layout.reset_fixed)(i)));
         let counters = gp
@@ -187,7 +187,7 @@ impl CounterCore {
     /// register enables every general-purpose counter (SDM: IA32_PERF_GLOBAL_CTRL resets with
     /// the PMCx enable bits set, so that version-1 software works; AMD PerfCntrGlobalCtl does
     /// the same; KVM's `kvm_pmu_refresh` emulates both).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         for i in 0..self.counters.len() {
             let c = &mut self.counters[i];
             c.run = None;
@@ -215,7 +215,7 @@ impl CounterCore {
 
     /// Defers backend programming to [`reprogram_dirty`](Self::reprogram_dirty) (`true`), or
     /// programs at every write (`false`; switching off reprograms what is dirty now).
-    pub fn set_deferred(&mut self, on: bool) {
+    pub(crate) fn set_deferred(&mut self, on: bool) {
         if !on {
             self.reprogram_dirty();
         }
@@ -223,14 +223,14 @@ impl CounterCore {
     }
 
     /// Counters whose backend program is out of date (a bitmap of [`CounterId::mask`]s).
-    pub fn dirty(&self) -> u64 {
+    pub(crate) fn dirty(&self) -> u64 {
         self.dirty
     }
 
     /// Brings the backend up to date for every dirty counter: one `program` for a counter
     /// that counts, one `stop` for a live one that does not, nothing for the rest (KVM's
     /// `kvm_pmu_handle_event` before VM entry). Cheap when nothing is dirty.
-    pub fn reprogram_dirty(&mut self) {
+    pub(crate) fn reprogram_dirty(&mut self) {
         for id in CounterId::iter_bits(std::mem::take(&mut self.dirty)) {
             if let Some(s) = self.slot(id) {
                 let c = &self.counters[s];
@@ -243,7 +243,7 @@ impl CounterCore {
     /// Switches the backend's accounting mode without losing counts: every running counter is
     /// folded into its value (and its overflow noticed), the backend switched, and the counters
     /// re-armed from their values.
-    pub fn set_mode(&mut self, mode: crate::AccountingMode) {
+    pub(crate) fn set_mode(&mut self, mode: crate::AccountingMode) {
         let running: Vec<usize> = (0..self.counters.len()).filter(|&s| self.fold(s)).collect();
         self.backend.set_mode(mode);
         for s in running {
@@ -253,7 +253,7 @@ impl CounterCore {
 
     /// Sets (or removes) the event filter. Running counters are folded first, and every counter
     /// is then armed or stopped under the new filter.
-    pub fn set_filter(&mut self, filter: Option<EventFilter>) {
+    pub(crate) fn set_filter(&mut self, filter: Option<EventFilter>) {
         for s in 0..self.counters.len() {
             self.fold(s);
         }
@@ -263,36 +263,36 @@ impl CounterCore {
         }
     }
 
-    pub fn filter(&self) -> Option<&EventFilter> {
+    pub(crate) fn filter(&self) -> Option<&EventFilter> {
         self.filter.as_ref()
     }
 
     /// How many times the filter kept an enabled counter from counting.
-    pub fn filter_blocked(&self) -> u64 {
+    pub(crate) fn filter_blocked(&self) -> u64 {
         self.filter_blocked
     }
 
     /// Events the guest enabled that the backend cannot count (their counters stayed still),
     /// in the order first met, with the architectural event each is, if it is one.
-    pub fn uncounted(&self) -> &[(UncountedEvent, Option<ArchEvent>)] {
+    pub(crate) fn uncounted(&self) -> &[(UncountedEvent, Option<ArchEvent>)] {
         &self.uncounted
     }
 
     /// Mask of a counter's value (2^width - 1).
-    pub fn value_mask(&self) -> u64 {
+    pub(crate) fn value_mask(&self) -> u64 {
         self.mask
     }
 
     /// Bitmap of the counters that exist.
-    pub fn valid_bits(&self) -> u64 {
+    pub(crate) fn valid_bits(&self) -> u64 {
         self.counters.iter().fold(0, |m, c| m | c.id.mask())
     }
 
-    pub fn backend(&self) -> &dyn CounterBackend {
+    pub(crate) fn backend(&self) -> &dyn CounterBackend {
         &*self.backend
     }
 
-    pub fn backend_mut(&mut self) -> &mut dyn CounterBackend {
+    pub(crate) fn backend_mut(&mut self) -> &mut dyn CounterBackend {
         &mut *self.backend
     }
 
@@ -304,12 +304,12 @@ impl CounterCore {
     }
 
     /// The select register of `id` as written (0 for a counter that does not exist).
-    pub fn select(&self, id: CounterId) -> u64 {
+    pub(crate) fn select(&self, id: CounterId) -> u64 {
         self.slot(id).map_or(0, |s| self.counters[s].select)
     }
 
     /// The counter's current value. Notices an overflow the backend has not reported yet.
-    pub fn value(&mut self, id: CounterId) -> u64 {
+    pub(crate) fn value(&mut self, id: CounterId) -> u64 {
         let Some(s) = self.slot(id) else { return 0 };
         let (value, run) = (self.counters[s].value, self.counters[s].run);
         let Some(run) = run else { return value };
@@ -322,7 +322,7 @@ impl CounterCore {
     }
 
     /// A guest write of the counter value (already sign-extended or checked by the vendor).
-    pub fn write_value(&mut self, id: CounterId, value: u64) {
+    pub(crate) fn write_value(&mut self, id: CounterId, value: u64) {
         let mask = self.mask;
         if let Some(s) = self.slot(id) {
             self.update(s, |c| c.value = value & mask);
@@ -330,7 +330,7 @@ impl CounterCore {
     }
 
     /// A guest write of a counter's select register (`select` as it reads back, `ctl` decoded).
-    pub fn write_control(&mut self, id: CounterId, select: u64, ctl: Control) {
+    pub(crate) fn write_control(&mut self, id: CounterId, select: u64, ctl: Control) {
         let Some(s) = self.slot(id) else { return };
         let c = &self.counters[s];
         if c.select == select && c.ctl == ctl {
@@ -354,12 +354,12 @@ impl CounterCore {
         }
     }
 
-    pub fn global_ctrl(&self) -> u64 {
+    pub(crate) fn global_ctrl(&self) -> u64 {
         self.global_ctrl
     }
 
     /// A guest write of the global control register (reserved bits already handled).
-    pub fn write_global_ctrl(&mut self, value: u64) {
+    pub(crate) fn write_global_ctrl(&mut self, value: u64) {
         let changed = (self.global_ctrl ^ value) & self.valid_bits();
         for id in CounterId::iter_bits(changed) {
             if let Some(s) = self.slot(id) {
@@ -376,7 +376,7 @@ impl CounterCore {
 
     /// The global status register. Folds counters that have passed their wrap point, so a PMI
     /// handler that reads the status first sees every overflow that happened.
-    pub fn global_status(&mut self) -> u64 {
+    pub(crate) fn global_status(&mut self) -> u64 {
         self.poll();
         self.global_status
     }
@@ -387,14 +387,14 @@ impl CounterCore {
     /// Counters that have wrapped but were not folded yet are folded first: on hardware their
     /// status bit was set at the wrap, so this write clears it (otherwise a later fold would set
     /// it again, with a PMI, after the guest cleared it).
-    pub fn clear_status(&mut self, bits: u64) {
+    pub(crate) fn clear_status(&mut self, bits: u64) {
         self.poll();
         self.global_status &= !bits;
         self.pending_pmi &= !bits;
     }
 
     /// Write-1-to-set of global status bits (AMD PerfCntrGlobalStatusSet). Raises no PMI.
-    pub fn set_status(&mut self, bits: u64) {
+    pub(crate) fn set_status(&mut self, bits: u64) {
         self.global_status |= bits;
     }
 
@@ -403,7 +403,7 @@ impl CounterCore {
     ///
     /// A PMI is due for a counter that overflowed with interrupt-on-overflow set, unless the
     /// guest has cleared its status bit since (models with a global status register).
-    pub fn service_overflow(&mut self) -> u64 {
+    pub(crate) fn service_overflow(&mut self) -> u64 {
         let reported = self.backend.take_overflows();
         for id in CounterId::iter_bits(reported) {
             match self.slot(id) {

@@ -12,7 +12,7 @@ use crate::msr::*;
 use crate::{Event, Fault, IntelConfig, Vendor};
 
 /// Architectural performance monitoring version advertised in CPUID.0AH:EAX\[7:0\].
-pub const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 2;
 
 /// An Intel PMU MSR, decoded from the blocks the model owns (before checking that the counter
 /// exists in this configuration).
@@ -55,7 +55,7 @@ fn decode(msr: u32) -> Option<IntelMsr> {
 
 /// The MSR blocks an Intel model owns: the architectural maximum of each block, so that
 /// counters beyond the configured ones take #GP from the model rather than reaching KVM.
-pub const MSR_RANGES: [RangeInclusive<u32>; 6] = [
+pub(crate) const MSR_RANGES: [RangeInclusive<u32>; 6] = [
     IA32_PMC0..=IA32_PMC0 + INTEL_MAX_GP - 1,
     IA32_PERFEVTSEL0..=IA32_PERFEVTSEL0 + INTEL_MAX_GP - 1,
     IA32_FIXED_CTR0..=IA32_FIXED_CTR0 + INTEL_MAX_FIXED_MSRS - 1,
@@ -97,7 +97,10 @@ pub(crate) struct IntelModel {
 
 impl IntelModel {
     /// The model, and the core it drives, for `cfg` over `backend`.
-    pub fn new(cfg: IntelConfig, backend: Box<dyn CounterBackend>) -> (IntelModel, CounterCore) {
+    pub(crate) fn new(
+        cfg: IntelConfig,
+        backend: Box<dyn CounterBackend>,
+    ) -> (IntelModel, CounterCore) {
         let unavailable = ArchEvent::INTEL_CPUID_ORDER
             .iter()
             .enumerate()
@@ -209,7 +212,7 @@ impl IntelModel {
         }
     }
 
-    pub fn rdmsr(&self, core: &mut CounterCore, msr: u32) -> Result<u64, Fault> {
+    pub(crate) fn rdmsr(&self, core: &mut CounterCore, msr: u32) -> Result<u64, Fault> {
         let (m, ctr) = self.lookup(msr)?;
         Ok(match (m, ctr) {
             (IntelMsr::PerfEvtSel(_), Some(id)) => core.select(id),
@@ -225,7 +228,7 @@ impl IntelModel {
         })
     }
 
-    pub fn wrmsr(&self, core: &mut CounterCore, msr: u32, v: u64) -> Result<(), Fault> {
+    pub(crate) fn wrmsr(&self, core: &mut CounterCore, msr: u32, v: u64) -> Result<(), Fault> {
         let (m, ctr) = self.lookup(msr)?;
         let reserved = |valid: u64| -> Result<(), Fault> {
             match v & !valid {
@@ -275,7 +278,7 @@ impl IntelModel {
     /// RDPMC (SDM Vol. 2B, RDPMC; KVM's `intel_rdpmc_ecx_to_pmc`): ECX\[31:16\] is the counter
     /// type (0 general-purpose, 0x4000 fixed: bit 30), ECX\[15:0\] the index. Anything else
     /// takes #GP.
-    pub fn rdpmc(&self, core: &mut CounterCore, ecx: u32) -> Result<u64, Fault> {
+    pub(crate) fn rdpmc(&self, core: &mut CounterCore, ecx: u32) -> Result<u64, Fault> {
         let index = (ecx & 0xffff) as u8;
         let id = match ecx >> 16 {
             0 if ecx < u32::from(self.cfg.gp_counters) => CounterId::gp(index),
@@ -288,7 +291,7 @@ impl IntelModel {
     }
 
     /// The ECX values RDPMC accepts.
-    pub fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
+    pub(crate) fn rdpmc_ranges(&self) -> Vec<RangeInclusive<u32>> {
         let mut v = vec![0..=u32::from(self.cfg.gp_counters) - 1];
         if self.cfg.fixed_counters > 0 {
             v.push(1 << 30..=(1 << 30) + u32::from(self.cfg.fixed_counters) - 1);
@@ -297,7 +300,7 @@ impl IntelModel {
     }
 
     /// CPUID.0AH (SDM Vol. 2A, CPUID leaf 0AH).
-    pub fn leaf_0a(&self) -> CpuidEntry {
+    pub(crate) fn leaf_0a(&self) -> CpuidEntry {
         let width = u32::from(self.cfg.counter_width);
         CpuidEntry {
             function: cpuid::LEAF_ARCH_PERFMON,
@@ -315,7 +318,7 @@ impl IntelModel {
     }
 
     /// Leaf 0AH and PDCM set; every AMD PMU bit cleared.
-    pub fn cpuid_edits(&self) -> Vec<CpuidEdit> {
+    pub(crate) fn cpuid_edits(&self) -> Vec<CpuidEdit> {
         let mut v = vec![
             CpuidEdit::Leaf(self.leaf_0a()),
             CpuidEdit::flag(

@@ -101,7 +101,7 @@ impl ConsoleLog {
 /// one line says so and later writes are dropped (each counted as a guest-triggered event of
 /// kind `output-file-full`, which the end-of-run report shows), so a guest printing forever
 /// cannot fill the host's disk.
-pub struct Capped<W: Write> {
+pub(crate) struct Capped<W: Write> {
     out: W,
     left: u64,
     cap: u64,
@@ -109,7 +109,7 @@ pub struct Capped<W: Write> {
 }
 
 impl<W: Write> Capped<W> {
-    pub fn new(out: W, cap: u64, path: std::path::PathBuf) -> Self {
+    pub(crate) fn new(out: W, cap: u64, path: std::path::PathBuf) -> Self {
         Capped {
             out,
             left: cap,
@@ -156,13 +156,13 @@ impl<W: Write> Write for Capped<W> {
 }
 
 /// A `Write` that copies guest console output to `out` and into a shared [`ConsoleLog`].
-pub struct Tee<W: Write> {
+pub(crate) struct Tee<W: Write> {
     out: W,
     log: Arc<Mutex<ConsoleLog>>,
 }
 
 impl<W: Write> Tee<W> {
-    pub fn new(out: W, log: Arc<Mutex<ConsoleLog>>) -> Self {
+    pub(crate) fn new(out: W, log: Arc<Mutex<ConsoleLog>>) -> Self {
         Tee { out, log }
     }
 }

@@ -10,7 +10,7 @@ use tiny_guests::TinyGuest;
 
 /// Returns false (after saying so loudly) when this tier cannot run here. Without /dev/kvm the
 /// test fails unless VPMU_ALLOW_NO_KVM=1 is set, so a machine without KVM never passes silently.
-pub fn kvm_available() -> bool {
+pub(crate) fn kvm_available() -> bool {
     if Path::new("/dev/kvm").exists() {
         return true;
     }
@@ -28,18 +28,18 @@ pub fn kvm_available() -> bool {
 /// Whether the run's host answered guest RDPMC itself (the VMM's host probe, in its report):
 /// then an RDPMC the VMM does not rewrite reads KVM's 0 instead of faulting (Linux 6.1's
 /// kvm_amd, even with its PMU off), and there is no #GP to trap.
-pub fn kvm_answers_rdpmc(report: &RunReport) -> bool {
+pub(crate) fn kvm_answers_rdpmc(report: &RunReport) -> bool {
     report.host.kvm_answers_rdpmc == Some(true)
 }
 
 /// Whether this host's CPU is QEMU's emulator (the SVM host of `scripts/svm-host.sh`: Linux
 /// under `qemu-system-x86_64 -accel tcg -cpu max`), whose nested guests see its emulation's own
 /// quirks beside KVM's.
-pub fn host_cpu_is_qemus_emulator() -> bool {
+pub(crate) fn host_cpu_is_qemus_emulator() -> bool {
     std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains("QEMU TCG CPU"))
 }
 
-pub struct TinyRun {
+pub(crate) struct TinyRun {
     pub report: RunReport,
     pub console: String,
     pub serial2: Vec<u8>,
@@ -48,7 +48,7 @@ pub struct TinyRun {
 impl TinyRun {
     /// What the guest wrote on COM2 as 8-byte little-endian words (the tiny guests' reports;
     /// a trailing partial word is dropped, so a short report shows as too few words).
-    pub fn words(&self) -> Vec<u64> {
+    pub(crate) fn words(&self) -> Vec<u64> {
         self.serial2
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
@@ -56,12 +56,12 @@ impl TinyRun {
     }
 }
 
-pub fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
+pub(crate) fn run_tiny(guest: &TinyGuest, timeout: Duration) -> TinyRun {
     run_tiny_with(guest, timeout, |_| {})
 }
 
 /// Runs a tiny guest with a configuration the caller may adjust.
-pub fn run_tiny_with(
+pub(crate) fn run_tiny_with(
     guest: &TinyGuest,
     timeout: Duration,
     adjust: impl FnOnce(&mut VmConfig),
@@ -94,12 +94,12 @@ pub fn run_tiny_with(
 }
 
 /// What `vpmu-vmm compare ARGS --out DIR` printed; panics (showing both streams) if it failed.
-pub struct Compared {
+pub(crate) struct Compared {
     pub stdout: String,
     pub stderr: String,
 }
 
-pub fn run_compare(args: &[&str], out: &Path) -> Compared {
+pub(crate) fn run_compare(args: &[&str], out: &Path) -> Compared {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_vpmu-vmm"))
         .arg("compare")
         .args(args)
@@ -125,7 +125,7 @@ pub fn run_compare(args: &[&str], out: &Path) -> Compared {
 }
 
 /// The rows of a CSV that `compare` wrote into `dir`.
-pub fn compare_csv(dir: &Path, name: &str) -> Vec<vmm::compare::table::Row> {
+pub(crate) fn compare_csv(dir: &Path, name: &str) -> Vec<vmm::compare::table::Row> {
     let text = std::fs::read_to_string(dir.join(name))
         .unwrap_or_else(|e| panic!("{}: {e}", dir.join(name).display()));
     vmm::compare::table::csv_rows(&text).unwrap()
@@ -133,7 +133,7 @@ pub fn compare_csv(dir: &Path, name: &str) -> Vec<vmm::compare::table::Row> {
 
 /// A minimal ELF64 x86-64 executable: one PT_LOAD segment of `size` bytes of HLT at 16 MiB
 /// (virtual 0xffffffff81000000, as a kernel is linked).
-pub fn tiny_elf(size: u64) -> Vec<u8> {
+pub(crate) fn tiny_elf(size: u64) -> Vec<u8> {
     elf_exec(
         &vec![0xf4; size as usize],
         0x100_0000,
@@ -144,7 +144,7 @@ pub fn tiny_elf(size: u64) -> Vec<u8> {
 
 /// A minimal ELF64 x86-64 executable: one PT_LOAD segment (read/execute) of `code` right after
 /// the headers, loaded at physical `paddr` (also the entry point) and virtual `vaddr`.
-pub fn elf_exec(code: &[u8], paddr: u64, vaddr: u64, align: u64) -> Vec<u8> {
+pub(crate) fn elf_exec(code: &[u8], paddr: u64, vaddr: u64, align: u64) -> Vec<u8> {
     let mut f = vec![0u8; 0x78];
     f[..4].copy_from_slice(b"\x7fELF");
     f[4] = 2; // 64-bit
@@ -176,18 +176,18 @@ pub fn elf_exec(code: &[u8], paddr: u64, vaddr: u64, align: u64) -> Vec<u8> {
 /// `traps: COMM[PID] general protection fault ip:...` or `COMM[PID]: segfault at ...`. On hosts
 /// that emulate guest kernel code that was most often a process that lost its AVX registers
 /// (docs/guest.md, "AVX state").
-pub fn is_user_fault(line: &str) -> bool {
+pub(crate) fn is_user_fault(line: &str) -> bool {
     line.contains("traps: ") || line.contains("]: segfault at ")
 }
 
 /// The guest log's lines that say a user process died of a fault.
-pub fn user_crashes(log: &str) -> Vec<&str> {
+pub(crate) fn user_crashes(log: &str) -> Vec<&str> {
     log.lines().filter(|l| is_user_fault(l)).collect()
 }
 
 /// `vpmu-vmm report PROFILE ARGS...`'s standard output; a failed report fails the test with its
 /// stderr.
-pub fn report(profile: &Path, args: &[&str]) -> Vec<u8> {
+pub(crate) fn report(profile: &Path, args: &[&str]) -> Vec<u8> {
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_vpmu-vmm"))
         .arg("report")
         .arg(profile)

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 /// Cases per fuzz test: `VPMU_FUZZ_CASES`, or 300.
-pub fn cases() -> u32 {
+pub(crate) fn cases() -> u32 {
     std::env::var("VPMU_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -59,7 +59,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOC: Counting = Counting;
 
 /// Runs `f` and returns the largest single allocation it made.
-pub fn largest_allocation(f: impl FnOnce()) -> usize {
+pub(crate) fn largest_allocation(f: impl FnOnce()) -> usize {
     LARGEST.with(|l| l.set(0));
     TRACK.with(|t| t.set(true));
     f();

@@ -13,11 +13,11 @@ use super::x86::{
 /// Why IRETQ would fault on a frame (the guest's handler then takes the exception).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct BadFrame(pub &'static str);
+pub(crate) struct BadFrame(pub &'static str);
 
 /// Where the guest resumes: what IRETQ would load from the frame.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Return {
+pub(crate) struct Return {
     pub rip: u64,
     pub rsp: u64,
     pub rflags: u64,
@@ -26,7 +26,7 @@ pub struct Return {
 }
 
 /// A segment register loaded from a GDT descriptor (`raw`, the 8 bytes) for `selector`.
-pub fn segment_from_descriptor(selector: u16, raw: u64) -> kvm_segment {
+pub(crate) fn segment_from_descriptor(selector: u16, raw: u64) -> kvm_segment {
     let limit = ((raw & 0xffff) | ((raw >> 32) & 0xf_0000)) as u32;
     let g = ((raw >> 55) & 1) as u8;
     kvm_segment {
@@ -50,7 +50,7 @@ pub fn segment_from_descriptor(selector: u16, raw: u64) -> kvm_segment {
 /// instruction: past it, or where it jumps), given the handler's segment registers and a reader
 /// of GDT descriptors (None: outside the GDT, or an LDT selector). Err: IRETQ would fault, so
 /// the exception goes to the guest's handler after all.
-pub fn iret_return(
+pub(crate) fn iret_return(
     frame: &ExceptionFrame,
     rip: u64,
     sregs: &kvm_sregs,

@@ -43,26 +43,26 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 /// Where the RSDP goes: the start of the BIOS area (0xE0000..0xFFFFF) Linux scans when
 /// boot_params.acpi_rsdp_addr is not set. The other tables follow it.
-pub const RSDP_ADDR: u64 = 0x000E_0000;
+pub(crate) const RSDP_ADDR: u64 = 0x000E_0000;
 /// End (exclusive) of the area the tables may occupy.
-pub const ACPI_AREA_END: u64 = 0x0010_0000;
+pub(crate) const ACPI_AREA_END: u64 = 0x0010_0000;
 
 /// First I/O port of the VMM's ACPI power-management registers (devices/acpi_pm.rs): a one-byte
 /// sleep control register in the hardware-reduced layout (not in the FADT: the VMM's tiny test
 /// guests power off by writing SLP_TYP(S5) | SLP_EN there), then the PM1a blocks below.
-pub const PM_BASE_PORT: u16 = 0x600;
+pub(crate) const PM_BASE_PORT: u16 = 0x600;
 /// The PM1a event block: PM1_STS (2 bytes), then PM1_EN (2 bytes).
-pub const PM1A_EVT_PORT: u16 = PM_BASE_PORT + 4;
-pub const PM1_EVT_LEN: u8 = 4;
+pub(crate) const PM1A_EVT_PORT: u16 = PM_BASE_PORT + 4;
+pub(crate) const PM1_EVT_LEN: u8 = 4;
 /// The PM1a control block: PM1_CNT (2 bytes).
-pub const PM1A_CNT_PORT: u16 = PM_BASE_PORT + 8;
-pub const PM1_CNT_LEN: u8 = 2;
+pub(crate) const PM1A_CNT_PORT: u16 = PM_BASE_PORT + 8;
+pub(crate) const PM1_CNT_LEN: u8 = 2;
 /// How many ports the power-management registers take from [`PM_BASE_PORT`].
-pub const PM_PORTS: u16 = PM1A_CNT_PORT + PM1_CNT_LEN as u16 - PM_BASE_PORT;
+pub(crate) const PM_PORTS: u16 = PM1A_CNT_PORT + PM1_CNT_LEN as u16 - PM_BASE_PORT;
 /// The SCI: ISA IRQ 9 (GSI 9), the PC convention. Nothing in the VMM raises it.
-pub const SCI_IRQ: u8 = 9;
+pub(crate) const SCI_IRQ: u8 = 9;
 /// SLP_TYP value the DSDT's `\_S5_` object gives for S5 (soft off).
-pub const SLEEP_TYPE_S5: u8 = 5;
+pub(crate) const SLEEP_TYPE_S5: u8 = 5;
 
 /// Sleep control register layout (ACPI 6.5, 4.8.3.7): SLP_TYP in bits 2..=4, SLP_EN in bit 5.
 /// PM1_CNT's high byte has the same layout (SLP_TYP in bits 10..=12, SLP_EN in bit 13).
@@ -114,7 +114,7 @@ const UART_PORTS: u8 = 8;
 
 /// What a write to the sleep control register asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SleepRequest {
+pub(crate) enum SleepRequest {
     /// S5, soft off.
     PowerOff,
 }
@@ -141,7 +141,7 @@ pub enum AcpiError {
 /// `ioapic_addr` (GSI base 0) and the local APICs at `lapic_addr`, writes them into guest
 /// memory from [`RSDP_ADDR`] on, and returns the address of the RSDP.
 #[cfg(test)]
-pub fn create_acpi_tables(
+pub(crate) fn create_acpi_tables(
     mem: &GuestMemoryMmap,
     num_cpus: u8,
     ioapic_addr: u32,
@@ -155,14 +155,14 @@ pub fn create_acpi_tables(
 /// a DSDT device with `_HID "LNRO0005"` (matched by Linux's virtio_mmio driver, as with
 /// Firecracker) and a `_CRS` naming the GSI does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VirtioMmioAcpi {
+pub(crate) struct VirtioMmioAcpi {
     pub base: u32,
     pub len: u32,
     pub gsi: u32,
 }
 
 /// [`create_acpi_tables`], plus virtio-mmio devices in the DSDT.
-pub fn create_acpi_tables_with(
+pub(crate) fn create_acpi_tables_with(
     mem: &GuestMemoryMmap,
     num_cpus: u8,
     ioapic_addr: u32,
@@ -218,7 +218,7 @@ pub fn create_acpi_tables_with(
 /// Decodes a byte the guest wrote to the sleep control register at [`PM_BASE_PORT`], or to the
 /// high byte of PM1_CNT (the same layout): `Some(PowerOff)` for SLP_TYP = S5 with SLP_EN set
 /// (`5 << 2 | 1 << 5`), `None` for anything else. Reserved bits are ignored.
-pub fn decode_sleep_control(value: u8) -> Option<SleepRequest> {
+pub(crate) fn decode_sleep_control(value: u8) -> Option<SleepRequest> {
     let slp_typ = (value >> SLP_TYP_SHIFT) & SLP_TYP_MASK;
     (value & SLP_EN != 0 && slp_typ == SLEEP_TYPE_S5).then_some(SleepRequest::PowerOff)
 }

@@ -29,23 +29,23 @@ pub const SEARCH_LEN: usize = 8192;
 /// refuse the kernel.
 pub(crate) mod header_flags {
     /// Modules page-aligned (they are: one module at a page boundary).
-    pub const PAGE_ALIGN: u32 = 1 << 0;
+    pub(crate) const PAGE_ALIGN: u32 = 1 << 0;
     /// mem_* fields (always given).
-    pub const MEMORY_INFO: u32 = 1 << 1;
+    pub(crate) const MEMORY_INFO: u32 = 1 << 1;
     /// A video mode table: not supported (no video; the tests ask for it).
     #[cfg(test)]
-    pub const VIDEO_MODE: u32 = 1 << 2;
+    pub(crate) const VIDEO_MODE: u32 = 1 << 2;
     /// The requirement bits this loader meets.
-    pub const SUPPORTED_REQUIREMENTS: u32 = PAGE_ALIGN | MEMORY_INFO;
+    pub(crate) const SUPPORTED_REQUIREMENTS: u32 = PAGE_ALIGN | MEMORY_INFO;
 }
 
 /// Information-block flags (spec 3.3): which fields are valid.
 pub(crate) mod info_flags {
-    pub const MEMORY: u32 = 1 << 0;
-    pub const CMDLINE: u32 = 1 << 2;
-    pub const MODS: u32 = 1 << 3;
-    pub const MMAP: u32 = 1 << 6;
-    pub const LOADER_NAME: u32 = 1 << 9;
+    pub(crate) const MEMORY: u32 = 1 << 0;
+    pub(crate) const CMDLINE: u32 = 1 << 2;
+    pub(crate) const MODS: u32 = 1 << 3;
+    pub(crate) const MMAP: u32 = 1 << 6;
+    pub(crate) const LOADER_NAME: u32 = 1 << 9;
 }
 
 /// The boot loader name the information block gives.

@@ -8,15 +8,15 @@
 
 use super::{DeviceEvent, PioDevice};
 
-pub const DEBUG_EXIT_PORT: u16 = 0xf4;
+pub(crate) const DEBUG_EXIT_PORT: u16 = 0xf4;
 /// `iosize=4`: ports 0xf4-0xf7.
-pub const DEBUG_EXIT_LEN: u16 = 4;
+pub(crate) const DEBUG_EXIT_LEN: u16 = 4;
 
 #[derive(Default)]
-pub struct DebugExit;
+pub(crate) struct DebugExit;
 
 /// The value a write carries (little-endian, 1, 2 or 4 bytes; more are cut to 4).
-pub fn value(data: &[u8]) -> u32 {
+pub(crate) fn value(data: &[u8]) -> u32 {
     let mut v = [0u8; 4];
     let n = data.len().min(4);
     v[..n].copy_from_slice(&data[..n]);

@@ -7,22 +7,22 @@ use std::time::{Duration, Instant};
 
 use super::{DeviceEvent, PioDevice};
 
-pub const DELAY_PORT: u16 = 0x510;
+pub(crate) const DELAY_PORT: u16 = 0x510;
 
 /// Busy-waits `d` on the calling (vCPU) thread: VMM work done on the guest's behalf.
-pub fn spin(d: Duration) {
+pub(crate) fn spin(d: Duration) {
     let t = Instant::now();
     while t.elapsed() < d {
         std::hint::spin_loop();
     }
 }
 
-pub struct Delay {
+pub(crate) struct Delay {
     each: Duration,
 }
 
 impl Delay {
-    pub fn new(each: Duration) -> Self {
+    pub(crate) fn new(each: Duration) -> Self {
         Delay { each }
     }
 

@@ -19,7 +19,7 @@ use crate::vcpu_access::{AccessError, VcpuAccess};
 
 /// Why an operand could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OperandError {
+pub(crate) enum OperandError {
     #[error("operand {0} is not in memory")]
     NotMemory(u32),
     #[error("cannot compute the memory address")]
@@ -145,7 +145,7 @@ fn fetch(cpu: &mut Cpu<'_>) -> Result<(Instruction, Vec<u8>), EmulationFailure> 
 }
 
 /// Completes the instruction at RIP; returns the name of the fix-up applied.
-pub fn emulate(acc: &mut dyn VcpuAccess) -> Result<&'static str, EmulationFailure> {
+pub(crate) fn emulate(acc: &mut dyn VcpuAccess) -> Result<&'static str, EmulationFailure> {
     let mut cpu = Cpu::load(acc).map_err(|e| EmulationFailure {
         rip: 0,
         bytes: Vec::new(),
@@ -310,7 +310,7 @@ fn read_operand(
 }
 
 /// Reads a register of any width (AL..R15, incl. AH-style high bytes).
-pub fn read_gpr(regs: &kvm_regs, reg: Register) -> u64 {
+pub(crate) fn read_gpr(regs: &kvm_regs, reg: Register) -> u64 {
     if reg == Register::RIP {
         return regs.rip;
     }
@@ -332,7 +332,7 @@ pub fn read_gpr(regs: &kvm_regs, reg: Register) -> u64 {
 }
 
 /// Writes a register with x86-64 semantics: 32-bit writes zero-extend, 8/16-bit writes merge.
-pub fn write_gpr(regs: &mut kvm_regs, reg: Register, v: u64) {
+pub(crate) fn write_gpr(regs: &mut kvm_regs, reg: Register, v: u64) {
     let full_reg = reg.full_register();
     let old = *gpr_mut(regs, full_reg);
     let new = match reg.size() {

@@ -24,9 +24,9 @@ use super::FixupCounts;
 use crate::arch::x86::{ExceptionFrame, CR0_PG, EFER_LMA, RFLAGS_AC};
 use crate::vcpu_access::{AccessError, VcpuAccess};
 
-pub const INT3: u8 = 0xcc;
+pub(crate) const INT3: u8 = 0xcc;
 
-pub use crate::exit::TRAP_PORT;
+pub(crate) use crate::exit::TRAP_PORT;
 /// `out %al, $imm8` (AL to an 8-bit port number: reads AL, changes no register or flag).
 const OUT_IMM8_AL: u8 = 0xe6;
 
@@ -119,7 +119,11 @@ impl Displaced {
 /// The handler's first instructions, as many as cover `len` bytes (at most
 /// [`MAX_DISPLACED`]), if the VMM can stand in for each; else the first it cannot (for the
 /// message that says why the trap is off).
-pub fn displace(bytes: &[u8], ip: u64, len: usize) -> Result<Vec<Displaced>, NotDisplaceable> {
+pub(crate) fn displace(
+    bytes: &[u8],
+    ip: u64,
+    len: usize,
+) -> Result<Vec<Displaced>, NotDisplaceable> {
     let mut out = Vec::new();
     let mut at = 0usize;
     while at < len {
@@ -134,7 +138,7 @@ pub fn displace(bytes: &[u8], ip: u64, len: usize) -> Result<Vec<Displaced>, Not
 }
 
 /// At most this many instructions are stood in for (Linux's `90 90 90` is three).
-pub const MAX_DISPLACED: usize = 4;
+pub(crate) const MAX_DISPLACED: usize = 4;
 
 /// Decodes the handler's first instruction; Ok if the VMM can stand in for it, else what it
 /// is (for the message that says why the trap is off).
@@ -548,10 +552,10 @@ const MAX_REFUSAL_WARNINGS: u64 = 4;
 /// Host TSC cycles between a vCPU's looks at a trap that is not installed yet, and between its
 /// looks at the IDT gate once it is (about 2 ms): looking after every exit cost ~10 us per exit
 /// in guests that never set up the vector, VMM work that domain-switch then charged.
-pub const POLL_INTERVAL_TSC: u64 = 5_000_000;
+pub(crate) const POLL_INTERVAL_TSC: u64 = 5_000_000;
 
 /// One vCPU's side of a trap: when it looks at the guest's IDT next.
-pub struct TrapPoll {
+pub(crate) struct TrapPoll {
     next: u64,
     /// The wait after the next look (doubles at each look, up to [`MAX_POLL_INTERVAL_TSC`]).
     interval: u64,
@@ -563,7 +567,7 @@ pub struct TrapPoll {
 /// guest, whose only exits are PMIs ~2 ms apart: half the VMM's cost per delivered sample
 /// (issue 20 item 2, P2). A Linux guest sets LSTAR and moves its IDT gates early in boot, tens of
 /// seconds here before its first system call from user space.
-pub const MAX_POLL_INTERVAL_TSC: u64 = 32 * POLL_INTERVAL_TSC;
+pub(crate) const MAX_POLL_INTERVAL_TSC: u64 = 32 * POLL_INTERVAL_TSC;
 
 impl Default for TrapPoll {
     fn default() -> Self {
@@ -572,7 +576,7 @@ impl Default for TrapPoll {
 }
 
 impl TrapPoll {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         TrapPoll {
             next: 0,
             interval: POLL_INTERVAL_TSC,
@@ -580,7 +584,7 @@ impl TrapPoll {
     }
 
     /// Whether a look is due now (and, if so, when the next one is: the wait doubles).
-    pub fn due(&mut self) -> bool {
+    pub(crate) fn due(&mut self) -> bool {
         let now = crate::tsc::now();
         if now < self.next {
             return false;
@@ -592,7 +596,7 @@ impl TrapPoll {
 
     /// The next look is due at once, and the waits start again from [`POLL_INTERVAL_TSC`].
     #[cfg(test)]
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = Self::new();
     }
 }
@@ -600,7 +604,7 @@ impl TrapPoll {
 /// After every exit, for a trap whose owner has nothing more to check first: installs it when
 /// the guest is ready and a look is due (also after a refusal: the guest may change its gate); once installed, re-checks the entry (every exit) and
 /// the gate (when a look is due).
-pub fn after_exit(trap: &VectorTrap, poll: &mut TrapPoll, cpu: &mut dyn VcpuAccess) {
+pub(crate) fn after_exit(trap: &VectorTrap, poll: &mut TrapPoll, cpu: &mut dyn VcpuAccess) {
     if trap.installed_at().is_none() {
         if poll.due() {
             trap.try_install(cpu);

@@ -194,7 +194,7 @@ impl Drop for ControlPage {
 }
 
 /// The real syscalls.
-pub struct HostPerf {
+pub(crate) struct HostPerf {
     /// Signal sent to the opening thread on each sample-period overflow.
     pub signal: i32,
 }

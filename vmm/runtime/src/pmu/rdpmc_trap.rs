@@ -31,7 +31,7 @@ const RDPMC_FIXED: u32 = 1 << 30;
 
 /// Why a trapped #GP goes to the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpCause {
+pub(crate) enum GpCause {
     /// The faulting instruction is not RDPMC (or its bytes cannot be read).
     NotRdpmc,
     /// RDPMC faults with error code 0; this one has another.
@@ -46,7 +46,7 @@ pub enum GpCause {
 
 impl GpCause {
     /// A guest RDPMC that faults on purpose (not some other #GP).
-    pub fn is_rdpmc(self) -> bool {
+    pub(crate) fn is_rdpmc(self) -> bool {
         matches!(
             self,
             GpCause::NoPce | GpCause::BadIndex(_) | GpCause::BadFrame(_)
@@ -56,7 +56,7 @@ impl GpCause {
 
 /// What to do with a trapped #GP, before the model is asked about the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// An RDPMC the vPMU serves, `len` bytes long.
     Rdpmc {
         len: u8,
@@ -66,7 +66,7 @@ pub enum Decision {
 
 /// Decides from the frame, the bytes at the frame's RIP (as many as could be read, up to 15)
 /// and CR4.
-pub fn decide(frame: &ExceptionFrame, bytes: &[u8], cr4: u64) -> Decision {
+pub(crate) fn decide(frame: &ExceptionFrame, bytes: &[u8], cr4: u64) -> Decision {
     if frame.error != 0 {
         return Decision::Deliver(GpCause::ErrorCode(frame.error));
     }
@@ -85,7 +85,7 @@ pub fn decide(frame: &ExceptionFrame, bytes: &[u8], cr4: u64) -> Decision {
 
 /// What the vPMU made of a trapped #GP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GpOutcome {
+pub(crate) enum GpOutcome {
     /// An RDPMC answered; the vCPU resumes after it.
     Served,
     /// The guest's handler must take the #GP.
@@ -95,7 +95,7 @@ pub enum GpOutcome {
 /// A #GP trapped at the guest's handler (`regs`: the vCPU there, untouched by the handler;
 /// `frame`: the exception frame): serves it if it is an RDPMC the vPMU answers, writing the
 /// registers back; otherwise says why the guest must take it. Counts both.
-pub fn on_gp(
+pub(crate) fn on_gp(
     pmu: &mut VcpuPmu,
     frame: &ExceptionFrame,
     mut regs: kvm_regs,

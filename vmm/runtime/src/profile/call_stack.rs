@@ -27,9 +27,9 @@
 use super::guest_task::GuestRead;
 
 /// The most return addresses one sample records.
-pub const MAX_DEPTH: usize = 24;
+pub(crate) const MAX_DEPTH: usize = 24;
 /// The most interrupt frames (saved registers) a kernel walk goes through.
-pub const MAX_INTERRUPTS: usize = 2;
+pub(crate) const MAX_INTERRUPTS: usize = 2;
 /// Offsets in x86-64's `struct pt_regs`: bp, ip, cs.
 const PT_REGS_BP: u64 = 4 * 8;
 const PT_REGS_IP: u64 = 16 * 8;
@@ -43,14 +43,14 @@ const KERNEL_TEXT: u64 = 0xffff_ffff_8000_0000;
 
 /// Whose stack a sample interrupted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Space {
+pub(crate) enum Space {
     User,
     Kernel,
 }
 
 impl Space {
     /// How far above the first frame the walk may go.
-    pub fn max_span(self) -> u64 {
+    pub(crate) fn max_span(self) -> u64 {
         match self {
             Space::User => 8 << 20,
             Space::Kernel => 32 << 10,
@@ -74,7 +74,7 @@ impl Space {
 
 /// The return addresses of the frames above `rbp`, innermost first (for a kernel stack, with
 /// the RIPs that interrupts came into).
-pub fn walk<M: GuestRead + ?Sized>(mem: &mut M, rbp: u64, space: Space) -> Vec<u64> {
+pub(crate) fn walk<M: GuestRead + ?Sized>(mem: &mut M, rbp: u64, space: Space) -> Vec<u64> {
     let mut out = Vec::new();
     let (mut first, mut fp) = (rbp, rbp);
     let mut interrupts = 0;

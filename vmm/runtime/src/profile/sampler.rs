@@ -19,7 +19,7 @@ use crate::vcpu_access::kick;
 use analysis::trace::format::SampleClock;
 
 #[derive(Debug, thiserror::Error)]
-pub enum SamplerError {
+pub(crate) enum SamplerError {
     #[error("host profile counter: {0}")]
     Counter(String),
     #[error("host profile timer: {0}")]
@@ -46,7 +46,7 @@ enum Trigger {
     },
 }
 
-pub struct Sampler {
+pub(crate) struct Sampler {
     trigger: Trigger,
     period_ns: u64,
     started: bool,
@@ -64,7 +64,7 @@ impl Sampler {
     /// `clock` must not be [`SampleClock::None`]; `hz` > 0. `notify_cost_ns`: what taking one
     /// notification costs here (`vm::host_probe`): the counter's re-arms are no shorter than
     /// `pmu::backend::min_soft_period_ns` of it.
-    pub fn new(
+    pub(crate) fn new(
         clock: SampleClock,
         hz: u32,
         tsc_khz: u32,
@@ -119,7 +119,7 @@ impl Sampler {
     }
 
     /// The accounting mode the counter counts in now (None: wall clock).
-    pub fn mode(&self) -> Option<AccountingMode> {
+    pub(crate) fn mode(&self) -> Option<AccountingMode> {
         self.mode
     }
 
@@ -175,7 +175,7 @@ impl Sampler {
     }
 
     /// Just before KVM_RUN: starts the trigger the first time; cpu-switch resumes the counter.
-    pub fn enter_guest(&mut self) -> Result<(), SamplerError> {
+    pub(crate) fn enter_guest(&mut self) -> Result<(), SamplerError> {
         if !self.started {
             self.started = true;
             self.start()?;
@@ -208,7 +208,7 @@ impl Sampler {
     }
 
     /// Just after KVM_RUN: cpu-switch pauses the counter.
-    pub fn leave_guest(&mut self) {
+    pub(crate) fn leave_guest(&mut self) {
         if let Trigger::Counter { backend, .. } = &mut self.trigger {
             backend.leave_guest();
         }
@@ -226,7 +226,7 @@ impl Sampler {
     /// signal may come early, or late for the next grid point; this asks for the next one when
     /// the guest reaches it (in domain-switch it keeps perf on the grid; no-op on the hw
     /// backend and for a wall-clock trigger).
-    pub fn rearm(&mut self) {
+    pub(crate) fn rearm(&mut self) {
         if let Trigger::Counter {
             backend, next_at, ..
         } = &mut self.trigger
@@ -235,7 +235,7 @@ impl Sampler {
         }
     }
 
-    pub fn due(&mut self) -> Result<Due, SamplerError> {
+    pub(crate) fn due(&mut self) -> Result<Due, SamplerError> {
         match &mut self.trigger {
             Trigger::Counter {
                 backend,
@@ -281,7 +281,7 @@ impl Sampler {
 
 /// What [`Sampler::due`] found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Due {
+pub(crate) struct Due {
     /// A signal came since the last look: call [`Sampler::rearm`] (after `due`, so that the
     /// VMM can leave the re-arm, a system call or two, out of the guest's counts with the rest
     /// of its sample work).

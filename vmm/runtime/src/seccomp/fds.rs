@@ -14,7 +14,7 @@ static KINDS: [AtomicU8; MAX_FDS] = [const { AtomicU8::new(0) }; MAX_FDS];
 /// What a descriptor refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum FdKind {
+pub(crate) enum FdKind {
     Unknown = 0,
     /// /dev/kvm (system ioctls).
     Kvm,
@@ -48,7 +48,7 @@ impl FdKind {
     ];
 
     /// As the report says it: "a KVM vCPU".
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             FdKind::Unknown => "of unknown kind",
             FdKind::Kvm => "/dev/kvm",
@@ -63,7 +63,7 @@ impl FdKind {
     }
 
     /// The kind `/proc/self/fd/N` names with its link.
-    pub fn of_link(link: &str) -> FdKind {
+    pub(crate) fn of_link(link: &str) -> FdKind {
         match link {
             "/dev/kvm" => FdKind::Kvm,
             "anon_inode:kvm-vm" => FdKind::KvmVm,
@@ -78,14 +78,14 @@ impl FdKind {
 }
 
 /// Records that `fd` is a `kind` (a descriptor opened after [`snapshot`]).
-pub fn note(fd: i32, kind: FdKind) {
+pub(crate) fn note(fd: i32, kind: FdKind) {
     if let Some(slot) = usize::try_from(fd).ok().and_then(|i| KINDS.get(i)) {
         slot.store(kind as u8, Ordering::Relaxed);
     }
 }
 
 /// What `fd` is, as far as the table knows (async-signal-safe: one atomic load).
-pub fn kind_of(fd: i64) -> FdKind {
+pub(crate) fn kind_of(fd: i64) -> FdKind {
     let k = usize::try_from(fd)
         .ok()
         .and_then(|i| KINDS.get(i))
@@ -97,7 +97,7 @@ pub fn kind_of(fd: i64) -> FdKind {
 }
 
 /// Fills the table from `/proc/self/fd` (on the unconfined thread that built the VM).
-pub fn snapshot() {
+pub(crate) fn snapshot() {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };

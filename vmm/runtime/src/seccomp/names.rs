@@ -7,7 +7,7 @@ use syscalls::x86_64::Sysno;
 /// The name of x86_64 system call `nr`, or `None` for a number the table does not know (the
 /// report then gives the number alone). Async-signal-safe: a `match` over constants, no
 /// allocation, no lock.
-pub fn name(nr: i64) -> Option<&'static str> {
+pub(crate) fn name(nr: i64) -> Option<&'static str> {
     usize::try_from(nr)
         .ok()
         .and_then(Sysno::new)

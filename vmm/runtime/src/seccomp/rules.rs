@@ -9,7 +9,7 @@ use seccompiler::{
 };
 
 /// Rules per system call number; an empty list allows the call with any arguments.
-pub type Rules = BTreeMap<i64, Vec<SeccompRule>>;
+pub(crate) type Rules = BTreeMap<i64, Vec<SeccompRule>>;
 
 /// KVM vCPU (and VM) ioctls the vCPU thread makes, defined as in kvm-ioctls.
 mod kvm {
@@ -69,7 +69,7 @@ mod kvm {
 }
 
 /// (name, request) of every ioctl the vCPU thread may make.
-pub fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
+pub(crate) fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
     use perf_event_open_sys::bindings as perf;
     vec![
         ("KVM_RUN", kvm::KVM_RUN()),
@@ -99,7 +99,7 @@ pub fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
 
 /// (name, request) of every ioctl a forbidden call's report can name: those some thread may
 /// make, and the KVM ioctls of setup, which none may.
-pub fn known_ioctls() -> Vec<(&'static str, u64)> {
+pub(crate) fn known_ioctls() -> Vec<(&'static str, u64)> {
     let mut all = vcpu_ioctls();
     all.extend(main_ioctls());
     all.extend([
@@ -141,7 +141,7 @@ pub fn known_ioctls() -> Vec<(&'static str, u64)> {
 
 /// (name, request) of the ioctls the main thread may make after setup: terminal queries only
 /// (`isatty` on the report's output).
-pub fn main_ioctls() -> Vec<(&'static str, u64)> {
+pub(crate) fn main_ioctls() -> Vec<(&'static str, u64)> {
     vec![("TCGETS", libc::TCGETS), ("FIONBIO", libc::FIONBIO)]
 }
 
@@ -235,7 +235,7 @@ fn fcntl_rules() -> Vec<SeccompRule> {
 
 /// fallocate(fd, mode, ...) as the block device makes it: punch a hole (DISCARD) or zero a
 /// range (WRITE_ZEROES), both keeping the file's size.
-pub fn disk_fallocate_rules() -> Vec<SeccompRule> {
+pub(crate) fn disk_fallocate_rules() -> Vec<SeccompRule> {
     [
         libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
         libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
@@ -283,7 +283,7 @@ const REFUSED: &[libc::c_long] = &[
 /// looking up files. glibc's malloc opens /proc/sys/vm/overcommit_memory once, on whichever
 /// thread first trims an arena, and copes with a failure; a panic's backtrace (RUST_BACKTRACE)
 /// looks for the binary's debug information, and without it still prints the panic.
-pub fn refused(kind: ThreadKind) -> Rules {
+pub(crate) fn refused(kind: ThreadKind) -> Rules {
     let mut r = Rules::new();
     if kind != ThreadKind::Main {
         allow(&mut r, REFUSED);
@@ -292,7 +292,7 @@ pub fn refused(kind: ThreadKind) -> Rules {
 }
 
 /// The rules for one kind of thread.
-pub fn for_thread(kind: ThreadKind) -> Rules {
+pub(crate) fn for_thread(kind: ThreadKind) -> Rules {
     let mut r = common();
     if kind != ThreadKind::Main {
         // Refused by the second filter (see [`refused`]).

@@ -62,7 +62,7 @@ pub struct WriterStats {
 
 /// One vCPU's end of the writer: fills buffers, hands them over, drops (and counts) when none
 /// is free.
-pub struct VcpuSink {
+pub(crate) struct VcpuSink {
     vcpu: u16,
     cap: usize,
     current: Option<Vec<Record>>,
@@ -74,7 +74,7 @@ pub struct VcpuSink {
 
 impl VcpuSink {
     #[inline]
-    pub fn push(&mut self, r: Record) {
+    pub(crate) fn push(&mut self, r: Record) {
         if self.current.is_none() {
             self.current = self.free.try_recv().ok();
         }
@@ -119,7 +119,7 @@ impl VcpuSink {
     }
 
     /// Hands over what is left and closes this vCPU's part of the file.
-    pub fn finish(mut self, end_tsc: u64, thread_cpu_ns: u64) {
+    pub(crate) fn finish(mut self, end_tsc: u64, thread_cpu_ns: u64) {
         self.hand_off();
         let _ = self.to_writer.try_send(Msg::End {
             vcpu: self.vcpu,
@@ -130,20 +130,20 @@ impl VcpuSink {
     }
 
     #[cfg(test)]
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped_total
     }
 }
 
 /// The writer thread; [`TraceWriter::join`] after every sink has finished (or been dropped).
-pub struct TraceWriter {
+pub(crate) struct TraceWriter {
     handle: JoinHandle<io::Result<WriterStats>>,
 }
 
 impl TraceWriter {
     /// Writes the header now (so a bad path fails before the VM runs) and starts the thread.
     /// `out` should be buffered (a `BufWriter<File>`): the thread writes one block at a time.
-    pub fn start<W: Write + Send + 'static>(
+    pub(crate) fn start<W: Write + Send + 'static>(
         mut out: W,
         header: &Header,
         pool: PoolConfig,
@@ -181,7 +181,7 @@ impl TraceWriter {
         Ok((TraceWriter { handle }, sinks))
     }
 
-    pub fn join(self) -> io::Result<WriterStats> {
+    pub(crate) fn join(self) -> io::Result<WriterStats> {
         self.handle
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("trace writer thread panicked")))

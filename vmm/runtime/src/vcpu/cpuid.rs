@@ -7,7 +7,7 @@ use kvm_bindings::kvm_cpuid_entry2;
 
 /// What to change, besides topology.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CpuidPolicy {
+pub(crate) struct CpuidPolicy {
     /// Hide CMPXCHG16B (the host emulator hangs on `lock cmpxchg16b`).
     pub hide_cx16: bool,
     /// Clear KVM paravirt features that are used through hypercalls (VMCALL never returns on
@@ -31,7 +31,7 @@ fn id_bits(n: u32) -> u32 {
 }
 
 /// Returns vCPU `id`'s CPUID table (of `n` vCPUs, one core each in one package).
-pub fn for_vcpu(
+pub(crate) fn for_vcpu(
     supported: &[kvm_cpuid_entry2],
     id: u32,
     n: u32,

@@ -32,12 +32,12 @@ use crate::vcpu_access::{self as access, kick, lapic, AccessError, KvmVcpu, Vcpu
 
 /// Whether this host's KVM copies registers, special registers and vCPU events through
 /// `kvm_run` (KVM_CAP_SYNC_REGS with all three: [`access::SYNC_REGS_WANTED`]).
-pub fn sync_regs_available(vm: &VmFd) -> bool {
+pub(crate) fn sync_regs_available(vm: &VmFd) -> bool {
     access::sync_regs_usable(vm.check_extension_raw(u64::from(kvm_bindings::KVM_CAP_SYNC_REGS)))
 }
 
 /// Everything one vCPU thread owns or shares.
-pub struct VcpuRunner {
+pub(crate) struct VcpuRunner {
     pub id: u32,
     pub fd: VcpuFd,
     pub mem: GuestMemoryMmap,
@@ -82,7 +82,7 @@ pub struct VcpuRunner {
 
 /// What every vCPU of a VM shares, handed to [`VcpuRunner::new`] by the VM builder.
 #[derive(Clone)]
-pub struct VcpuShared {
+pub(crate) struct VcpuShared {
     pub mem: GuestMemoryMmap,
     pub pio: PioBus,
     pub mmio: MmioBus,
@@ -98,7 +98,7 @@ pub struct VcpuShared {
 impl VcpuRunner {
     /// vCPU `id` over `fd`; `pmu`, `ticker` and `relay` are its own (None: not in this run).
     /// No recorder yet (the trace/profile streams are handed out after all vCPUs exist).
-    pub fn new(
+    pub(crate) fn new(
         id: u32,
         fd: VcpuFd,
         shared: VcpuShared,
@@ -133,7 +133,7 @@ impl VcpuRunner {
     /// Runs the vCPU ([`Self::run`]); if the thread panics (a VMM bug), the run is ended with
     /// [`VmEnd::VmmPanic`] instead of leaving the other threads running and the VMM waiting.
     /// Unwinding closes this vCPU's trace and profile streams (the recorder closes on drop).
-    pub fn run_catching_panics(mut self) -> (ExitCounts, PmuStats) {
+    pub(crate) fn run_catching_panics(mut self) -> (ExitCounts, PmuStats) {
         let payload = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run())) {
             Ok(r) => return r,
             Err(p) => p,

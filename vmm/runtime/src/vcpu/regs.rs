@@ -102,7 +102,7 @@ fn flat_segments(
 
 /// Writes GDT and identity-mapped page tables (first 4 GiB, 2 MiB pages) and returns the
 /// special registers for 64-bit long mode.
-pub fn long_mode_sregs(
+pub(crate) fn long_mode_sregs(
     mem: &GuestMemoryMmap,
     mut sregs: kvm_sregs,
 ) -> Result<kvm_sregs, RegsError> {
@@ -124,7 +124,11 @@ pub fn long_mode_sregs(
 }
 
 /// Sets up the boot vCPU to enter a 64-bit kernel at `entry` with RSI pointing at the zero page.
-pub fn setup_boot_vcpu(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: u64) -> Result<(), RegsError> {
+pub(crate) fn setup_boot_vcpu(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    entry: u64,
+) -> Result<(), RegsError> {
     let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
     let sregs = long_mode_sregs(mem, sregs)?;
     vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
@@ -141,7 +145,7 @@ pub fn setup_boot_vcpu(vcpu: &VcpuFd, mem: &GuestMemoryMmap, entry: u64) -> Resu
 }
 
 /// State every vCPU gets: FPU defaults, boot MSRs, LAPIC LINT0 = ExtINT and LINT1 = NMI.
-pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
+pub(crate) fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
     let fpu = kvm_fpu {
         fcw: 0x37f,
         mxcsr: 0x1f80,
@@ -189,7 +193,7 @@ pub fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
 /// Writes a flat 32-bit GDT and returns the special registers of the Multiboot v1 machine state
 /// (spec 3.2): protected mode with paging off, CS a 32-bit flat code segment, DS/ES/FS/GS/SS a
 /// flat data segment, CR4 and EFER clear, no IDT.
-pub fn protected_mode_sregs(
+pub(crate) fn protected_mode_sregs(
     mem: &GuestMemoryMmap,
     mut sregs: kvm_sregs,
 ) -> Result<kvm_sregs, RegsError> {
@@ -203,7 +207,7 @@ pub fn protected_mode_sregs(
 
 /// Sets up the boot vCPU to enter a Multiboot v1 kernel at `entry` (32-bit protected mode,
 /// paging off) with EAX = the boot loader magic and EBX = the information block.
-pub fn setup_multiboot(
+pub(crate) fn setup_multiboot(
     vcpu: &VcpuFd,
     mem: &GuestMemoryMmap,
     entry: u32,
@@ -227,7 +231,7 @@ pub fn setup_multiboot(
 
 /// How vCPU 0 starts (the other vCPUs wait in KVM for INIT/SIPI).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BootEntry {
+pub(crate) enum BootEntry {
     /// 64-bit long mode at `rip` (Linux 64-bit boot protocol: RSI = the zero page; tiny guests).
     LongMode { rip: u64 },
     /// Real mode at `rip` (CS base 0; tiny guests).
@@ -237,7 +241,7 @@ pub enum BootEntry {
 }
 
 /// Puts vCPU 0 in the state `entry` names.
-pub fn setup_boot_entry(
+pub(crate) fn setup_boot_entry(
     vcpu: &VcpuFd,
     mem: &GuestMemoryMmap,
     entry: BootEntry,
@@ -250,7 +254,7 @@ pub fn setup_boot_entry(
 }
 
 /// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
-pub fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
+pub(crate) fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
     let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
     for s in [
         &mut sregs.cs,

@@ -49,7 +49,7 @@ fn test_hook_panic(vcpu: u32, exits: u64) -> ! {
 
 impl VcpuRunner {
     /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
-    pub fn run(&mut self) -> (ExitCounts, PmuStats) {
+    pub(crate) fn run(&mut self) -> (ExitCounts, PmuStats) {
         let mut counts = ExitCounts::default();
         kick::bind(self.fd.get_kvm_run());
         // SAFETY: pthread_self has no preconditions.

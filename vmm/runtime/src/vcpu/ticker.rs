@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use crate::devices::Tick;
 
 #[derive(Debug, thiserror::Error)]
-pub enum TickerError {
+pub(crate) enum TickerError {
     #[error("timer_create: {0}")]
     Create(std::io::Error),
     #[error("timer_settime: {0}")]
     Arm(std::io::Error),
 }
 
-pub struct Ticker {
+pub(crate) struct Ticker {
     dev: Arc<Mutex<dyn Tick>>,
     period: Duration,
     next: Instant,
@@ -28,7 +28,7 @@ pub struct Ticker {
 unsafe impl Send for Ticker {}
 
 impl Ticker {
-    pub fn new(dev: Arc<Mutex<dyn Tick>>, period: Duration) -> Self {
+    pub(crate) fn new(dev: Arc<Mutex<dyn Tick>>, period: Duration) -> Self {
         Ticker {
             dev,
             period,
@@ -38,7 +38,7 @@ impl Ticker {
     }
 
     /// Starts the periodic kick of the calling thread (call it on the vCPU thread).
-    pub fn start(&mut self) -> Result<(), TickerError> {
+    pub(crate) fn start(&mut self) -> Result<(), TickerError> {
         // SAFETY: an all-zero sigevent is a valid value (the padding is private to libc).
         let mut sev: libc::sigevent = unsafe { std::mem::zeroed() };
         sev.sigev_notify = libc::SIGEV_THREAD_ID;
@@ -68,7 +68,7 @@ impl Ticker {
     }
 
     /// After an exit: runs the device's tick if it is due.
-    pub fn poll(&mut self) {
+    pub(crate) fn poll(&mut self) {
         let now = Instant::now();
         if now < self.next {
             return;

@@ -19,12 +19,12 @@ thread_local! {
 }
 
 /// The TSC value when the last kick or overflow signal arrived on this thread.
-pub fn last_signal_tsc() -> u64 {
+pub(crate) fn last_signal_tsc() -> u64 {
     SIGNAL_TSC.with(|t| t.get())
 }
 
 /// Kick and overflow signals that arrived on the calling thread so far.
-pub fn signals() -> u64 {
+pub(crate) fn signals() -> u64 {
     SIGNALS.with(|s| s.get())
 }
 
@@ -33,14 +33,14 @@ pub fn signals() -> u64 {
 /// watch, so one of them taking a signal does not hide it from the others, and each then
 /// checks its own state (counter value, deadline) to see whether the signal was for it.
 #[derive(Debug, Default)]
-pub struct SignalWatch {
+pub(crate) struct SignalWatch {
     seen: u64,
 }
 
 impl SignalWatch {
     /// Whether a kick or overflow signal arrived on the calling thread since this watch last
     /// looked (a new watch reports any signal the thread has had).
-    pub fn take(&mut self) -> bool {
+    pub(crate) fn take(&mut self) -> bool {
         let n = SIGNALS.with(|s| s.get());
         let new = n != self.seen;
         self.seen = n;
@@ -49,7 +49,7 @@ impl SignalWatch {
 }
 
 /// The signal used to kick vCPU threads.
-pub fn kick_signal() -> i32 {
+pub(crate) fn kick_signal() -> i32 {
     SIGRTMIN()
 }
 
@@ -73,7 +73,7 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
 /// vCPU thread takes overflow signals slower than a short period raises them: a guest's tiny
 /// sampling period killed the VMM. A SIGIO is taken as a kick: every consumer looks at its own
 /// counters after any signal, so a merged notification loses nothing.
-pub fn install_handler() -> Result<(), vmm_sys_util::errno::Error> {
+pub(crate) fn install_handler() -> Result<(), vmm_sys_util::errno::Error> {
     static ONCE: std::sync::Once = std::sync::Once::new();
     let mut res = Ok(());
     ONCE.call_once(|| {
@@ -84,16 +84,16 @@ pub fn install_handler() -> Result<(), vmm_sys_util::errno::Error> {
 }
 
 /// Binds the calling thread to its vCPU's kvm_run area.
-pub fn bind(run: *mut kvm_run) {
+pub(crate) fn bind(run: *mut kvm_run) {
     KVM_RUN.with(|p| p.set(run));
 }
 
-pub fn unbind() {
+pub(crate) fn unbind() {
     KVM_RUN.with(|p| p.set(null_mut()));
 }
 
 /// Sends the kick signal to a thread.
-pub fn kick(thread: libc::pthread_t) {
+pub(crate) fn kick(thread: libc::pthread_t) {
     // SAFETY: pthread_kill with a valid signal number; the thread id comes from pthread_self of a
     // vCPU thread that is joined only after it stopped being kicked.
     unsafe { libc::pthread_kill(thread, kick_signal()) };

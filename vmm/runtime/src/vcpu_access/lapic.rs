@@ -3,31 +3,31 @@
 
 use std::os::raw::c_char;
 
-pub const LVT_PERFCNT: usize = 0x340;
-pub const LVT_LINT0: usize = 0x350;
-pub const LVT_LINT1: usize = 0x360;
-pub const LVT_MASKED: u32 = 1 << 16;
-pub const DELIVERY_FIXED: u32 = 0;
-pub const DELIVERY_NMI: u32 = 4;
-pub const DELIVERY_EXTINT: u32 = 7;
+pub(crate) const LVT_PERFCNT: usize = 0x340;
+pub(crate) const LVT_LINT0: usize = 0x350;
+pub(crate) const LVT_LINT1: usize = 0x360;
+pub(crate) const LVT_MASKED: u32 = 1 << 16;
+pub(crate) const DELIVERY_FIXED: u32 = 0;
+pub(crate) const DELIVERY_NMI: u32 = 4;
+pub(crate) const DELIVERY_EXTINT: u32 = 7;
 
-pub fn reg(regs: &[c_char; 1024], off: usize) -> u32 {
+pub(crate) fn reg(regs: &[c_char; 1024], off: usize) -> u32 {
     let b = |i: usize| regs[off + i] as u8;
     u32::from_le_bytes([b(0), b(1), b(2), b(3)])
 }
 
-pub fn set_reg(regs: &mut [c_char; 1024], off: usize, v: u32) {
+pub(crate) fn set_reg(regs: &mut [c_char; 1024], off: usize, v: u32) {
     for (i, byte) in v.to_le_bytes().into_iter().enumerate() {
         regs[off + i] = byte as c_char;
     }
 }
 
 /// An LVT entry's delivery mode (bits 10:8).
-pub fn delivery_mode(lvt: u32) -> u32 {
+pub(crate) fn delivery_mode(lvt: u32) -> u32 {
     (lvt >> 8) & 7
 }
 
-pub fn with_delivery_mode(lvt: u32, mode: u32) -> u32 {
+pub(crate) fn with_delivery_mode(lvt: u32, mode: u32) -> u32 {
     (lvt & !0x700) | (mode << 8)
 }
 

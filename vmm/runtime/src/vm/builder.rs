@@ -260,7 +260,7 @@ struct LoadedGuest<'a> {
 /// PMIs itself (`--pmi-limit`, default 2000/s per vCPU), so a guest cannot storm the host
 /// either way. The user's own `vpmu.perf_cpu_time_max_percent=N` comes later on the command
 /// line and wins; `--pmi-limit 0` leaves the guest's throttle on.
-pub const PMI_THROTTLE_OFF: &str = "vpmu.perf_cpu_time_max_percent=0";
+pub(super) const PMI_THROTTLE_OFF: &str = "vpmu.perf_cpu_time_max_percent=0";
 
 fn guest_pmi_throttle_off(cfg: &VmConfig) -> bool {
     cfg.vpmu != VpmuSetting::Off && cfg.pmi_limit > 0

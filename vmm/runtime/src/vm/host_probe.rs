@@ -34,12 +34,12 @@ use crate::boot::layout::{HIMEM_START, KVM_TSS_ADDR};
 use crate::vcpu::regs::{self, BootEntry};
 
 /// Intervals measured.
-pub const SAMPLES: usize = 200;
+pub(super) const SAMPLES: usize = 200;
 /// Runs before them, over the same instructions: an emulator that translates guest code (QEMU's,
 /// under the SVM host) pays a translation the first time each `out` runs, ten times an exit.
 const WARM_UP: usize = 300;
 /// The percentile taken of them.
-pub const PERCENTILE: usize = 10;
+pub(super) const PERCENTILE: usize = 10;
 
 /// The calibration VM's RAM: page tables and GDT low, the code page at 1 MiB.
 const RAM: usize = 4 << 20;
@@ -50,7 +50,7 @@ const PAGE: usize = 0x1000;
 
 /// Why the host could not be probed (the gate then charges whole intervals, as before).
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub(super) enum ProbeError {
     #[error("{what}: {source}")]
     Kvm {
         what: &'static str,
@@ -66,7 +66,7 @@ pub enum ProbeError {
 
 /// What [`probe`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostProbe {
+pub(super) struct HostProbe {
     /// ns of one KVM_RUN that runs a single `out` instruction in 64-bit mode and returns with
     /// its exit: the [`PERCENTILE`]th percentile of [`SAMPLES`] runs (timed with the TSC, as
     /// the gate times intervals, converted at the vCPU's TSC rate).
@@ -83,13 +83,13 @@ pub struct HostProbe {
 impl HostProbe {
     /// What one notification (a counter's overflow signal, the profile sampler's) costs the
     /// vCPU thread at least: the signal's delivery and the exit from KVM_RUN it forces.
-    pub fn notify_cost_ns(&self) -> u64 {
+    pub(super) fn notify_cost_ns(&self) -> u64 {
         self.exit_cost_ns.saturating_add(self.signal_cost_ns)
     }
 }
 
 /// The host probed once per process (the first call measures; later ones return the same).
-pub fn probe(kvm: &Kvm) -> Result<HostProbe, &'static ProbeError> {
+pub(super) fn probe(kvm: &Kvm) -> Result<HostProbe, &'static ProbeError> {
     static PROBE: std::sync::OnceLock<Result<HostProbe, ProbeError>> = std::sync::OnceLock::new();
     PROBE.get_or_init(|| measure(kvm)).as_ref().copied()
 }
@@ -228,7 +228,7 @@ fn timed_outs(vcpu: &mut kvm_ioctls::VcpuFd, n: usize) -> Result<Vec<u64>, Probe
 }
 
 /// The `p`th percentile of `v` (sorted in place), 0 for none.
-pub fn percentile(v: &mut [u64], p: usize) -> u64 {
+pub(super) fn percentile(v: &mut [u64], p: usize) -> u64 {
     if v.is_empty() {
         return 0;
     }

@@ -25,19 +25,19 @@ use super::segments::Segments;
 /// and its descriptors, each checked (index in range, no loop, no indirect table, buffer in
 /// guest memory). Devices use this copy, never the guest's table again.
 #[derive(Debug, Clone)]
-pub struct CheckedChain {
+pub(crate) struct CheckedChain {
     pub head: u16,
     pub descriptors: Vec<Descriptor>,
 }
 
 impl CheckedChain {
     /// The device-readable buffers, in chain order.
-    pub fn readable(&self) -> Segments {
+    pub(crate) fn readable(&self) -> Segments {
         self.pieces(false)
     }
 
     /// The device-writable buffers, in chain order.
-    pub fn writable(&self) -> Segments {
+    pub(crate) fn writable(&self) -> Segments {
         self.pieces(true)
     }
 
@@ -98,7 +98,7 @@ pub enum QueueFault {
 /// the available index more than a queue's worth ahead, and that the chain is well formed
 /// (indices in range, no loop, no indirect table, buffers in guest memory). `Ok(None)`:
 /// nothing available. On a fault the queue does not move.
-pub fn pop_checked(
+pub(crate) fn pop_checked(
     q: &mut Queue,
     queue: &'static str,
     mem: &GuestMemoryMmap,
@@ -178,7 +178,7 @@ pub fn pop_checked(
 /// Whether the driver wants an interrupt for `q` now that buffers were used.
 /// `virtio-queue` leaves VRING_AVAIL_F_NO_INTERRUPT (how a driver without EVENT_IDX, such
 /// as Linux's here, silences a queue while it polls) to the device: it is checked here.
-pub fn wants_interrupt(q: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+pub(crate) fn wants_interrupt(q: &mut Queue, mem: &GuestMemoryMmap) -> bool {
     fence(Ordering::SeqCst); // the used-ring writes before the read of the driver's flags
     let avail_flags = mem
         .read_obj::<u16>(GuestAddress(q.avail_ring()))

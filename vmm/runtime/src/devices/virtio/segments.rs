@@ -5,29 +5,29 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
 /// Guest-memory pieces in order, as (address, length).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Segments(Vec<(GuestAddress, u64)>);
+pub(crate) struct Segments(Vec<(GuestAddress, u64)>);
 
 impl Segments {
-    pub fn new(pieces: Vec<(GuestAddress, u64)>) -> Self {
+    pub(crate) fn new(pieces: Vec<(GuestAddress, u64)>) -> Self {
         Segments(pieces)
     }
 
     /// The address of the first byte (of a non-empty list).
-    pub fn first(&self) -> GuestAddress {
+    pub(crate) fn first(&self) -> GuestAddress {
         self.0[0].0
     }
 
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.0.iter().fold(0u64, |n, s| n.saturating_add(s.1))
     }
 
     /// The longest piece (0 for none).
-    pub fn longest(&self) -> u64 {
+    pub(crate) fn longest(&self) -> u64 {
         self.0.iter().map(|s| s.1).max().unwrap_or(0)
     }
 
     /// The pieces from byte `from` on, at most `n` bytes of them.
-    pub fn range(&self, from: u64, n: u64) -> Segments {
+    pub(crate) fn range(&self, from: u64, n: u64) -> Segments {
         let mut out = Vec::new();
         let (mut skip, mut left) = (from, n);
         for &(a, l) in &self.0 {
@@ -49,7 +49,11 @@ impl Segments {
     }
 
     /// Copies the first `buf.len()` bytes of the pieces into `buf` (which must not be longer).
-    pub fn read(&self, mem: &GuestMemoryMmap, buf: &mut [u8]) -> Result<(), GuestMemoryError> {
+    pub(crate) fn read(
+        &self,
+        mem: &GuestMemoryMmap,
+        buf: &mut [u8],
+    ) -> Result<(), GuestMemoryError> {
         let mut at = 0;
         for &(a, l) in &self.0 {
             let n = (l as usize).min(buf.len() - at);
@@ -63,7 +67,7 @@ impl Segments {
     }
 
     /// Copies `buf` over the first `buf.len()` bytes of the pieces.
-    pub fn write(&self, mem: &GuestMemoryMmap, buf: &[u8]) -> Result<(), GuestMemoryError> {
+    pub(crate) fn write(&self, mem: &GuestMemoryMmap, buf: &[u8]) -> Result<(), GuestMemoryError> {
         let mut at = 0;
         for &(a, l) in &self.0 {
             let n = (l as usize).min(buf.len() - at);

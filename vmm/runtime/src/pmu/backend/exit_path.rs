@@ -16,11 +16,11 @@
 //! back to back keeps the probe's figure.
 
 /// Intervals up to this many times the probe's cost count as exit path.
-pub const SHORT_FACTOR: u64 = 4;
+pub(super) const SHORT_FACTOR: u64 = 4;
 /// How many short intervals the estimate looks at.
-pub const WINDOW: usize = 64;
+pub(super) const WINDOW: usize = 64;
 /// The percentile of them taken.
-pub const PERCENTILE: usize = 50;
+pub(super) const PERCENTILE: usize = 50;
 /// The estimate is recomputed every this many short intervals (a sort of WINDOW values).
 const EVERY: usize = 16;
 

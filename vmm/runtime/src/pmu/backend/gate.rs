@@ -58,7 +58,7 @@ pub(super) fn tsc_to_ns(tsc_khz: u64, tsc: u64) -> u64 {
 /// others. (The design before issue 12 item 1 subtracted estimated outside time from a
 /// cumulative count: one over-estimate under load ate the guest time of earlier intervals, and
 /// the count stood still.)
-pub struct Gate {
+pub(super) struct Gate {
     /// Guest time (ns of thread CPU time) in closed KVM_RUN intervals.
     inside: u64,
     /// What the last closed interval added to `inside` (what `forget` may take back).

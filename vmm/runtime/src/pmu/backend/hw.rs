@@ -31,7 +31,7 @@ use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
 
 /// Shortest host sample period a hardware event is armed with (counts): a guest that arms a
 /// counter to overflow after 1 event must not turn into a signal storm on the host.
-pub const MIN_HW_PERIOD: u64 = 10_000;
+pub(super) const MIN_HW_PERIOD: u64 = 10_000;
 
 /// A split period's guest share is kept within [SHARE_MIN, SHARE_ONE - SHARE_MIN] / SHARE_ONE:
 /// each re-split then takes at least an eighth off the rest, whatever the split turns into.

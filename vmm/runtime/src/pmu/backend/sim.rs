@@ -49,19 +49,19 @@ pub(super) struct Ctx {
 // The scripted tests use every context; a live run (sim_host.rs) only two.
 #[cfg_attr(not(test), allow(dead_code))]
 impl Ctx {
-    pub const GUEST_USER: Ctx = Ctx {
+    pub(super) const GUEST_USER: Ctx = Ctx {
         guest: true,
         user: true,
     };
-    pub const GUEST_KERNEL: Ctx = Ctx {
+    pub(super) const GUEST_KERNEL: Ctx = Ctx {
         guest: true,
         user: false,
     };
-    pub const HOST_USER: Ctx = Ctx {
+    pub(super) const HOST_USER: Ctx = Ctx {
         guest: false,
         user: true,
     };
-    pub const HOST_KERNEL: Ctx = Ctx {
+    pub(super) const HOST_KERNEL: Ctx = Ctx {
         guest: false,
         user: false,
     };
@@ -225,25 +225,25 @@ pub(super) struct Sim(Arc<Mutex<SimState>>);
 impl Sim {
     /// A fresh host; installs the kick signal's handler (overflows raise it).
     #[cfg(test)]
-    pub fn new() -> Sim {
+    pub(super) fn new() -> Sim {
         crate::vcpu_access::kick::install_handler().unwrap();
         Sim::default()
     }
 
     /// The perf layer a backend is given.
     #[cfg(test)]
-    pub fn perf(&self) -> Box<dyn PerfSys> {
+    pub(super) fn perf(&self) -> Box<dyn PerfSys> {
         Box::new(SimPerf(self.clone()))
     }
 
-    pub fn state(&self) -> std::sync::MutexGuard<'_, SimState> {
+    pub(super) fn state(&self) -> std::sync::MutexGuard<'_, SimState> {
         self.0.lock().unwrap()
     }
 
     /// A host with `counters` hardware counters, rotating multiplexed events every
     /// `interval` time units.
     #[cfg(test)]
-    pub fn with_counters(counters: usize, interval: u64) -> Sim {
+    pub(super) fn with_counters(counters: usize, interval: u64) -> Sim {
         let sim = Sim::new();
         sim.state().set_budget(counters, interval);
         sim
@@ -251,14 +251,14 @@ impl Sim {
 
     /// The event happens `n` times in `ctx`; overflowing events notify.
     #[cfg(test)]
-    pub fn run(&self, ctx: Ctx, n: u64) {
+    pub(super) fn run(&self, ctx: Ctx, n: u64) {
         let signals = self.state().run(ctx, n);
         notify(signals);
     }
 
     /// PERF_EVENT_IOC_RESET: the count goes to 0, the period's progress stays.
     #[cfg(test)]
-    pub fn reset(&self, fd: RawFd) {
+    pub(super) fn reset(&self, fd: RawFd) {
         if let Some(e) = self.state().events.get_mut(&fd) {
             e.count = 0;
         }
@@ -266,7 +266,7 @@ impl Sim {
 
     /// The fds open now.
     #[cfg(test)]
-    pub fn open_fds(&self) -> Vec<RawFd> {
+    pub(super) fn open_fds(&self) -> Vec<RawFd> {
         self.state().events.keys().copied().collect()
     }
 }

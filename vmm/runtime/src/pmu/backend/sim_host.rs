@@ -43,11 +43,11 @@ use crate::vcpu_access::kick::KickTimer;
 
 /// Hardware counters of the simulated host (an AMD Zen core has 6, Intel's have 4-8 general
 /// plus 3 fixed): a guest with more counters than this running gets multiplexed.
-pub const SIM_COUNTERS: usize = 4;
+pub(super) const SIM_COUNTERS: usize = 4;
 
 /// How often the simulated perf rotates multiplexed events (ns of thread CPU time; perf's
 /// default `perf_event_mux_interval_ms` is 4).
-pub const MUX_INTERVAL_NS: u64 = 4_000_000;
+pub(super) const MUX_INTERVAL_NS: u64 = 4_000_000;
 
 /// The calling thread's CPU time (ns).
 fn thread_cpu_ns() -> u64 {

@@ -25,7 +25,7 @@ use crate::pmu::perf::{PerfEvent, PerfRequest, PerfSys};
 
 /// Shortest host sample period a soft counter is armed with (ns of thread CPU time): a guest
 /// that arms a counter to overflow after 1 cycle must not turn into a signal storm on the host.
-pub const MIN_SOFT_PERIOD_NS: u64 = 50_000;
+pub(super) const MIN_SOFT_PERIOD_NS: u64 = 50_000;
 /// ... and at least this many notifications' worth (the host probe's cost of taking one: the
 /// signal's delivery and the exit it ends): perf's sampling event fires every period of thread
 /// CPU time, and taking a notification is itself thread CPU time. Where that costs more than
@@ -33,7 +33,7 @@ pub const MIN_SOFT_PERIOD_NS: u64 = 50_000;
 /// QEMU's emulator (a 40 µs exit, a signal's delivery slower still) a 50 µs period overflowed
 /// the thread's real-time signal queue, and a 270 µs re-arm of the host-side profile's
 /// sampler left ~16,000 signals queued and the guest running one instruction a second.
-pub const MIN_SOFT_PERIOD_NOTIFICATIONS: u64 = 10;
+pub(super) const MIN_SOFT_PERIOD_NOTIFICATIONS: u64 = 10;
 /// The most times the floor of an early notification's re-arm doubles (see
 /// [`Soft::rest_floor_ns`]): 50 us x 2^8 = 12.8 ms.
 const MAX_EARLY_DOUBLINGS: u32 = 8;

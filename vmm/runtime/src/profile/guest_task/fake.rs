@@ -9,10 +9,10 @@ use crate::kvm_error::AccessError;
 /// Guest memory by virtual page: a page is mapped once anything was put on it (the rest of it
 /// reads as zeros), as a guest's page tables map whole pages.
 #[derive(Default)]
-pub struct Mem(HashMap<u64, Box<[u8; 4096]>>);
+pub(super) struct Mem(HashMap<u64, Box<[u8; 4096]>>);
 
 impl Mem {
-    pub fn put(&mut self, at: u64, bytes: &[u8]) {
+    pub(super) fn put(&mut self, at: u64, bytes: &[u8]) {
         for (i, b) in bytes.iter().enumerate() {
             let a = at + i as u64;
             let page = self.0.entry(a >> 12).or_insert_with(|| Box::new([0; 4096]));
@@ -20,7 +20,7 @@ impl Mem {
         }
     }
 
-    pub fn put_u64(&mut self, at: u64, v: u64) {
+    pub(super) fn put_u64(&mut self, at: u64, v: u64) {
         self.put(at, &v.to_le_bytes());
     }
 }
@@ -37,7 +37,7 @@ impl GuestRead for Mem {
 }
 
 /// Layout values of a 6.1 x86-64 build for the memory map (`task-layout` lines).
-pub const MAP_LAYOUT_LINES: &str = "value mm_struct_mm_mt 64\n\
+pub(super) const MAP_LAYOUT_LINES: &str = "value mm_struct_mm_mt 64\n\
     value maple_tree_ma_root 8\n\
     value maple_range_64_pivot 8\n\
     value maple_range_64_slot 128\n\
@@ -52,16 +52,16 @@ pub const MAP_LAYOUT_LINES: &str = "value mm_struct_mm_mt 64\n\
     value vm_area_struct_vm_file 160\n\
     value vm_area_struct_vm_pgoff 152\n";
 
-pub const ROOT_NODE: u64 = 0xffff_8880_0600_0000;
-pub const LEAF_LOW: u64 = 0xffff_8880_0600_0100;
-pub const LEAF_HIGH: u64 = 0xffff_8880_0600_0200;
-pub const VMA_EXE: u64 = 0xffff_8880_0700_0000;
-pub const VMA_LIBC: u64 = 0xffff_8880_0700_0100;
-pub const VMA_ANON: u64 = 0xffff_8880_0700_0200;
-pub const VMA_LIBB: u64 = 0xffff_8880_0700_0300;
-pub const LIBC_START: u64 = 0x7f00_0000_1000;
-pub const LIBB_START: u64 = 0x7e00_0000_1000;
-pub const ANON_START: u64 = 0x7fff_0000_1000;
+pub(super) const ROOT_NODE: u64 = 0xffff_8880_0600_0000;
+pub(super) const LEAF_LOW: u64 = 0xffff_8880_0600_0100;
+pub(super) const LEAF_HIGH: u64 = 0xffff_8880_0600_0200;
+pub(super) const VMA_EXE: u64 = 0xffff_8880_0700_0000;
+pub(super) const VMA_LIBC: u64 = 0xffff_8880_0700_0100;
+pub(super) const VMA_ANON: u64 = 0xffff_8880_0700_0200;
+pub(super) const VMA_LIBB: u64 = 0xffff_8880_0700_0300;
+pub(super) const LIBC_START: u64 = 0x7f00_0000_1000;
+pub(super) const LIBB_START: u64 = 0x7e00_0000_1000;
+pub(super) const ANON_START: u64 = 0x7fff_0000_1000;
 
 /// A two-level maple tree as 6.1 builds one for a small process, at `mm` (node pointers as
 /// `mt_mk_node` makes them: type in bits 3-6 and MAPLE_ENODE_NULL, bit 2): an arange_64 root
@@ -69,7 +69,7 @@ pub const ANON_START: u64 = 0x7fff_0000_1000;
 /// +0x10000) (a second library's text at page offset 1: `libb_file`), [LIBC_START, +0x1f000)
 /// (a file at page offset 0x26: `libc_file`) and [ANON_START, +0x20000) (anonymous), with gaps
 /// (empty slots) between them.
-pub fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64, libb_file: u64) {
+pub(super) fn maple_tree(m: &mut Mem, mm: u64, libc_file: u64, libb_file: u64) {
     let (mt_root, r_piv, r_slot, r_meta, a_piv, a_slot, a_meta) = (72, 8, 128, 248, 8, 80, 240);
     m.put_u64(mm + mt_root, ROOT_NODE | (3 << 3) | 4 | 2);
     // Root: two slots split at 0x7fff_0000_0000; parent = the tree (| 1), not itself.

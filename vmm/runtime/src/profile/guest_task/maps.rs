@@ -26,7 +26,7 @@ use super::{
 };
 
 /// Linux's MAPLE_HEIGHT_MAX: no tree is deeper.
-pub const MAPLE_HEIGHT_MAX: usize = 31;
+pub(crate) const MAPLE_HEIGHT_MAX: usize = 31;
 /// Bytes of a maple node.
 const NODE: usize = 256;
 const STEP: Step = Step::Mapping;
@@ -104,7 +104,7 @@ impl MapLayout {
 }
 
 /// The VMA of `mm` that contains `addr` (its guest address); None: no VMA covers it.
-pub fn vma_at<M: GuestRead + ?Sized>(
+pub(crate) fn vma_at<M: GuestRead + ?Sized>(
     mem: &mut M,
     l: &MapLayout,
     mm: u64,
@@ -171,7 +171,7 @@ pub fn vma_at<M: GuestRead + ?Sized>(
 /// The mapping of `mm` that holds user address `rip`: its VMA's start, file offset and file
 /// name (`file_name` reads a `struct file`'s name as the executable's is read), and the VMA's
 /// end (what a later lookup for another address of the same sample can skip).
-pub fn mapping_at<M: GuestRead + ?Sized>(
+pub(crate) fn mapping_at<M: GuestRead + ?Sized>(
     mem: &mut M,
     l: &MapLayout,
     mm: u64,

@@ -31,13 +31,13 @@ use kvm_bindings::kvm_cpuid_entry2;
 use super::{brand_regs, has_vendor, leaf, set_vendor_and_signature};
 
 /// CPU family of the AMD identity (Zen 3/4: base family 0xF + extended family 0xA).
-pub const AMD_FAMILY: u32 = 0x19;
+pub(crate) const AMD_FAMILY: u32 = 0x19;
 /// Model number of the AMD identity (EPYC 9004, Zen 4: what the AMD build hosts report).
-pub const AMD_MODEL: u32 = 0x11;
+pub(crate) const AMD_MODEL: u32 = 0x11;
 /// Stepping of the AMD identity.
-pub const AMD_STEPPING: u32 = 1;
+pub(super) const AMD_STEPPING: u32 = 1;
 /// Brand string (CPUID 0x80000002-4).
-pub const AMD_BRAND: &str = "vPMU virtual AMD CPU (PerfCtrExtCore)";
+pub(crate) const AMD_BRAND: &str = "vPMU virtual AMD CPU (PerfCtrExtCore)";
 /// CPUID.7.0:EBX: HLE and RTM (Intel TSX).
 const LEAF7_EBX_TSX: u32 = 1 << 4 | 1 << 11;
 /// Fn8000_0008_EBX: FXSAVE/XSAVE always save the x87 error pointers.
@@ -55,7 +55,7 @@ const AUTHENTIC_AMD: [u32; 3] = [
 const EXT_MIN_MAX: u32 = 0x8000_0008;
 
 /// CPUID.1:EAX (and 0x80000001:EAX) of the AMD identity.
-pub const fn amd_signature() -> u32 {
+pub(super) const fn amd_signature() -> u32 {
     let ext_family = AMD_FAMILY - 0xf;
     let ext_model = AMD_MODEL >> 4;
     let model = AMD_MODEL & 0xf;
@@ -63,14 +63,14 @@ pub const fn amd_signature() -> u32 {
 }
 
 /// Whether a CPUID table says AuthenticAMD.
-pub fn is_amd(table: &[kvm_cpuid_entry2]) -> bool {
+pub(crate) fn is_amd(table: &[kvm_cpuid_entry2]) -> bool {
     has_vendor(table, AUTHENTIC_AMD)
 }
 
 /// KVM's supported table `host` as a generic family-0x19 AMD CPU (see the module docs). A
 /// table that already says AuthenticAMD is returned unchanged: the guest keeps the host's own
 /// AMD identity.
-pub fn amd(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
+pub(crate) fn amd(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
     if is_amd(host) {
         return host.to_vec();
     }

@@ -24,19 +24,19 @@
 use kvm_bindings::{kvm_cpuid_entry2, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 
 mod amd;
-pub use amd::{amd, is_amd, AMD_BRAND, AMD_FAMILY, AMD_MODEL};
+pub(crate) use amd::{amd, is_amd, AMD_BRAND, AMD_FAMILY, AMD_MODEL};
 
 /// CPU family of the Intel identity (P6 family: every arch-perfmon Core/Atom CPU).
-pub const INTEL_FAMILY: u32 = 6;
+pub(crate) const INTEL_FAMILY: u32 = 6;
 /// Model number of the Intel identity: listed nowhere in Linux (6.1's intel-family.h lists
 /// 0x09..0xCF with gaps; 0x6B is one of the gaps), so no model-specific code runs.
-pub const INTEL_MODEL: u32 = 0x6b;
+pub(crate) const INTEL_MODEL: u32 = 0x6b;
 // >= 0xE: init_intel takes the constant-TSC, fast-string and PAT paths of a modern CPU.
 const _: () = assert!(INTEL_MODEL >= 0x0e && INTEL_MODEL <= 0xff);
 /// Stepping of the Intel identity.
-pub const INTEL_STEPPING: u32 = 1;
+pub(crate) const INTEL_STEPPING: u32 = 1;
 /// Brand string (CPUID 0x80000002-4), NUL-padded to 48 bytes.
-pub const INTEL_BRAND: &str = "vPMU virtual Intel CPU (arch perfmon)";
+pub(crate) const INTEL_BRAND: &str = "vPMU virtual Intel CPU (arch perfmon)";
 
 /// The vendor string as CPUID.0 returns it (EBX, EDX, ECX).
 const GENUINE_INTEL: [u32; 3] = [
@@ -89,14 +89,14 @@ const AMD_CACHE_LEAF: u32 = 0x8000_001d;
 const MAX_CACHE_LEVELS: u32 = 8;
 
 /// CPUID.1:EAX of the Intel identity.
-pub const fn intel_signature() -> u32 {
+pub(crate) const fn intel_signature() -> u32 {
     let ext_model = INTEL_MODEL >> 4;
     let model = INTEL_MODEL & 0xf;
     ext_model << 16 | INTEL_FAMILY << 8 | model << 4 | INTEL_STEPPING
 }
 
 /// Whether a CPUID table says GenuineIntel.
-pub fn is_intel(table: &[kvm_cpuid_entry2]) -> bool {
+pub(crate) fn is_intel(table: &[kvm_cpuid_entry2]) -> bool {
     has_vendor(table, GENUINE_INTEL)
 }
 
@@ -151,7 +151,7 @@ fn set_vendor_and_signature(e: &mut kvm_cpuid_entry2, vendor: [u32; 3], signatur
 /// KVM's supported table `host` as a generic Intel arch-perfmon CPU (see the module docs).
 /// A table that already says GenuineIntel is returned unchanged: the guest keeps the host's
 /// own Intel identity.
-pub fn intel(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
+pub(crate) fn intel(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
     if is_intel(host) {
         return host.to_vec();
     }
@@ -246,13 +246,13 @@ pub fn intel(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
 pub(crate) mod tests_support {
     use super::*;
 
-    pub fn entry(function: u32, index: u32, regs: [u32; 4]) -> kvm_cpuid_entry2 {
+    pub(crate) fn entry(function: u32, index: u32, regs: [u32; 4]) -> kvm_cpuid_entry2 {
         leaf(function, index, regs, 0)
     }
 
     /// An Intel Xeon build host as kvm_pvm reports it (KVM_GET_SUPPORTED_CPUID, abridged: the
     /// zero leaves 3, 5, 8-0x24 but 0xa and 0xb left out; 0x80000002-4 are zero in KVM's table).
-    pub fn intel_host() -> Vec<kvm_cpuid_entry2> {
+    pub(crate) fn intel_host() -> Vec<kvm_cpuid_entry2> {
         vec![
             entry(0, 0, [0x24, 0x756e_6547, 0x6c65_746e, 0x4965_6e69]),
             entry(1, 0, [0x000a_0671, 0x0002_0800, 0x8120_2000, 0x0f8b_fbff]),
@@ -287,7 +287,7 @@ pub(crate) mod tests_support {
 
     /// This project's AMD EPYC build host as kvm_pvm reports it (KVM_GET_SUPPORTED_CPUID,
     /// abridged).
-    pub fn amd_host() -> Vec<kvm_cpuid_entry2> {
+    pub(crate) fn amd_host() -> Vec<kvm_cpuid_entry2> {
         let v = |s: &[u8; 4]| u32::from_le_bytes(*s);
         vec![
             entry(0, 0, [0x1c, v(b"Auth"), v(b"cAMD"), v(b"enti")]),

@@ -17,16 +17,16 @@ use super::file::{DiskFile, ID_BYTES, SECTOR_SIZE};
 use crate::devices::virtio::segments::Segments;
 
 /// The request header: type, reserved, sector (`struct virtio_blk_outhdr`).
-pub const HEADER_LEN: u64 = 16;
+pub(crate) const HEADER_LEN: u64 = 16;
 /// One DISCARD / WRITE_ZEROES range: sector, number of sectors, flags.
-pub const SEGMENT_LEN: u64 = 16;
+pub(crate) const SEGMENT_LEN: u64 = 16;
 /// Ranges per DISCARD / WRITE_ZEROES request (config max_discard_seg, max_write_zeroes_seg).
-pub const MAX_RANGES: u32 = 1;
+pub(crate) const MAX_RANGES: u32 = 1;
 /// Sectors per DISCARD range (config max_discard_sectors): 2 GiB (a punched hole).
-pub const MAX_RANGE_SECTORS: u32 = 1 << 22;
+pub(crate) const MAX_RANGE_SECTORS: u32 = 1 << 22;
 /// Sectors per WRITE_ZEROES range (config max_write_zeroes_sectors): 64 MiB, because where the
 /// file system cannot zero a range the device writes the zeroes, on the notifying vCPU.
-pub const MAX_WRITE_ZEROES_SECTORS: u32 = 1 << 17;
+pub(crate) const MAX_WRITE_ZEROES_SECTORS: u32 = 1 << 17;
 /// WRITE_ZEROES flag: the device may unmap (punch a hole) instead of writing zeroes.
 const WRITE_ZEROES_UNMAP: u32 = 1;
 /// Largest piece of a read or write copied through the bounce buffer at once.
@@ -51,7 +51,7 @@ fn retry_interrupted<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T
 
 /// The request types, as counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Read,
     Write,
     Flush,
@@ -75,7 +75,7 @@ impl Kind {
         }
     }
 
-    pub fn writes(self) -> bool {
+    pub(crate) fn writes(self) -> bool {
         matches!(self, Kind::Write | Kind::Discard | Kind::WriteZeroes)
     }
 }
@@ -83,14 +83,14 @@ impl Kind {
 /// A chain the device cannot even answer: there is no device-writable byte at its end for the
 /// status. It is returned to the driver unused (used length 0) and counted.
 #[derive(Debug, thiserror::Error)]
-pub enum ChainError {
+pub(crate) enum ChainError {
     #[error("descriptor chain without a device-writable status byte at its end")]
     NoStatus,
 }
 
 /// Why a request failed; the guest gets [`RequestError::status`] and the device a log line.
 #[derive(Debug, thiserror::Error)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     #[error("request header of {0} bytes (16 needed)")]
     ShortHeader(u64),
     #[error("device-readable descriptor after a device-writable one")]
@@ -130,7 +130,7 @@ pub enum RequestError {
 
 impl RequestError {
     /// The status byte the guest gets: UNSUPP for what the device does not do, IOERR else.
-    pub fn status(&self) -> u8 {
+    pub(crate) fn status(&self) -> u8 {
         match self {
             RequestError::Unsupported(_)
             | RequestError::NotNegotiated(_)
@@ -143,7 +143,7 @@ impl RequestError {
 /// A request's chain split into what the driver gives (header, then data for writes) and
 /// what it takes (data for reads and GET_ID), the status byte apart.
 #[derive(Debug)]
-pub struct Buffers {
+pub(crate) struct Buffers {
     pub readable: Segments,
     /// The device-writable bytes before the status byte.
     pub writable: Segments,
@@ -154,7 +154,7 @@ pub struct Buffers {
 
 impl Buffers {
     /// Splits a chain (already checked by `queue::pop_checked`: indices, loops, memory).
-    pub fn split(chain: impl Iterator<Item = Descriptor>) -> Result<Buffers, ChainError> {
+    pub(crate) fn split(chain: impl Iterator<Item = Descriptor>) -> Result<Buffers, ChainError> {
         let (mut readable, mut writable) = (Vec::new(), Vec::new());
         let (mut misordered, mut last_writable) = (false, false);
         for d in chain {
@@ -188,7 +188,7 @@ impl Buffers {
 }
 
 /// The image and what the device knows about it; carries out requests.
-pub struct Disk<F> {
+pub(crate) struct Disk<F> {
     pub file: F,
     pub sectors: u64,
     pub readonly: bool,
@@ -202,7 +202,7 @@ pub struct Disk<F> {
 }
 
 impl<F: DiskFile> Disk<F> {
-    pub fn new(file: F, sectors: u64, readonly: bool, id: [u8; ID_BYTES]) -> Self {
+    pub(crate) fn new(file: F, sectors: u64, readonly: bool, id: [u8; ID_BYTES]) -> Self {
         Disk {
             file,
             sectors,
@@ -219,7 +219,11 @@ impl<F: DiskFile> Disk<F> {
     }
 
     /// The request's type from its header, and the header's sector.
-    pub fn header(&self, mem: &GuestMemoryMmap, b: &Buffers) -> Result<(Kind, u64), RequestError> {
+    pub(crate) fn header(
+        &self,
+        mem: &GuestMemoryMmap,
+        b: &Buffers,
+    ) -> Result<(Kind, u64), RequestError> {
         let have = b.readable.len();
         if have < HEADER_LEN {
             return Err(RequestError::ShortHeader(have));
@@ -233,7 +237,7 @@ impl<F: DiskFile> Disk<F> {
 
     /// Carries out the request of `kind` at `sector`; returns the number of bytes written
     /// into the guest's writable buffers (the status byte not included).
-    pub fn execute(
+    pub(crate) fn execute(
         &mut self,
         mem: &GuestMemoryMmap,
         b: &Buffers,
