@@ -11,7 +11,7 @@
 use std::io::Read;
 
 /// Offset of the setup header in a bzImage.
-pub const SETUP_HEADER_OFFSET: usize = 0x1f1;
+pub(crate) const SETUP_HEADER_OFFSET: usize = 0x1f1;
 const HDRS_MAGIC: &[u8; 4] = b"HdrS";
 
 #[derive(Debug, thiserror::Error)]
@@ -110,10 +110,10 @@ pub const MAX_EXPANSION: usize = 32;
 pub const MIN_OUTPUT_CAP: usize = 16 << 20;
 /// The most memory the xz and lzma decoders may take (liblzma's memlimit): the kernel's xz
 /// uses a 32 MiB dictionary and `lzma -9` a 64 MiB one; a header asking for more is refused.
-pub const LZMA_MEMLIMIT: u64 = 128 << 20;
+pub(crate) const LZMA_MEMLIMIT: u64 = 128 << 20;
 /// The largest zstd window accepted (2^27 = 128 MiB: what the kernel's `zstd -22 --ultra`
 /// writes when it compresses from a pipe). A frame asking for more is refused.
-pub const ZSTD_WINDOW_LOG_MAX: u32 = 27;
+pub(crate) const ZSTD_WINDOW_LOG_MAX: u32 = 27;
 
 /// The most bytes `payload` may decompress to.
 fn output_cap(payload: &[u8]) -> usize {
@@ -173,7 +173,7 @@ impl Format {
 /// `size_append` for bzip2, lzma, xz, lzo, lz4 and zstd, and gzip's own ISIZE field for gzip —
 /// which `mkpiggy` reads from the payload's last 4 bytes. Each stream is decoded up to its own
 /// end; it must end exactly at those 4 bytes, and they must give the decoded length.
-pub fn decompress(payload: &[u8]) -> Result<(&'static str, Vec<u8>), BzImageError> {
+pub(crate) fn decompress(payload: &[u8]) -> Result<(&'static str, Vec<u8>), BzImageError> {
     if payload.starts_with(b"\x7fELF") {
         return Ok(("none", payload.to_vec()));
     }

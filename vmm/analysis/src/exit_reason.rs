@@ -49,7 +49,7 @@ impl Reason {
         Reason::Other,
     ];
 
-    pub fn from_u8(v: u8) -> Option<Reason> {
+    pub(crate) fn from_u8(v: u8) -> Option<Reason> {
         Reason::ALL.get(usize::from(v).wrapping_sub(1)).copied()
     }
 

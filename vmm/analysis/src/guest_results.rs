@@ -86,7 +86,7 @@ pub struct Decoded {
 }
 
 impl Decoded {
-    pub fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         self.problems.is_empty()
     }
     /// The frame called `name` in `mode`.
@@ -324,7 +324,7 @@ pub fn safe_name(name: &str) -> bool {
 }
 
 /// Where `frame` goes under `out`: `out/<mode>/<name>` (mode `-` is left out).
-pub fn output_path(out: &Path, frame: &Frame) -> PathBuf {
+pub(crate) fn output_path(out: &Path, frame: &Frame) -> PathBuf {
     if frame.mode == "-" || !safe_name(&frame.mode) {
         out.join(&frame.name)
     } else {
@@ -348,7 +348,7 @@ impl fmt::Display for Written {
 }
 
 /// Writes every verified frame of `d` under `out` (created if missing).
-pub fn write_out(d: &Decoded, out: &Path) -> Result<Written, ResultsError> {
+pub(crate) fn write_out(d: &Decoded, out: &Path) -> Result<Written, ResultsError> {
     let io = |path: &Path, e: std::io::Error| ResultsError::Io {
         path: path.to_path_buf(),
         msg: e.to_string(),
@@ -414,7 +414,7 @@ pub fn command(file: &Path, out: &Path, json: bool) -> Result<bool, ResultsError
 }
 
 /// The `schema` field of `results --format json` (docs/guest.md, "Result frames").
-pub const RESULTS_SCHEMA: &str = "vpmu-results/1";
+pub(crate) const RESULTS_SCHEMA: &str = "vpmu-results/1";
 
 /// What `results` found, as one JSON document: the begin line, each frame written (seq, name,
 /// mode, payload bytes, CRC-32, file), bytes outside frames, the problems, complete or not.

@@ -70,7 +70,7 @@ impl Svg {
         );
     }
 
-    pub fn polyline(&mut self, points: impl IntoIterator<Item = (f64, f64)>, attrs: &str) {
+    pub(crate) fn polyline(&mut self, points: impl IntoIterator<Item = (f64, f64)>, attrs: &str) {
         let points: Vec<String> = points
             .into_iter()
             .map(|(x, y)| format!("{},{}", num(x), num(y)))

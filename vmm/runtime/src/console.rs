@@ -61,7 +61,7 @@ impl ConsoleLog {
     }
 
     /// The kernel's panic line, if the guest panicked.
-    pub fn panic_line(&self) -> Option<&str> {
+    pub(crate) fn panic_line(&self) -> Option<&str> {
         self.panic_line.as_deref()
     }
 
@@ -72,12 +72,12 @@ impl ConsoleLog {
 
     /// Whether the guest kernel said it could not load the ACPI DSDT (so it has none of the
     /// virtio-mmio devices it describes).
-    pub fn no_dsdt(&self) -> bool {
+    pub(crate) fn no_dsdt(&self) -> bool {
         self.no_dsdt
     }
 
     /// Whether the guest kernel has started init (its boot work is over).
-    pub fn init_started(&self) -> bool {
+    pub(crate) fn init_started(&self) -> bool {
         self.init_started
     }
 

@@ -20,13 +20,9 @@ pub struct Latch {
 }
 
 impl Latch {
-    pub fn fire(&self) {
+    pub(crate) fn fire(&self) {
         *self.fired.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.cv.notify_all();
-    }
-
-    pub fn is_fired(&self) -> bool {
-        *self.fired.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until fired (true) or until `give_up` says so (false); polls it every 50 ms.
@@ -136,7 +132,7 @@ impl VmControl {
         self.stopping.load(Ordering::Acquire)
     }
 
-    pub fn register_thread(&self, t: libc::pthread_t) {
+    pub(crate) fn register_thread(&self, t: libc::pthread_t) {
         self.threads
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -177,7 +173,7 @@ impl VmControl {
     }
 
     /// A vCPU thread's state as it ends (see [`crate::last_exits`]).
-    pub fn report_vcpu_state(&self, st: crate::last_exits::VcpuEndState) {
+    pub(crate) fn report_vcpu_state(&self, st: crate::last_exits::VcpuEndState) {
         self.vcpu_states
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -196,7 +192,7 @@ impl VmControl {
     }
 
     /// Test hook: the exit (1-based) at which vCPU `id`'s thread panics on purpose.
-    pub fn panic_at(&self, id: u32) -> Option<u64> {
+    pub(crate) fn panic_at(&self, id: u32) -> Option<u64> {
         self.panic_at.filter(|(v, _)| *v == id).map(|(_, n)| n)
     }
 
@@ -207,7 +203,7 @@ impl VmControl {
     }
 
     /// [`Self::wait`], also ending the run with what `watch` returns (polled every 100 ms).
-    pub fn wait_watching(
+    pub(crate) fn wait_watching(
         &self,
         timeout: Option<Duration>,
         watch: impl Fn() -> Option<VmEnd>,

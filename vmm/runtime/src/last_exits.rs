@@ -8,7 +8,7 @@
 use analysis::exit_reason::{ExitEvent, Reason};
 
 /// Exits kept per vCPU.
-pub const KEPT: usize = 8;
+pub(crate) const KEPT: usize = 8;
 
 /// This many emulation failures in a row at one RIP, with no other exit in between (kicks
 /// aside), and each completed by a fix-up, mean the fix-up does not make the guest move on:
@@ -63,7 +63,7 @@ impl LastExits {
     }
 
     /// The RIP of the last exit pushed (an emulation failure: the fix-up code read it).
-    pub fn set_last_rip(&mut self, rip: u64) {
+    pub(crate) fn set_last_rip(&mut self, rip: u64) {
         if self.total > 0 {
             self.ring[(self.next + KEPT - 1) % KEPT].rip = Some(rip);
         }
@@ -71,7 +71,7 @@ impl LastExits {
 
     /// An emulation failure at `rip` (already pushed): how many in a row at this RIP, with no
     /// other exit (kicks aside) in between.
-    pub fn emulation_failure_at(&mut self, rip: u64) -> u32 {
+    pub(crate) fn emulation_failure_at(&mut self, rip: u64) -> u32 {
         self.set_last_rip(rip);
         if self.stuck_count > 0 && self.stuck_rip == rip {
             self.stuck_count = self.stuck_count.saturating_add(1);

@@ -104,6 +104,8 @@ pub struct VpmuDoc {
     pub sampler_work_ns_left_out: u64,
     pub by_mode: Vec<ModeDoc>,
     pub mode_switches: Vec<SwitchDoc>,
+    /// Switches made after the log of `mode_switches` was full (not in it).
+    pub mode_switches_unlogged: u64,
     pub event_filter: Option<EventFilterDoc>,
     pub uncounted_events: Vec<String>,
 }
@@ -375,6 +377,7 @@ impl VpmuDoc {
                     by: s.by,
                 })
                 .collect(),
+            mode_switches_unlogged: r.mode_switches_unlogged,
             event_filter: r.pmu_event_filter.as_ref().map(|f| EventFilterDoc {
                 spec: f.to_string(),
                 refused: p.filter_blocked,

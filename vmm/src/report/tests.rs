@@ -52,6 +52,7 @@ fn report() -> RunReport {
             switch(0, vpmu::AccountingMode::CpuSwitch, "start"),
             switch(1, vpmu::AccountingMode::DomainSwitch, "schedule"),
         ],
+        mode_switches_unlogged: 3,
         fixups: vec![("clac/stac", 4), ("popcnt", 1)],
         syscall_relay: Some((17, 2.5)),
         console_tail: vec!["last line".into()],
@@ -183,7 +184,8 @@ fn json_report_says_what_the_text_report_says() {
     )));
     let s = j["vpmu"]["mode_switches"].as_array().unwrap();
     assert_eq!((s.len(), &s[1]["by"]), (2, &serde_json::json!("schedule")));
-    assert!(text.contains("domain-switch at 1.0 s (schedule)"));
+    assert!(text.contains("domain-switch at 1.0 s (schedule) (and 3 later switches, not logged)"));
+    assert_eq!(j["vpmu"]["mode_switches_unlogged"], 3);
     assert_eq!(j["host_quirk_fixups"]["clac/stac"], 4);
     assert!(text.contains("host-quirk fix-ups: clac/stac: 4, popcnt: 1"));
     assert_eq!(j["syscall_relay"]["calls"], 17);

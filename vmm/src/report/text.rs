@@ -183,8 +183,12 @@ fn mode_lines(out: &mut Vec<String>, v: &VpmuDoc) {
             v.extend(h[h.len() - 3..].iter().map(step));
             v
         };
+        let unlogged = match v.mode_switches_unlogged {
+            0 => String::new(),
+            n => format!(" (and {n} later switches, not logged)"),
+        };
         out.push(format!(
-            "[vpmu-vmm] accounting modes: {}",
+            "[vpmu-vmm] accounting modes: {}{unlogged}",
             steps.join(" -> ")
         ));
     }

@@ -26,7 +26,7 @@ use crate::trace::read::Records;
 use crate::trace::summary;
 
 /// The system-wide view's remainder row.
-pub const REST: &str = "[rest: halted, off-CPU or unsampled]";
+pub(crate) const REST: &str = "[rest: halted, off-CPU or unsampled]";
 
 /// `report`'s arguments (part of the command line in `cli.rs`).
 #[derive(clap::Args, Debug)]
@@ -129,7 +129,7 @@ pub fn sample_modes(t: &dyn Records) -> Result<Vec<vpmu::AccountingMode>, Format
 }
 
 /// Like [`profile`], only the samples counted in `mode` (None: all).
-pub fn profile_in(
+pub(crate) fn profile_in(
     t: &dyn Records,
     syms: Option<&SymbolTable>,
     mode: Option<vpmu::AccountingMode>,
@@ -381,7 +381,7 @@ pub fn render_system_wide(t: &dyn Records, rows: &[TimeRow], top: usize) -> Stri
 }
 
 /// The symbols to use: --system-map, --kernel, or the kernel the file says was booted.
-pub fn symbols_for(
+pub(crate) fn symbols_for(
     h: &Header,
     kernel: Option<&Path>,
     system_map: Option<&Path>,

@@ -27,9 +27,9 @@ use crate::trace::format::{FormatError, Header, Record};
 use crate::trace::read::{for_each_sample, Records};
 
 /// A sample with no task record (the run knew no task layout).
-pub const NO_PROCESS: &str = "[no process information]";
+pub(crate) const NO_PROCESS: &str = "[no process information]";
 /// The object of a user-space sample in memory no file backs (JIT code, the vDSO's data).
-pub const ANONYMOUS: &str = "[no file: anonymous memory or vDSO]";
+pub(crate) const ANONYMOUS: &str = "[no file: anonymous memory or vDSO]";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StacksError {
@@ -136,7 +136,7 @@ pub fn samples(
 }
 
 /// Whether any of the samples names its guest task (the run knew the kernel's task layout).
-pub fn names_tasks(samples: &HashMap<Frames, u64>) -> bool {
+pub(crate) fn names_tasks(samples: &HashMap<Frames, u64>) -> bool {
     samples.keys().any(|f| f.process != NO_PROCESS)
 }
 
@@ -306,7 +306,7 @@ pub fn folded(samples: &HashMap<Frames, u64>) -> String {
 }
 
 /// The folded profile drawn as an SVG flame graph.
-pub fn flame_graph(folded: &str, title: &str) -> Result<Vec<u8>, StacksError> {
+pub(crate) fn flame_graph(folded: &str, title: &str) -> Result<Vec<u8>, StacksError> {
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_string();
     opts.count_name = "samples".into();

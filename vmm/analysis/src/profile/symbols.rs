@@ -8,7 +8,7 @@ use super::kallsyms::{self, KSym};
 use crate::guest_task::printable;
 
 /// A RIP further than this past the nearest symbol is reported as unknown.
-pub const MAX_DISTANCE: u64 = 1 << 20;
+pub(crate) const MAX_DISTANCE: u64 = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolsError {
@@ -117,7 +117,7 @@ impl SymbolTable {
         Ok(SymbolTable::new(syms, Origin::SystemMap(path.into())))
     }
 
-    pub fn from_system_map(path: &Path) -> Result<Self, SymbolsError> {
+    pub(crate) fn from_system_map(path: &Path) -> Result<Self, SymbolsError> {
         let text = std::fs::read_to_string(path).map_err(|source| SymbolsError::Io {
             path: path.display().to_string(),
             source,
@@ -143,10 +143,10 @@ impl SymbolTable {
 }
 
 /// The row of a user-space sample when nothing names its process.
-pub const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
+pub(crate) const USER_BUCKET: &str = "[guest user space, CPL 3] (no process information)";
 /// The user-space row of a sample whose process is known (`profile::stacks`).
 pub const USER_BUCKET_NAMED: &str = "[guest user space, CPL 3]";
-pub const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
+pub(crate) const UNKNOWN_KERNEL: &str = "[guest kernel, unknown]";
 
 /// The bucket name for one sample.
 pub fn bucket(rip: u64, cpl: u8, syms: Option<&SymbolTable>) -> String {

@@ -41,14 +41,14 @@ pub enum CommandError {
 }
 
 /// Most rows `--interval` prints (and buckets it holds).
-pub const MAX_INTERVALS: u64 = 1_000_000;
+pub(crate) const MAX_INTERVALS: u64 = 1_000_000;
 
 /// Opens a trace file for the views (its structure checked; records read as they go).
 pub fn open(file: &std::path::Path) -> Result<TraceFile, CommandError> {
     TraceFile::open(file).map_err(|e| read_error(file, e))
 }
 
-pub fn read_error(file: &std::path::Path, source: FormatError) -> CommandError {
+pub(crate) fn read_error(file: &std::path::Path, source: FormatError) -> CommandError {
     CommandError::Read {
         file: file.display().to_string(),
         source,

@@ -51,17 +51,17 @@
 
 pub const MAGIC: &[u8; 8] = b"VPMUTRAC";
 pub const VERSION: u16 = 1;
-pub const HEADER_FIXED: usize = 48;
+pub(crate) const HEADER_FIXED: usize = 48;
 pub const BLOCK_HEADER: usize = 24;
 pub const RECORD_SIZE: usize = 32;
-pub const BLOCK_TAG: &[u8; 4] = b"VBLK";
+pub(crate) const BLOCK_TAG: &[u8; 4] = b"VBLK";
 /// Largest block a reader accepts (writers use far smaller buffers).
-pub const MAX_BLOCK_RECORDS: u32 = 1 << 20;
+pub(crate) const MAX_BLOCK_RECORDS: u32 = 1 << 20;
 pub const CONTENTS_EXITS: u16 = 1;
 pub const CONTENTS_SAMPLES: u16 = 2;
 
-pub const BLOCK_RECORDS: u16 = 1;
-pub const BLOCK_END: u16 = 2;
+pub(crate) const BLOCK_RECORDS: u16 = 1;
+pub(crate) const BLOCK_END: u16 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
@@ -141,7 +141,7 @@ pub enum Record {
 impl Record {
     /// Whether this record annotates the sample before it (task, exe, user stack): it has no
     /// time of its own, and per-exit or per-sample counts skip it.
-    pub fn is_sample_note(&self) -> bool {
+    pub(crate) fn is_sample_note(&self) -> bool {
         matches!(
             self,
             Record::Task { .. }

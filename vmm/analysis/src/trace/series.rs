@@ -35,13 +35,13 @@ impl Interval {
             (v * 100.0 / self.span).clamp(0.0, 100.0)
         }
     }
-    pub fn vmm_pct(&self) -> f64 {
+    pub(crate) fn vmm_pct(&self) -> f64 {
         self.pct(self.vmm)
     }
-    pub fn halted_pct(&self) -> f64 {
+    pub(crate) fn halted_pct(&self) -> f64 {
         self.pct(self.halted)
     }
-    pub fn guest_pct(&self) -> f64 {
+    pub(crate) fn guest_pct(&self) -> f64 {
         (100.0 - self.vmm_pct() - self.halted_pct()).max(0.0)
     }
 }
@@ -62,7 +62,7 @@ fn spread(v: &mut [f64], start: u64, width: u64, a: u64, b: u64, rate: f64) {
 }
 
 /// How many `secs`-second buckets the trace's run needs.
-pub fn interval_count(t: &dyn Records, secs: f64) -> u64 {
+pub(crate) fn interval_count(t: &dyn Records, secs: f64) -> u64 {
     let h = t.header();
     let width = ((secs * f64::from(h.tsc_khz) * 1e3) as u64).max(1);
     let start = h.start_tsc;

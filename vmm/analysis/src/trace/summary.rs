@@ -136,7 +136,7 @@ pub struct Summary {
 }
 
 /// The VMM time of an exit record (to the re-entry, or to the vCPU's end if none).
-pub fn vmm_ticks(exit_tsc: u64, entry_tsc: u64, end_tsc: u64) -> u64 {
+pub(crate) fn vmm_ticks(exit_tsc: u64, entry_tsc: u64, end_tsc: u64) -> u64 {
     if entry_tsc == 0 {
         end_tsc.saturating_sub(exit_tsc)
     } else {
@@ -145,7 +145,7 @@ pub fn vmm_ticks(exit_tsc: u64, entry_tsc: u64, end_tsc: u64) -> u64 {
 }
 
 /// `pio 0x2f8 out`, `msr 0xc0010004 rd` — an exit's kind without the access size.
-pub fn event_key(e: &ExitEvent) -> String {
+pub(crate) fn event_key(e: &ExitEvent) -> String {
     match e.reason {
         Reason::IoIn | Reason::IoOut => format!(
             "pio {:#x} {}",

@@ -13,77 +13,73 @@ use x86::bits64::rflags::RFlags;
 use x86::controlregs::{Cr0, Cr4};
 
 // ---- MSRs (x86::msr) ----
-/// IA32_EFER.
-pub const MSR_EFER: u32 = x86::msr::IA32_EFER;
 /// STAR: SYSCALL/SYSRET segment selectors.
 pub const MSR_STAR: u32 = x86::msr::IA32_STAR;
 /// LSTAR: the 64-bit SYSCALL entry point.
 pub const MSR_LSTAR: u32 = x86::msr::IA32_LSTAR;
 /// CSTAR: the compatibility-mode SYSCALL entry point.
-pub const MSR_CSTAR: u32 = x86::msr::IA32_CSTAR;
+pub(crate) const MSR_CSTAR: u32 = x86::msr::IA32_CSTAR;
 /// SFMASK (the SDM's IA32_FMASK): RFLAGS bits SYSCALL clears.
-pub const MSR_SFMASK: u32 = x86::msr::IA32_FMASK;
-pub const MSR_KERNEL_GS_BASE: u32 = x86::msr::IA32_KERNEL_GSBASE;
-pub const MSR_TSC_AUX: u32 = x86::msr::IA32_TSC_AUX;
-pub const MSR_SYSENTER_CS: u32 = x86::msr::IA32_SYSENTER_CS;
-pub const MSR_SYSENTER_ESP: u32 = x86::msr::IA32_SYSENTER_ESP;
-pub const MSR_SYSENTER_EIP: u32 = x86::msr::IA32_SYSENTER_EIP;
-pub const MSR_MISC_ENABLE: u32 = x86::msr::IA32_MISC_ENABLE;
+pub(crate) const MSR_SFMASK: u32 = x86::msr::IA32_FMASK;
+pub(crate) const MSR_KERNEL_GS_BASE: u32 = x86::msr::IA32_KERNEL_GSBASE;
+pub(crate) const MSR_TSC_AUX: u32 = x86::msr::IA32_TSC_AUX;
+pub(crate) const MSR_SYSENTER_CS: u32 = x86::msr::IA32_SYSENTER_CS;
+pub(crate) const MSR_SYSENTER_ESP: u32 = x86::msr::IA32_SYSENTER_ESP;
+pub(crate) const MSR_SYSENTER_EIP: u32 = x86::msr::IA32_SYSENTER_EIP;
+pub(crate) const MSR_MISC_ENABLE: u32 = x86::msr::IA32_MISC_ENABLE;
 
 // ---- CR0 / CR4 (x86::controlregs) ----
 pub const CR0_PE: u64 = Cr0::CR0_PROTECTED_MODE.bits() as u64;
-pub const CR0_ET: u64 = Cr0::CR0_EXTENSION_TYPE.bits() as u64;
+pub(crate) const CR0_ET: u64 = Cr0::CR0_EXTENSION_TYPE.bits() as u64;
 pub const CR0_PG: u64 = Cr0::CR0_ENABLE_PAGING.bits() as u64;
-pub const CR4_PSE: u64 = Cr4::CR4_ENABLE_PSE.bits() as u64;
+pub(crate) const CR4_PSE: u64 = Cr4::CR4_ENABLE_PSE.bits() as u64;
 pub const CR4_PAE: u64 = Cr4::CR4_ENABLE_PAE.bits() as u64;
-pub const CR4_LA57: u64 = Cr4::CR4_ENABLE_LA57.bits() as u64;
-pub const CR4_SMEP: u64 = Cr4::CR4_ENABLE_SMEP.bits() as u64;
+pub(crate) const CR4_LA57: u64 = Cr4::CR4_ENABLE_LA57.bits() as u64;
+pub(crate) const CR4_SMEP: u64 = Cr4::CR4_ENABLE_SMEP.bits() as u64;
 /// RDPMC allowed at CPL > 0.
-pub const CR4_PCE: u64 = Cr4::CR4_ENABLE_PPMC.bits() as u64;
+pub(crate) const CR4_PCE: u64 = Cr4::CR4_ENABLE_PPMC.bits() as u64;
 
 // ---- EFER (by hand: the x86 crate names no EFER bits) ----
-/// System-call extensions.
-pub const EFER_SCE: u64 = 1 << 0;
 /// Long mode enable.
 pub const EFER_LME: u64 = 1 << 8;
 /// Long mode active.
 pub const EFER_LMA: u64 = 1 << 10;
 /// No-execute enable.
-pub const EFER_NXE: u64 = 1 << 11;
+pub(crate) const EFER_NXE: u64 = 1 << 11;
 
 // ---- RFLAGS (x86::bits64::rflags) ----
-pub const RFLAGS_CF: u64 = RFlags::FLAGS_CF.bits();
+pub(crate) const RFLAGS_CF: u64 = RFlags::FLAGS_CF.bits();
 /// Bit 1, always set.
-pub const RFLAGS_FIXED: u64 = RFlags::FLAGS_A1.bits();
-pub const RFLAGS_PF: u64 = RFlags::FLAGS_PF.bits();
-pub const RFLAGS_AF: u64 = RFlags::FLAGS_AF.bits();
-pub const RFLAGS_ZF: u64 = RFlags::FLAGS_ZF.bits();
-pub const RFLAGS_SF: u64 = RFlags::FLAGS_SF.bits();
-pub const RFLAGS_IF: u64 = RFlags::FLAGS_IF.bits();
-pub const RFLAGS_OF: u64 = RFlags::FLAGS_OF.bits();
-pub const RFLAGS_RF: u64 = RFlags::FLAGS_RF.bits();
-pub const RFLAGS_AC: u64 = RFlags::FLAGS_AC.bits();
-pub const RFLAGS_VM: u64 = RFlags::FLAGS_VM.bits();
+pub(crate) const RFLAGS_FIXED: u64 = RFlags::FLAGS_A1.bits();
+pub(crate) const RFLAGS_PF: u64 = RFlags::FLAGS_PF.bits();
+pub(crate) const RFLAGS_AF: u64 = RFlags::FLAGS_AF.bits();
+pub(crate) const RFLAGS_ZF: u64 = RFlags::FLAGS_ZF.bits();
+pub(crate) const RFLAGS_SF: u64 = RFlags::FLAGS_SF.bits();
+pub(crate) const RFLAGS_IF: u64 = RFlags::FLAGS_IF.bits();
+pub(crate) const RFLAGS_OF: u64 = RFlags::FLAGS_OF.bits();
+pub(crate) const RFLAGS_RF: u64 = RFlags::FLAGS_RF.bits();
+pub(crate) const RFLAGS_AC: u64 = RFlags::FLAGS_AC.bits();
+pub(crate) const RFLAGS_VM: u64 = RFlags::FLAGS_VM.bits();
 /// The RFLAGS bits IRETQ can load (the rest are reserved: bits 22-63, 15, 5 and 3).
-pub const RFLAGS_LOADABLE: u64 = 0x3f_7fd5;
+pub(crate) const RFLAGS_LOADABLE: u64 = 0x3f_7fd5;
 
 // ---- Exceptions (by hand: vector numbers and #PF error bits are not in the x86 crate's
 // `irq` module in the form needed here) ----
-pub const VECTOR_BP: u8 = 3;
+pub(crate) const VECTOR_BP: u8 = 3;
 pub const VECTOR_UD: u8 = 6;
-pub const VECTOR_GP: u8 = 13;
-pub const VECTOR_PF: u8 = 14;
+pub(crate) const VECTOR_GP: u8 = 13;
+pub(crate) const VECTOR_PF: u8 = 14;
 /// #PF error code bits: present, write, user, reserved bit, instruction fetch.
-pub const PF_ERR_PRESENT: u64 = 1 << 0;
-pub const PF_ERR_USER: u64 = 1 << 2;
-pub const PF_ERR_FETCH: u64 = 1 << 4;
+pub(crate) const PF_ERR_PRESENT: u64 = 1 << 0;
+pub(crate) const PF_ERR_USER: u64 = 1 << 2;
+pub(crate) const PF_ERR_FETCH: u64 = 1 << 4;
 
 // ---- Page-table entries (by hand, see the module comment) ----
-pub const PTE_PRESENT: u64 = 1 << 0;
+pub(crate) const PTE_PRESENT: u64 = 1 << 0;
 /// PS: a large page at this level (PDPTE: 1 GiB, PDE: 2 MiB / 4 MiB).
-pub const PTE_HUGE: u64 = 1 << 7;
+pub(crate) const PTE_HUGE: u64 = 1 << 7;
 /// Physical address bits of a 64-bit entry (MAXPHYADDR 52).
-pub const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
+pub(crate) const PTE_ADDR: u64 = 0x000f_ffff_ffff_f000;
 
 /// The 64-bit exception frame at an exception handler's first instruction: error code (only for
 /// the vectors of [`pushes_error_code`]; 0 in `error` for the others), RIP, CS, RFLAGS, RSP, SS,
@@ -100,10 +96,10 @@ pub struct ExceptionFrame {
 
 impl ExceptionFrame {
     /// Its length with an error code.
-    pub const LEN: usize = 48;
+    pub(crate) const LEN: usize = 48;
 
     /// Its length for `vector`.
-    pub fn len_for(vector: u8) -> usize {
+    pub(crate) fn len_for(vector: u8) -> usize {
         if pushes_error_code(vector) {
             Self::LEN
         } else {
@@ -113,7 +109,7 @@ impl ExceptionFrame {
 
     /// The frame of `vector` from the [`Self::len_for`] bytes at the handler's RSP (`b` holds
     /// at least that many; the rest is ignored).
-    pub fn for_vector(vector: u8, b: &[u8; Self::LEN]) -> Self {
+    pub(crate) fn for_vector(vector: u8, b: &[u8; Self::LEN]) -> Self {
         if pushes_error_code(vector) {
             return Self::from_bytes(b);
         }
@@ -150,7 +146,7 @@ impl ExceptionFrame {
 
 /// Whether the CPU pushes an error code for exception `vector` (#DF, #TS, #NP, #SS, #GP, #PF,
 /// #AC, #CP, #VC, #SX; SDM vol. 3, table 6-1).
-pub fn pushes_error_code(vector: u8) -> bool {
+pub(crate) fn pushes_error_code(vector: u8) -> bool {
     matches!(vector, 8 | 10..=14 | 17 | 21 | 29 | 30)
 }
 
@@ -278,8 +274,8 @@ mod tests {
     #[test]
     fn constants_match_the_manuals() {
         assert_eq!(
-            (MSR_EFER, MSR_STAR, MSR_LSTAR, MSR_SFMASK),
-            (0xc000_0080, 0xc000_0081, 0xc000_0082, 0xc000_0084)
+            (MSR_STAR, MSR_LSTAR, MSR_SFMASK),
+            (0xc000_0081, 0xc000_0082, 0xc000_0084)
         );
         assert_eq!(
             (MSR_TSC_AUX, MSR_KERNEL_GS_BASE),

@@ -19,11 +19,11 @@ use super::layout::{
 };
 
 /// The header's magic (spec 3.1.1).
-pub const HEADER_MAGIC: u32 = 0x1BAD_B002;
+pub(crate) const HEADER_MAGIC: u32 = 0x1BAD_B002;
 /// What the loader leaves in EAX (spec 3.2).
 pub const BOOTLOADER_MAGIC: u32 = 0x2BAD_B002;
 /// The header must sit, 4-byte aligned, within the file's first 8 KiB.
-pub const SEARCH_LEN: usize = 8192;
+pub(crate) const SEARCH_LEN: usize = 8192;
 
 /// Header flags (spec 3.1.2). Bits 0-15 are requirements: a loader that cannot meet one must
 /// refuse the kernel.
@@ -49,9 +49,9 @@ pub(crate) mod info_flags {
 }
 
 /// The boot loader name the information block gives.
-pub const LOADER_NAME: &str = "vpmu-vmm";
+pub(crate) const LOADER_NAME: &str = "vpmu-vmm";
 /// The module's string (kvm-unit-tests ignores it; GRUB gives the module's command line).
-pub const MODULE_STRING: &str = "env";
+pub(crate) const MODULE_STRING: &str = "env";
 
 // Offsets inside the information page at MULTIBOOT_INFO_ADDR.
 const MODS_OFFSET: u64 = 0x100;
@@ -130,7 +130,7 @@ pub struct Header {
 
 /// The first valid Multiboot header (magic, then flags and a checksum that make the three
 /// words sum to 0) at a 4-byte aligned offset in the first [`SEARCH_LEN`] bytes.
-pub fn find_header(image: &[u8]) -> Option<Header> {
+pub(crate) fn find_header(image: &[u8]) -> Option<Header> {
     let end = image.len().min(SEARCH_LEN);
     (0..end.saturating_sub(11)).step_by(4).find_map(|offset| {
         let word = |i: usize| le32(image, offset + 4 * i);
@@ -143,7 +143,7 @@ pub fn find_header(image: &[u8]) -> Option<Header> {
 /// Whether the file is for this loader rather than the Linux one: an ELF32 (whether or not it
 /// has a header: without one it is refused here, with a message), or any non-ELF file with a
 /// Multiboot header (refused: the a.out kludge). ELF64 and bzImage files go to the Linux loader.
-pub fn is_multiboot(image: &[u8]) -> bool {
+pub(crate) fn is_multiboot(image: &[u8]) -> bool {
     if image.starts_with(b"\x7fELF") {
         return image.get(4) == Some(&1);
     }
@@ -172,7 +172,7 @@ pub struct Loaded {
 
 /// The environment kvm-unit-tests reads from its module instead of fw_cfg: the vCPU count, the
 /// RAM size and the highest RAM address it may allocate from, in MiB (lib/x86/fwcfg.c).
-pub fn kvm_unit_tests_env(vcpus: u32, memory_mib: u64) -> String {
+pub(crate) fn kvm_unit_tests_env(vcpus: u32, memory_mib: u64) -> String {
     format!("NR_CPUS={vcpus}\nMEMSIZE={memory_mib}\nMEMLIMIT={memory_mib}\n")
 }
 

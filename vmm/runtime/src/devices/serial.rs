@@ -10,13 +10,13 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{DeviceEvent, PioDevice};
 
 pub const COM1_BASE: u16 = 0x3f8;
-pub const COM1_GSI: u32 = 4;
-pub const COM2_BASE: u16 = 0x2f8;
-pub const COM2_GSI: u32 = 3;
+pub(crate) const COM1_GSI: u32 = 4;
+pub(crate) const COM2_BASE: u16 = 0x2f8;
+pub(crate) const COM2_GSI: u32 = 3;
 pub const UART_LEN: u16 = 8;
 
 /// Raises the UART's interrupt line through an irqfd.
-pub struct IrqLine(pub EventFd);
+pub(crate) struct IrqLine(pub EventFd);
 
 impl Trigger for IrqLine {
     type E = std::io::Error;
@@ -37,16 +37,8 @@ impl<W: Write + Send> Uart<W> {
     }
 
     /// Queues input bytes for the guest to read; returns how many fitted in the FIFO.
-    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+    pub(crate) fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
         self.inner.enqueue_raw_bytes(bytes).unwrap_or(0)
-    }
-
-    pub fn fifo_capacity(&self) -> usize {
-        self.inner.fifo_capacity()
-    }
-
-    pub fn writer_mut(&mut self) -> &mut W {
-        self.inner.writer_mut()
     }
 }
 
@@ -68,7 +60,7 @@ impl<W: Write + Send> PioDevice for Uart<W> {
 }
 
 /// Feeds our stdin to COM1 on a background thread, at the pace the guest drains the FIFO.
-pub fn spawn_stdin_reader<W: Write + Send + 'static>(uart: Arc<Mutex<Uart<W>>>) {
+pub(crate) fn spawn_stdin_reader<W: Write + Send + 'static>(uart: Arc<Mutex<Uart<W>>>) {
     use std::io::Read;
     let confine = crate::seccomp::for_new_thread(crate::seccomp::ThreadKind::Stdin);
     let _ = std::thread::Builder::new()

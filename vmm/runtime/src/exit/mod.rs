@@ -24,7 +24,7 @@ pub trait MsrHandler {
 }
 
 /// No MSRs are handled in user space: every access that reaches us takes #GP.
-pub struct NoMsrs;
+pub(crate) struct NoMsrs;
 
 impl MsrHandler for NoMsrs {
     fn rdmsr(&mut self, _index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
@@ -37,7 +37,7 @@ impl MsrHandler for NoMsrs {
 
 /// Reads give 0 and writes are accepted: the cheapest possible user-space MSR exit (the
 /// baseline the vPMU's cost is measured against, benches/).
-pub struct ConstMsrs;
+pub(crate) struct ConstMsrs;
 
 impl MsrHandler for ConstMsrs {
     fn rdmsr(&mut self, _index: u32, _cpu: &mut dyn VcpuAccess) -> Result<u64, GpFault> {
@@ -122,7 +122,7 @@ crate::merge_fields!(ExitCounts {
 
 /// The port a trapped guest exception handler writes on VT-x/SVM hosts (next to the
 /// isa-debug-exit port 0xf4; `host_quirks::idt_trap::Mark::PortOut`): `out %al, $0xf5`.
-pub const TRAP_PORT: u16 = 0xf5;
+pub(crate) const TRAP_PORT: u16 = 0xf5;
 
 /// What the vCPU loop does next.
 #[derive(Debug, Clone, PartialEq, Eq)]

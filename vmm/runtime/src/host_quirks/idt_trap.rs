@@ -61,7 +61,7 @@ impl Mark {
     }
 
     /// Where RIP is, past the handler's address, when the VMM looks at a trapped exception.
-    pub fn rip_offset(self) -> u64 {
+    pub(crate) fn rip_offset(self) -> u64 {
         match self {
             Mark::Int3 => 0,
             Mark::PortOut => self.bytes().len() as u64,
@@ -288,7 +288,7 @@ pub struct TrapNames {
 
 /// Why a trapped exception could not be looked at.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TrapError {
+pub(crate) enum TrapError {
     #[error("{0}")]
     Access(#[from] AccessError),
     #[error("cannot read the exception frame at RSP {rsp:#x}: {source}")]
@@ -341,12 +341,12 @@ impl VectorTrap {
     }
 
     /// The patched handler's guest-virtual address, once installed.
-    pub fn installed_at(&self) -> Option<u64> {
+    pub(crate) fn installed_at(&self) -> Option<u64> {
         self.patch.installed_at()
     }
 
     /// The instructions the mark displaced (empty before it is installed).
-    pub fn displaced(&self) -> Vec<Displaced> {
+    pub(crate) fn displaced(&self) -> Vec<Displaced> {
         self.patch.displaced()
     }
 
@@ -383,7 +383,7 @@ impl VectorTrap {
 
     /// The handler the guest's IDT names for the vector now, and its guest-physical address;
     /// None until the guest is in long mode with paging and a present gate for the vector.
-    pub fn handler_in_idt(&self, cpu: &mut dyn VcpuAccess) -> Option<(u64, u64)> {
+    pub(crate) fn handler_in_idt(&self, cpu: &mut dyn VcpuAccess) -> Option<(u64, u64)> {
         let sregs = cpu.sregs().ok()?;
         if sregs.cr0 & CR0_PG == 0 || sregs.efer & EFER_LMA == 0 {
             return None;
@@ -402,7 +402,7 @@ impl VectorTrap {
 
     /// Installs the mark once the guest has a gate for the vector. Returns whether it is
     /// installed now.
-    pub fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
+    pub(crate) fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
         if self.installed_at().is_some() {
             return true;
         }
@@ -436,7 +436,7 @@ impl VectorTrap {
 
     /// After every exit, once installed: puts the mark back if the guest rewrote the handler's
     /// first bytes (one guest-memory read when nothing changed).
-    pub fn recheck_entry(&self, cpu: &mut dyn VcpuAccess) {
+    pub(crate) fn recheck_entry(&self, cpu: &mut dyn VcpuAccess) {
         let Some(gva) = self.patch.installed_at() else {
             return;
         };
@@ -468,7 +468,7 @@ impl VectorTrap {
     /// Now and then, once installed: if the guest's IDT now names another handler for the
     /// vector (a new IDT, or a new gate), the displaced byte goes back and the new handler is
     /// patched.
-    pub fn recheck_gate(&self, cpu: &mut dyn VcpuAccess) {
+    pub(crate) fn recheck_gate(&self, cpu: &mut dyn VcpuAccess) {
         let Some(gva) = self.patch.installed_at() else {
             return;
         };
@@ -501,7 +501,7 @@ impl VectorTrap {
     /// At an emulation failure (the int3 mark) or a completed write to [`TRAP_PORT`] (the port
     /// mark): None if the vCPU is not on the patched handler (not this trap's), else its
     /// registers and the exception frame.
-    pub fn stopped_at_handler(
+    pub(crate) fn stopped_at_handler(
         &self,
         cpu: &mut dyn VcpuAccess,
     ) -> Result<Option<Stopped>, TrapError> {

@@ -81,7 +81,7 @@ pub enum QuirkSetting {
 /// alike, which would otherwise be lost next to the guest's emulated driver code
 /// (docs/accounting-modes.md). `--net-access-cost-us` and `--disk-access-cost-us` default to it
 /// there, to 0 on a VT-x/SVM host.
-pub const EMULATED_ACCESS_COST_US: u32 = 4000;
+pub(crate) const EMULATED_ACCESS_COST_US: u32 = 4000;
 
 /// The kind of host, decided once at start from `--host-quirks` and detection, and passed down:
 /// everything host-specific asks it instead of looking again.
@@ -141,7 +141,7 @@ impl HostKind {
 
 /// The KVM module that serves /dev/kvm here, as the run's report names the host kind: kvm_pvm
 /// (guest kernel code emulated), kvm_amd (SVM), kvm_intel (VT-x), or "unknown".
-pub fn kvm_module() -> &'static str {
+pub(crate) fn kvm_module() -> &'static str {
     ["kvm_pvm", "kvm_amd", "kvm_intel"]
         .into_iter()
         .find(|m| Path::new("/sys/module").join(m).exists())

@@ -37,7 +37,7 @@ pub fn offers_rtm(cpuid: &[kvm_cpuid_entry2]) -> bool {
 }
 
 /// The fix-up's name in the counts (`host_quirk_fixups`).
-pub const FIXUP: &str = "xbegin -> abort";
+pub(crate) const FIXUP: &str = "xbegin -> abort";
 
 /// What to do with a trapped #UD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub fn trap(fixups: Arc<FixupCounts>) -> VectorTrap {
 /// A #UD trapped at the guest's handler: completes an XBEGIN as an abort (true: the vCPU
 /// resumes at the fallback, registers written through `cpu`), or false: the guest's handler
 /// must take it.
-pub fn on_ud(
+pub(crate) fn on_ud(
     trap: &VectorTrap,
     stopped: &Stopped,
     cpu: &mut dyn VcpuAccess,

@@ -22,18 +22,18 @@ pub struct NetConfig {
 }
 
 /// The card's interrupt: IOAPIC pin (GSI) 5, free on this VMM (COM1 is 4, COM2 3).
-pub const NET_GSI: u32 = 5;
+pub(crate) const NET_GSI: u32 = 5;
 /// Highest `--net-rx-pps`: the vCPU thread's tick runs at most every millisecond and sends at
 /// most a few requests per tick.
 pub const MAX_RX_PPS: u32 = 4000;
 
 /// What `--net` appends to a Linux guest's command line: static IP autoconfiguration of eth0,
 /// done by the kernel itself during boot (no user space needed).
-pub fn kernel_cmdline() -> String {
+pub(crate) fn kernel_cmdline() -> String {
     format!("ip={GUEST_IP}::{HOST_IP}:255.255.255.0::eth0:off")
 }
 
 /// How often vCPU 0 runs the pinger: once per request, but not more than once a millisecond.
-pub fn tick_period(rx_pps: u32) -> Duration {
+pub(crate) fn tick_period(rx_pps: u32) -> Duration {
     Duration::from_secs_f64(1.0 / f64::from(rx_pps.max(1))).max(Duration::from_millis(1))
 }

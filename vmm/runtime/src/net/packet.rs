@@ -3,12 +3,12 @@
 
 use std::net::Ipv4Addr;
 
-pub const ETH_HDR_LEN: usize = 14;
-pub const IPV4_HDR_LEN: usize = 20;
-pub const ICMP_HDR_LEN: usize = 8;
-pub const ARP_LEN: usize = 28;
-pub const ETHERTYPE_IPV4: u16 = 0x0800;
-pub const ETHERTYPE_ARP: u16 = 0x0806;
+pub(crate) const ETH_HDR_LEN: usize = 14;
+pub(crate) const IPV4_HDR_LEN: usize = 20;
+pub(crate) const ICMP_HDR_LEN: usize = 8;
+pub(crate) const ARP_LEN: usize = 28;
+pub(crate) const ETHERTYPE_IPV4: u16 = 0x0800;
+pub(crate) const ETHERTYPE_ARP: u16 = 0x0806;
 const IPPROTO_ICMP: u8 = 1;
 const ICMP_ECHO_REPLY: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 8;
@@ -17,8 +17,8 @@ const ARP_REPLY: u16 = 2;
 /// Shortest Ethernet frame without its FCS; shorter frames are padded with zeros.
 const ETH_MIN_LEN: usize = 60;
 
-pub type Mac = [u8; 6];
-pub const BROADCAST: Mac = [0xff; 6];
+pub(crate) type Mac = [u8; 6];
+pub(crate) const BROADCAST: Mac = [0xff; 6];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PacketError {

@@ -20,7 +20,7 @@ pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 /// ICMP identifier of the VMM's echo requests ("VP").
 pub const ECHO_ID: u16 = 0x5650;
 /// Echo payload size (as `ping`'s default).
-pub const PAYLOAD_LEN: usize = 56;
+pub(crate) const PAYLOAD_LEN: usize = 56;
 /// When the loop falls further behind than this many requests, the backlog is skipped (and
 /// counted) instead of sent in a burst.
 const MAX_BURST: u64 = 4;
@@ -124,7 +124,7 @@ impl Pinger {
     }
 
     /// A controller's handles: pause the requests, hear of the first reply.
-    pub fn with_handles(
+    pub(crate) fn with_handles(
         mut self,
         paused: Arc<AtomicBool>,
         first_reply: Arc<crate::control::Latch>,
@@ -179,7 +179,7 @@ impl Pinger {
     }
 
     /// The next request frame; the caller has a receive buffer for it.
-    pub fn next_request(&mut self, now: Instant) -> Vec<u8> {
+    pub(crate) fn next_request(&mut self, now: Instant) -> Vec<u8> {
         let seq = self.generated as u16;
         self.generated += 1;
         self.stats.requests_pushed += 1;
@@ -212,7 +212,7 @@ impl Pinger {
     }
 
     /// A request fell due but the guest had no receive buffer.
-    pub fn no_buffer(&mut self) {
+    pub(crate) fn no_buffer(&mut self) {
         self.generated += 1;
         self.stats.requests_no_buffer += 1;
     }

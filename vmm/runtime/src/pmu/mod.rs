@@ -106,7 +106,7 @@ pub struct VcpuPmu {
 /// it), which the vPMU is to forget (`VcpuRecorder::after_exit` measures it; the VMM's sample
 /// work after that is left out by the backend: `VcpuPmu::host_work_begins`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SamplerTime {
+pub(crate) struct SamplerTime {
     pub mode: vpmu::AccountingMode,
     pub ns: u64,
 }
@@ -120,7 +120,7 @@ impl VcpuPmu {
     /// A host-side profile sample cost the guest's counters `t`: forgotten when they count in
     /// the sample's mode (the sampler's count measured it in that mode; in another the figure
     /// would not be what the counters counted).
-    pub fn forget_sampler_time(&mut self, t: SamplerTime) {
+    pub(crate) fn forget_sampler_time(&mut self, t: SamplerTime) {
         if t.mode == self.mode {
             self.stats.sampler_ns_forgotten +=
                 self.backend().map_or(0, |b| b.forget_host_time(t.ns));
@@ -136,7 +136,7 @@ impl VcpuPmu {
     }
 
     /// ... and ends: left out of the guest's counts where they count it (domain-switch).
-    pub fn host_work_ends(&mut self) {
+    pub(crate) fn host_work_ends(&mut self) {
         if let Some(ns) = self.backend().and_then(|b| b.host_work_ends()) {
             self.stats.sampler_work_ns_left_out += ns;
         }
@@ -279,7 +279,7 @@ impl VcpuPmu {
     }
 
     /// At each exit: if the VM's accounting mode changed, count in the new one from now on.
-    pub fn follow_mode(&mut self) {
+    pub(crate) fn follow_mode(&mut self) {
         let want = self.mode_switch.get();
         if want != self.mode {
             self.pmu.set_accounting_mode(want);
@@ -289,7 +289,7 @@ impl VcpuPmu {
     }
 
     /// The per-mode counts of the mode this vCPU counts in now.
-    pub fn in_mode(&mut self) -> &mut ModeCounts {
+    pub(crate) fn in_mode(&mut self) -> &mut ModeCounts {
         &mut self.stats.by_mode[self.mode.index()]
     }
 }

@@ -25,12 +25,12 @@ pub struct Switch {
 /// can switch at every exit through port 0x511, so an unbounded log would let it grow the VMM's
 /// memory by 48 bytes per exit (found by the soak, docs/vpmu.md "Storm and soak"). Later switches
 /// are still applied, only not logged.
-pub const MAX_LOGGED_SWITCHES: usize = 100_000;
+pub(crate) const MAX_LOGGED_SWITCHES: usize = 100_000;
 
 /// Switches are printed (info level) at most this often: a guest that switches at every exit
 /// through port 0x511 must not flood the operator's terminal. The ones in between are counted
 /// and the next printed line says how many; all of them are in [`ModeSwitch::history`].
-pub const PRINT_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const PRINT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The VM's current accounting mode.
 pub struct ModeSwitch {
@@ -134,12 +134,12 @@ impl ModeSwitch {
     }
 
     /// Switches made after the log was full (not in [`Self::history`]).
-    pub fn unlogged(&self) -> u64 {
+    pub(crate) fn unlogged(&self) -> u64 {
         self.unlogged.load(Ordering::Relaxed)
     }
 
     /// Every switch so far, the initial mode first.
-    pub fn history(&self) -> Vec<Switch> {
+    pub(crate) fn history(&self) -> Vec<Switch> {
         self.log
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -21,7 +21,7 @@ struct FOwnerEx {
 
 /// What to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PerfEvent {
+pub(crate) enum PerfEvent {
     /// Thread CPU time in nanoseconds (PERF_TYPE_SOFTWARE / PERF_COUNT_SW_TASK_CLOCK).
     TaskClock,
     /// PERF_TYPE_HARDWARE with a generic id (PERF_COUNT_HW_*).
@@ -35,7 +35,7 @@ pub enum PerfEvent {
 
 /// One `perf_event_open` request, always for the calling thread on any CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PerfRequest {
+pub(crate) struct PerfRequest {
     pub event: PerfEvent,
     /// Notify (signal the calling thread) every this many counts; None = count only.
     pub sample_period: Option<u64>,
@@ -57,7 +57,7 @@ pub struct PerfRequest {
 /// counter (ns; both 0 otherwise). When events outnumber the host's counters perf multiplexes
 /// them: each counts only part of the time (`time_running < time_enabled`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PerfCount {
+pub(crate) struct PerfCount {
     pub value: u64,
     pub time_enabled: u64,
     pub time_running: u64,
@@ -65,13 +65,13 @@ pub struct PerfCount {
 
 impl PerfCount {
     /// Whether the event missed part of its enabled time.
-    pub fn multiplexed(&self) -> bool {
+    pub(crate) fn multiplexed(&self) -> bool {
         self.time_running < self.time_enabled
     }
 
     /// The count extrapolated to the whole enabled time (perf's own estimate, as `perf stat`
     /// prints it); the count itself if it was not multiplexed or never ran.
-    pub fn scaled(&self) -> u64 {
+    pub(crate) fn scaled(&self) -> u64 {
         if !self.multiplexed() || self.time_running == 0 {
             return self.value;
         }
@@ -83,7 +83,7 @@ impl PerfCount {
 
 impl PerfRequest {
     /// `event` counting everything the calling thread does, enabled, no sampling.
-    pub fn counting(event: PerfEvent) -> Self {
+    pub(crate) fn counting(event: PerfEvent) -> Self {
         PerfRequest {
             event,
             sample_period: None,
@@ -98,7 +98,7 @@ impl PerfRequest {
 }
 
 /// The perf syscalls a backend needs.
-pub trait PerfSys: Send {
+pub(crate) trait PerfSys: Send {
     /// Opens an event on the calling thread; overflow notifications (if sampling) go to that
     /// thread as the vCPU kick signal.
     fn open(&mut self, req: &PerfRequest) -> io::Result<RawFd>;
@@ -139,7 +139,7 @@ pub trait PerfSys: Send {
 /// one load (no system call, and no indirect call: the gate reads it on every exit). It keeps
 /// what it points into alive (the event's mapping, or a test's counter); valid while the
 /// event's fd is open.
-pub struct SwitchSeq {
+pub(crate) struct SwitchSeq {
     at: *const AtomicU64,
     _keep: Box<dyn Send>,
 }
@@ -161,7 +161,7 @@ impl SwitchSeq {
     }
 
     /// A counter its owner moves (simulated and fake hosts).
-    pub fn of_counter(counter: Arc<AtomicU64>) -> SwitchSeq {
+    pub(crate) fn of_counter(counter: Arc<AtomicU64>) -> SwitchSeq {
         SwitchSeq {
             at: Arc::as_ptr(&counter),
             _keep: Box::new(counter),
@@ -169,7 +169,7 @@ impl SwitchSeq {
     }
 
     #[inline]
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         // SAFETY: `at` is valid while `_keep` lives (see the type); the kernel or the counter's
         // owner updates it concurrently, hence an atomic load (a plain MOV on x86-64).
         unsafe { (*self.at).load(Ordering::Relaxed) }

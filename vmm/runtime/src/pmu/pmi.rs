@@ -13,7 +13,7 @@ use crate::vcpu_access::lapic::{delivery_mode, DELIVERY_FIXED, DELIVERY_NMI, LVT
 
 /// What LVTPC says to do with a PMI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     Nmi,
     Vector(u8),
     Masked,
@@ -21,7 +21,7 @@ pub enum Route {
     Unsupported(u32),
 }
 
-pub fn route(lvtpc: u32) -> Route {
+pub(crate) fn route(lvtpc: u32) -> Route {
     if lvtpc & LVT_MASKED != 0 {
         return Route::Masked;
     }

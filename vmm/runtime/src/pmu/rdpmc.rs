@@ -97,7 +97,7 @@ pub enum RdpmcError {
 impl RdpmcError {
     /// The error came before any byte of guest memory was rewritten (the sites were refused or
     /// could not be found), so the guest can still be served another way (`--rdpmc auto`).
-    pub fn nothing_patched(&self) -> bool {
+    pub(crate) fn nothing_patched(&self) -> bool {
         !matches!(
             self,
             RdpmcError::NotLoaded { .. } | RdpmcError::Memory { .. }
@@ -347,7 +347,7 @@ impl RdpmcSites {
     }
 
     /// Is this RIP a rewritten RDPMC?
-    pub fn is_site(&self, rip: u64) -> bool {
+    pub(crate) fn is_site(&self, rip: u64) -> bool {
         self.rips.contains(&rip)
     }
 

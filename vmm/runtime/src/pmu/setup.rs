@@ -2,7 +2,6 @@
 //! that sends exactly the model's MSRs to user space, the guest CPUID edits, and the RDPMC rewrite.
 
 use std::ops::RangeInclusive;
-use std::path::Path;
 
 use kvm_bindings::{
     kvm_cpuid_entry2, kvm_enable_cap, KVM_CAP_PMU_CAPABILITY, KVM_CAP_X86_USER_SPACE_MSR,
@@ -14,13 +13,6 @@ use vpmu::{CpuidEdit, CpuidEntry, PmuConfig};
 use vm_memory::GuestMemoryMmap;
 
 use super::{rdpmc, BackendChoice, ModelChoice};
-
-/// Whether the host has a hardware PMU that perf can use.
-pub fn host_has_pmu() -> bool {
-    ["cpu", "cpu_core"]
-        .iter()
-        .any(|d| Path::new("/sys/bus/event_source/devices").join(d).exists())
-}
 
 /// Why the host's PMU cannot back the hw backend.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +35,7 @@ pub enum HostPmuError {
 /// (what `perf stat -e instructions true` needs; a sysfs `cpu` directory alone does not say it
 /// counts). The hw backend is chosen (`auto`) or accepted (`hw`) only where this holds; the
 /// tests run it for real here, and over the simulated host PMU (`--vpmu-backend sim`) elsewhere.
-pub fn host_pmu_counts() -> Result<(), HostPmuError> {
+pub(crate) fn host_pmu_counts() -> Result<(), HostPmuError> {
     use super::perf::{HostPerf, PerfEvent, PerfRequest, PerfSys};
     const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
     let mut perf = HostPerf {
@@ -86,7 +78,7 @@ pub fn resolve_backend(choice: BackendChoice) -> Result<BackendChoice, HostPmuEr
 }
 
 /// The PMU model for `--pmu-model`, following the CPUID vendor string for `auto`.
-pub fn model_config(choice: ModelChoice, supported: &[kvm_cpuid_entry2]) -> PmuConfig {
+pub(crate) fn model_config(choice: ModelChoice, supported: &[kvm_cpuid_entry2]) -> PmuConfig {
     let intel = match choice {
         ModelChoice::Intel => true,
         ModelChoice::Amd => false,
@@ -118,7 +110,7 @@ fn has_tsx(cpuid: &[kvm_cpuid_entry2]) -> bool {
 
 /// Makes KVM send accesses to the MSRs in `ranges`, and reads of those in `read_only`, to user
 /// space (KVM_EXIT_X86_RDMSR/WRMSR); every other MSR stays with KVM.
-pub fn install_msr_filter(
+pub(crate) fn install_msr_filter(
     vm: &VmFd,
     ranges: &[RangeInclusive<u32>],
     read_only: &[RangeInclusive<u32>],
@@ -188,7 +180,7 @@ pub fn apply_cpuid(table: &mut Vec<kvm_cpuid_entry2>, edits: &[CpuidEdit]) {
 }
 
 /// The guest code the RDPMC search looks at.
-pub enum GuestCode<'a> {
+pub(crate) enum GuestCode<'a> {
     /// A kernel ELF (as loaded: no KASLR, so its addresses are the guest's).
     Elf(Vec<u8>),
     /// A flat binary at an identity-mapped address (tiny guests).
@@ -199,7 +191,7 @@ pub enum GuestCode<'a> {
 }
 
 /// Finds the guest's RDPMC sites, rewrites them to RDMSR in guest memory, and logs each.
-pub fn patch_rdpmc(
+pub(crate) fn patch_rdpmc(
     mem: &GuestMemoryMmap,
     code: &GuestCode<'_>,
 ) -> Result<Vec<rdpmc::Site>, rdpmc::RdpmcError> {
@@ -293,14 +285,14 @@ mod tests {
 /// Whether KVM can be told to turn its own vPMU off for this VM: KVM_CHECK_EXTENSION
 /// (KVM_CAP_PMU_CAPABILITY) returns the flags KVM_ENABLE_CAP accepts, 0 when the host's KVM has
 /// no PMU at all (`enable_pmu=N`, as on this workplace's host: RDPMC then faults already).
-pub fn can_disable_kvm_pmu(pmu_capability: i32) -> bool {
+pub(crate) fn can_disable_kvm_pmu(pmu_capability: i32) -> bool {
     pmu_capability > 0 && pmu_capability as u32 & KVM_PMU_CAP_DISABLE != 0
 }
 
 /// For `--rdpmc trap`: KVM must not answer RDPMC from its own PMU (then it injects #GP, which
 /// the trap serves: `kvm_pmu_rdpmc` fails for a PMU of version 0). Must run before the first
 /// vCPU is created. Returns whether KVM's PMU was turned off (false: it has none).
-pub fn disable_kvm_pmu(vm: &VmFd) -> Result<bool, kvm_ioctls::Error> {
+pub(crate) fn disable_kvm_pmu(vm: &VmFd) -> Result<bool, kvm_ioctls::Error> {
     if !can_disable_kvm_pmu(vm.check_extension_raw(KVM_CAP_PMU_CAPABILITY.into())) {
         return Ok(false);
     }

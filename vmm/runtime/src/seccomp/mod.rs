@@ -180,12 +180,12 @@ thread_local! {
 }
 
 /// While alive, threads started from this thread (through [`for_new_thread`]) confine themselves.
-pub struct Scope {
+pub(crate) struct Scope {
     on: bool,
 }
 
 impl Scope {
-    pub fn enter(setting: SeccompSetting) -> Result<Scope, SeccompError> {
+    pub(crate) fn enter(setting: SeccompSetting) -> Result<Scope, SeccompError> {
         let filters = match setting {
             SeccompSetting::On => Some(filters()?),
             SeccompSetting::Off => None,
@@ -195,18 +195,13 @@ impl Scope {
         Ok(Scope { on })
     }
 
-    /// Confines the calling thread itself (for the rest of its life) as `kind`.
-    pub fn confine_self(&self, kind: ThreadKind) -> Result<(), SeccompError> {
-        for_new_thread(kind).try_apply()
-    }
-
     /// Confines the calling thread as [`ThreadKind::Main`] (for the rest of its life), or ends
     /// the process like [`Confine::apply`] if it cannot.
-    pub fn confine_caller(&self) {
+    pub(crate) fn confine_caller(&self) {
         for_new_thread(ThreadKind::Main).apply()
     }
 
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.on
     }
 }
@@ -219,15 +214,15 @@ impl Drop for Scope {
 
 /// A filter to apply on a thread about to be started (nothing when seccomp is off).
 #[must_use = "apply it first thing in the new thread"]
-pub struct Confine(Option<(Arc<Filters>, ThreadKind)>);
+pub(crate) struct Confine(Option<(Arc<Filters>, ThreadKind)>);
 
 /// Takes the filter for a thread of `kind` that the calling thread is about to start.
-pub fn for_new_thread(kind: ThreadKind) -> Confine {
+pub(crate) fn for_new_thread(kind: ThreadKind) -> Confine {
     Confine(SCOPE.with(|s| s.borrow().clone()).map(|f| (f, kind)))
 }
 
 impl Confine {
-    pub fn try_apply(self) -> Result<(), SeccompError> {
+    pub(crate) fn try_apply(self) -> Result<(), SeccompError> {
         match self.0 {
             Some((filters, kind)) => filters.apply(kind),
             None => Ok(()),
@@ -236,7 +231,7 @@ impl Confine {
 
     /// Applies the filter on the calling (new) thread. A thread that cannot be confined ends
     /// the process (exit code [`code::SECCOMP`]): with `--seccomp on`, nothing runs unconfined.
-    pub fn apply(self) {
+    pub(crate) fn apply(self) {
         if let Err(e) = self.try_apply() {
             eprintln!("vpmu-vmm: seccomp: {e}");
             std::process::exit(code::SECCOMP);

@@ -19,7 +19,7 @@ use analysis::trace::format::{
 };
 
 /// At most one clock record per this many ms (one `clock_gettime` of thread CPU time).
-pub const CLOCK_EVERY_MS: u64 = 1;
+pub(crate) const CLOCK_EVERY_MS: u64 = 1;
 /// At most this many samples for one look at the sampler (a stretch of 10 s at 1000 Hz):
 /// bounds the records one stalled moment can write.
 const MAX_SAMPLES_AT_ONCE: u64 = 10_000;
@@ -74,7 +74,7 @@ pub struct RecordConfig {
 }
 
 impl RecordConfig {
-    pub fn is_on(&self) -> bool {
+    pub(crate) fn is_on(&self) -> bool {
         self.trace.is_some() || self.profile.is_some()
     }
 }
@@ -107,7 +107,7 @@ pub fn thread_cpu_ns() -> u64 {
 }
 
 /// One vCPU's recorder, owned by its thread.
-pub struct VcpuRecorder {
+pub(crate) struct VcpuRecorder {
     exits: Option<VcpuSink>,
     /// Samples' own file (None: no profile, or samples share the exits' file).
     samples: Option<VcpuSink>,
@@ -137,7 +137,7 @@ impl VcpuRecorder {
     /// Before KVM_RUN, outside the accounting gate (`vcpu::run_loop`): completes the last
     /// exit's record with this re-entry TSC, and writes a clock record when one is due.
     #[inline]
-    pub fn before_run(&mut self) {
+    pub(crate) fn before_run(&mut self) {
         let t = crate::tsc::now();
         if let Some(sink) = &mut self.exits {
             match self.pending.take() {
@@ -168,7 +168,7 @@ impl VcpuRecorder {
 
     /// The profile counter's part of the gate: right before KVM_RUN (cpu-switch: resume it).
     #[inline]
-    pub fn enter_guest(&mut self) {
+    pub(crate) fn enter_guest(&mut self) {
         if let Some(s) = &mut self.sampler {
             if let Err(e) = s.enter_guest() {
                 self.stop_sampling(e);
@@ -178,7 +178,7 @@ impl VcpuRecorder {
 
     /// The profile counter's part of the gate: right after KVM_RUN returned (pause it).
     #[inline]
-    pub fn leave_guest(&mut self) {
+    pub(crate) fn leave_guest(&mut self) {
         if let Some(s) = &mut self.sampler {
             s.leave_guest();
         }
@@ -187,7 +187,7 @@ impl VcpuRecorder {
     /// After KVM_RUN returned and the gate closed, before the exit is handled: `event` is the
     /// exit's classification ([`crate::exit::kind::classify`], done once by the vCPU loop).
     #[inline]
-    pub fn after_run(&mut self, event: ExitEvent) {
+    pub(crate) fn after_run(&mut self, event: ExitEvent) {
         let t = crate::tsc::now();
         self.pending = Some((event, t));
         if let Some(sink) = &mut self.exits {
@@ -216,7 +216,7 @@ impl VcpuRecorder {
     /// (CPL 3) on every host, kernel code too on a VT-x/SVM host. Guest kernel code on hosts
     /// that emulate it (`guest_kernel_emulated`) runs on for a while after the notification
     /// (the PMI skid), so there it is not (docs/tracing.md, Limits).
-    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess, mut pmu: Option<&mut VcpuPmu>) {
+    pub(crate) fn after_exit(&mut self, cpu: &mut dyn VcpuAccess, mut pmu: Option<&mut VcpuPmu>) {
         let Some(s) = self.sampler.as_mut() else {
             return;
         };
@@ -322,7 +322,7 @@ impl VcpuRecorder {
     }
 
     /// At the end of the vCPU thread.
-    pub fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         self.close();
     }
 
@@ -492,7 +492,7 @@ fn task_layout(
 
 /// What the recorders need to know of the host.
 #[derive(Debug, Clone, Copy)]
-pub struct RecordHost {
+pub(crate) struct RecordHost {
     /// The vCPUs' TSC rate.
     pub tsc_khz: u32,
     /// Guest kernel code is emulated here (host quirks on): its samples' interruptions are not
@@ -503,14 +503,14 @@ pub struct RecordHost {
 }
 
 /// The writers of one run and the recorders not yet handed to vCPU threads.
-pub struct Recording {
+pub(crate) struct Recording {
     writers: Vec<(PathBuf, TraceWriter)>,
     vcpus: std::vec::IntoIter<VcpuRecorder>,
 }
 
 impl Recording {
     /// Creates the file(s), writes their headers and starts the writer thread(s).
-    pub fn start(
+    pub(crate) fn start(
         cfg: &RecordConfig,
         vcpus: u32,
         host: RecordHost,
@@ -617,12 +617,12 @@ impl Recording {
     }
 
     /// The next vCPU's recorder (in vCPU order).
-    pub fn take_vcpu(&mut self) -> Option<VcpuRecorder> {
+    pub(crate) fn take_vcpu(&mut self) -> Option<VcpuRecorder> {
         self.vcpus.next()
     }
 
     /// Waits for the writers (after every vCPU thread finished) and logs what was written.
-    pub fn finish(self) -> Result<Vec<(PathBuf, WriterStats)>, RecordError> {
+    pub(crate) fn finish(self) -> Result<Vec<(PathBuf, WriterStats)>, RecordError> {
         drop(self.vcpus);
         let mut out = Vec::new();
         for (path, w) in self.writers {

@@ -31,12 +31,6 @@ impl Default for PoolConfig {
     }
 }
 
-impl PoolConfig {
-    pub fn bytes_per_vcpu(&self) -> usize {
-        self.buffers * self.records_per_buffer * RECORD_SIZE
-    }
-}
-
 enum Msg {
     Block {
         vcpu: u16,
@@ -53,7 +47,7 @@ enum Msg {
 
 /// What the writer thread did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriterStats {
+pub(crate) struct WriterStats {
     pub records: u64,
     pub blocks: u64,
     pub bytes: u64,

@@ -108,7 +108,7 @@ pub struct KickTimer {
 
 impl KickTimer {
     /// A timer for the calling thread.
-    pub fn for_this_thread() -> std::io::Result<Self> {
+    pub(crate) fn for_this_thread() -> std::io::Result<Self> {
         // SAFETY: sigevent is plain data; all-zero is a valid starting value.
         let mut ev: libc::sigevent = unsafe { std::mem::zeroed() };
         ev.sigev_notify = libc::SIGEV_THREAD_ID;
@@ -124,7 +124,7 @@ impl KickTimer {
     }
 
     /// Kicks this thread once, `after` from now (replacing any earlier setting).
-    pub fn kick_after(&self, after: std::time::Duration) {
+    pub(crate) fn kick_after(&self, after: std::time::Duration) {
         let after = after.max(std::time::Duration::from_micros(1));
         let spec = libc::itimerspec {
             it_interval: libc::timespec {
@@ -141,7 +141,7 @@ impl KickTimer {
     }
 
     /// Cancels a kick that has not come yet.
-    pub fn disarm(&self) {
+    pub(crate) fn disarm(&self) {
         // SAFETY: itimerspec is plain data; all-zero (it_value 0) disarms the timer.
         let spec: libc::itimerspec = unsafe { std::mem::zeroed() };
         // SAFETY: a timer created by timer_create and not yet deleted; `spec` is valid.

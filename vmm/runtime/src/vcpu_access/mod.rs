@@ -63,7 +63,7 @@ use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iow_nr, ioctl_iowr_nr};
 use crate::arch::x86::{self, Paging};
 
 /// The longest x86 instruction, in bytes.
-pub const MAX_INSTRUCTION: usize = 15;
+pub(crate) const MAX_INSTRUCTION: usize = 15;
 pub use crate::kvm_error::{AccessError, KvmVcpuError};
 
 /// A vCPU's state as the VMM's run-time code sees it. Getters may be served from a cache;
@@ -231,11 +231,11 @@ fn check(ret: i32, err: fn(kvm_ioctls::Error) -> KvmVcpuError) -> Result<i32, Kv
 
 /// What [`KvmVcpu`] asks KVM to copy into `kvm_run.s.regs` at every exit (and what it may
 /// write back through `kvm_run.kvm_dirty_regs`): registers, special registers, vCPU events.
-pub const SYNC_REGS_WANTED: u64 =
+pub(crate) const SYNC_REGS_WANTED: u64 =
     (KVM_SYNC_X86_REGS | KVM_SYNC_X86_SREGS | KVM_SYNC_X86_EVENTS) as u64;
 
 /// Whether a KVM_CHECK_EXTENSION(KVM_CAP_SYNC_REGS) answer covers [`SYNC_REGS_WANTED`].
-pub fn sync_regs_usable(cap: i32) -> bool {
+pub(crate) fn sync_regs_usable(cap: i32) -> bool {
     cap > 0 && (cap as u64) & SYNC_REGS_WANTED == SYNC_REGS_WANTED
 }
 
@@ -291,7 +291,7 @@ impl<'a> KvmVcpu<'a> {
     /// lives, with `kvm_valid_regs` holding [`SYNC_REGS_WANTED`] since before the last KVM_RUN
     /// (so KVM filled `s.regs` at that exit), and no other code may write `s.regs` or
     /// `kvm_dirty_regs` meanwhile (KVM only touches them inside KVM_RUN).
-    pub unsafe fn with_sync_regs(
+    pub(crate) unsafe fn with_sync_regs(
         fd: RawFd,
         run: NonNull<kvm_run>,
         mem: &'a GuestMemoryMmap,
@@ -302,8 +302,9 @@ impl<'a> KvmVcpu<'a> {
         }
     }
 
+    #[cfg(test)]
     /// Whether this value reads and writes registers through `kvm_run` (sync registers).
-    pub fn uses_sync_regs(&self) -> bool {
+    pub(crate) fn uses_sync_regs(&self) -> bool {
         matches!(self.path, Path::Sync(_))
     }
 
@@ -361,7 +362,7 @@ impl<'a> KvmVcpu<'a> {
 /// KVM_VCPUEVENT_VALID_NMI_PENDING replaces the NMI queue; with sync registers the write
 /// happens at the next KVM_RUN, and the exit's old `nmi.pending` must not replace an NMI queued
 /// since. The ioctl path writes at once.)
-pub fn events_to_sync(new: &kvm_vcpu_events, stored: &kvm_vcpu_events) -> kvm_vcpu_events {
+pub(crate) fn events_to_sync(new: &kvm_vcpu_events, stored: &kvm_vcpu_events) -> kvm_vcpu_events {
     let mut e = *new;
     if e.nmi.pending == stored.nmi.pending {
         e.flags &= !KVM_VCPUEVENT_VALID_NMI_PENDING;

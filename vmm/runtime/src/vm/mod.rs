@@ -104,6 +104,8 @@ pub struct RunReport {
     pub pmu_event_filter: Option<vpmu::EventFilter>,
     /// The accounting modes the run went through (initial mode first), with times.
     pub mode_history: Vec<pmu::mode::Switch>,
+    /// Switches made after `mode_history` was full (`pmu::mode`: the log is capped).
+    pub mode_switches_unlogged: u64,
     pub fixups: Vec<(&'static str, u64)>,
     /// The SYSCALL relay (host quirks): system calls completed, and the VMM's mean time per
     /// system call in microseconds (exit to registers written).

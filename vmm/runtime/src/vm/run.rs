@@ -189,6 +189,7 @@ fn report(
             .as_ref()
             .map(|m| m.history())
             .unwrap_or_default(),
+        mode_switches_unlogged: vm.mode_switch.as_ref().map_or(0, |m| m.unlogged()),
         fixups: vm.fixups.snapshot(),
         syscall_relay,
         console_tail: log.tail(15),

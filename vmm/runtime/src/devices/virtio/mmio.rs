@@ -29,7 +29,7 @@ pub const VERSION: u32 = 2;
 /// "VPMU" in little-endian ASCII.
 pub const VENDOR_ID: u32 = 0x554d_5056;
 /// Size of the register block (and of the `4K` on the command line).
-pub const MMIO_LEN: u64 = 0x1000;
+pub(crate) const MMIO_LEN: u64 = 0x1000;
 
 pub struct MmioTransport<D> {
     device: D,
@@ -68,7 +68,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     /// Makes every register access cost `d` of VMM work (a heavyweight device model).
-    pub fn with_access_cost(mut self, d: std::time::Duration) -> Self {
+    pub(crate) fn with_access_cost(mut self, d: std::time::Duration) -> Self {
         self.access_cost = d;
         self
     }

@@ -34,7 +34,7 @@ const MAX_TX_FRAME: usize = 1514;
 /// Why a descriptor chain could not be used. Counted (and the first one logged), never fatal:
 /// the chain is returned to the driver unused and the device carries on.
 #[derive(Debug, thiserror::Error)]
-pub enum QueueError {
+pub(crate) enum QueueError {
     #[error("receive buffer of {have} bytes for a {need}-byte frame")]
     BufferTooSmall { have: u64, need: usize },
     #[error("{0}-byte transmit chain (a frame with its header is {min}..={max} bytes)", min = NET_HDR_LEN + 1, max = NET_HDR_LEN + MAX_TX_FRAME)]
@@ -93,7 +93,7 @@ impl VirtioNet {
         }
     }
 
-    pub fn pinger_stats(&self) -> Option<NetStats> {
+    pub(crate) fn pinger_stats(&self) -> Option<NetStats> {
         self.pinger.as_ref().map(Pinger::stats)
     }
 
@@ -343,7 +343,7 @@ pub struct NetReport {
 }
 
 impl NetReport {
-    pub fn from_card(t: &super::mmio::MmioTransport<VirtioNet>) -> Self {
+    pub(crate) fn from_card(t: &super::mmio::MmioTransport<VirtioNet>) -> Self {
         NetReport {
             pinger: t.device().pinger_stats(),
             card: t.device().counts.clone(),

@@ -55,7 +55,7 @@ pub use classify::{
 
 /// Why the relay could not finish with an exception that reached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RelayError {
+pub(crate) enum RelayError {
     #[error("syscall relay: {0}")]
     Access(#[from] AccessError),
     #[error("syscall relay: cannot read the #PF frame at RSP {rsp:#x}: {source}")]
@@ -77,14 +77,14 @@ pub mod kinds {
     pub const USER_PF: &str = "syscall relay: user #PF passed to the guest";
     pub const KERNEL_PF: &str = "syscall relay: kernel #PF passed to the guest";
     pub const USER_JUMP: &str = "syscall relay: user jump to LSTAR passed to the guest (#PF)";
-    pub const REINSTALLED: &str =
+    pub(crate) const REINSTALLED: &str =
         "syscall relay: re-installed after the guest rewrote its #PF entry";
-    pub const MOVED: &str = "syscall relay: moved after the guest changed its #PF gate";
-    pub const MSR_REFRESH: &str = "syscall relay: LSTAR/STAR/SFMASK re-read";
+    pub(crate) const MOVED: &str = "syscall relay: moved after the guest changed its #PF gate";
+    pub(crate) const MSR_REFRESH: &str = "syscall relay: LSTAR/STAR/SFMASK re-read";
 }
 
 /// The guest's SYSCALL MSRs as KVM holds them (one KVM_GET_MSRS).
-pub fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError> {
+pub(crate) fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError> {
     let mut v = [0u64; 3];
     let n = cpu.msrs(&[MSR_STAR, MSR_LSTAR, MSR_SFMASK], &mut v)?;
     if n != 3 {
@@ -98,7 +98,7 @@ pub fn syscall_msrs(cpu: &mut dyn VcpuAccess) -> Result<SyscallMsrs, AccessError
 }
 
 /// The relay of one VM.
-pub struct SyscallRelay {
+pub(crate) struct SyscallRelay {
     /// The int3 over the guest's #PF handler.
     pub trap: VectorTrap,
     /// Host TSC cycles spent completing system calls (from the exit to the registers written),
@@ -109,7 +109,7 @@ pub struct SyscallRelay {
 
 /// What the relay made of an emulation failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handled {
+pub(crate) enum Handled {
     /// Not the patched handler: the ordinary fix-ups should look at it.
     NotOurs,
     /// Done: the vCPU can run on.
@@ -117,7 +117,7 @@ pub enum Handled {
 }
 
 impl SyscallRelay {
-    pub fn new(fixups: Arc<FixupCounts>) -> Arc<Self> {
+    pub(crate) fn new(fixups: Arc<FixupCounts>) -> Arc<Self> {
         let names = TrapNames {
             owner: "syscall relay",
             exception: "#PF",
@@ -133,14 +133,14 @@ impl SyscallRelay {
     }
 
     /// System calls completed and the host TSC cycles the VMM spent on them.
-    pub fn syscall_cost(&self) -> (u64, u64) {
+    pub(crate) fn syscall_cost(&self) -> (u64, u64) {
         (
             self.syscalls.load(Ordering::Relaxed),
             self.syscall_tsc.load(Ordering::Relaxed),
         )
     }
 
-    pub fn installed_at(&self) -> Option<u64> {
+    pub(crate) fn installed_at(&self) -> Option<u64> {
         self.trap.installed_at()
     }
 
@@ -150,7 +150,7 @@ impl SyscallRelay {
 
     /// Installs the int3 once the guest has an LSTAR and a #PF gate (called after exits until it
     /// is installed or refused). Returns whether it is installed now.
-    pub fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
+    pub(crate) fn try_install(&self, cpu: &mut dyn VcpuAccess) -> bool {
         if self.installed_at().is_some() {
             return true;
         }
@@ -171,7 +171,7 @@ impl SyscallRelay {
 }
 
 /// One vCPU's view of the relay: its SYSCALL MSRs, read once and kept.
-pub struct VcpuRelay {
+pub(crate) struct VcpuRelay {
     pub shared: Arc<SyscallRelay>,
     msrs: Option<SyscallMsrs>,
     /// When this vCPU looks at the guest's LSTAR and IDT next (not installed yet), or at the
@@ -180,7 +180,7 @@ pub struct VcpuRelay {
 }
 
 impl VcpuRelay {
-    pub fn new(shared: Arc<SyscallRelay>) -> Self {
+    pub(crate) fn new(shared: Arc<SyscallRelay>) -> Self {
         VcpuRelay {
             shared,
             msrs: None,
@@ -191,7 +191,7 @@ impl VcpuRelay {
     /// After every exit: one memory read once installed (and a look at the #PF gate now and
     /// then); before that, a look at the guest's LSTAR and IDT at most every
     /// [`super::idt_trap::POLL_INTERVAL_TSC`].
-    pub fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
+    pub(crate) fn after_exit(&mut self, cpu: &mut dyn VcpuAccess) {
         let trap = &self.shared.trap;
         if trap.installed_at().is_none() {
             if self.poll.due() {
@@ -207,7 +207,7 @@ impl VcpuRelay {
 
     /// An emulation failure: if the vCPU stopped on the patched handler, relay the system call
     /// or step over the displaced instruction.
-    pub fn on_emulation_failure(
+    pub(crate) fn on_emulation_failure(
         &mut self,
         cpu: &mut dyn VcpuAccess,
     ) -> Result<Handled, RelayError> {

@@ -80,7 +80,7 @@ enum Imp {
     Hw(hw::Hw),
 }
 
-pub struct PerfBackend {
+pub(crate) struct PerfBackend {
     imp: Imp,
     sys: Box<dyn PerfSys>,
     /// `sys.sees_guest_transitions()`, asked once.
@@ -89,7 +89,7 @@ pub struct PerfBackend {
 }
 
 impl PerfBackend {
-    pub fn new(source: Source, mode: AccountingMode, sys: Box<dyn PerfSys>) -> Self {
+    pub(crate) fn new(source: Source, mode: AccountingMode, sys: Box<dyn PerfSys>) -> Self {
         let imp = match source {
             Source::Soft {
                 tsc_khz,
@@ -131,7 +131,11 @@ impl PerfBackend {
     /// counts the soft source's clock (ns of the vCPU thread's time, gated by the accounting
     /// mode) with a notification after `period_ns`. No guest event is involved; the hw source
     /// has no such clock.
-    pub fn program_clock(&mut self, ctr: CounterId, period_ns: u64) -> Result<(), BackendError> {
+    pub(crate) fn program_clock(
+        &mut self,
+        ctr: CounterId,
+        period_ns: u64,
+    ) -> Result<(), BackendError> {
         match &mut self.imp {
             Imp::Soft(s) => s.program_clock(self.sys.as_mut(), ctr.bit(), Some(period_ns)),
             Imp::Hw(_) => Err(BackendError::Host(
@@ -143,7 +147,7 @@ impl PerfBackend {
     /// For a sampler on the host's side (profile::sampler): the next perf notification when
     /// counter `ctr` reaches `at`, counted from now. Soft source only (see
     /// `soft::Soft::notify_at`); nothing on the hw source.
-    pub fn notify_at(&mut self, ctr: CounterId, at: u64) {
+    pub(crate) fn notify_at(&mut self, ctr: CounterId, at: u64) {
         if let Imp::Soft(s) = &mut self.imp {
             s.notify_at(self.sys.as_mut(), ctr, at);
         }
@@ -153,7 +157,7 @@ impl PerfBackend {
     /// the interruption by counter `ctr`'s notification cost the guest's counting, if that
     /// notification is what came (soft source; see `soft::Soft::interruption_ns`). None
     /// otherwise, and on the hw source (which counts guest mode alone in cpu-switch).
-    pub fn interruption_ns(&mut self, ctr: CounterId) -> Option<u64> {
+    pub(crate) fn interruption_ns(&mut self, ctr: CounterId) -> Option<u64> {
         match &mut self.imp {
             Imp::Soft(s) => s.interruption_ns(self.sys.as_mut(), ctr),
             Imp::Hw(_) => None,
@@ -170,7 +174,7 @@ impl PerfBackend {
 
     /// Host-thread switches seen during outside intervals (soft cpu-switch).
     #[cfg(test)]
-    pub fn switched_intervals(&self) -> u64 {
+    pub(crate) fn switched_intervals(&self) -> u64 {
         self.gate().map_or(0, |g| g.switched_intervals)
     }
 
@@ -178,7 +182,7 @@ impl PerfBackend {
     /// multiplexing (more events than the host has counters): their counts are scaled by time
     /// enabled / time running, and each was warned about once. hw source only.
     #[cfg(test)]
-    pub fn multiplexed_counters(&self) -> u64 {
+    pub(crate) fn multiplexed_counters(&self) -> u64 {
         match &self.imp {
             Imp::Hw(h) => h.multiplexed,
             Imp::Soft(_) => 0,
@@ -187,14 +191,14 @@ impl PerfBackend {
 
     /// `read(2)`s of the gate's thread clock (soft cpu-switch).
     #[cfg(test)]
-    pub fn clock_reads(&self) -> u64 {
+    pub(crate) fn clock_reads(&self) -> u64 {
         self.gate().map_or(0, |g| g.clock_reads)
     }
 }
 
 /// Points on a grid of `period` from `*next` (a sampler's sample points, perf's notifications):
 /// how many of them `now` has passed (0 if none), moving `*next` to the first one still ahead.
-pub fn periods_passed(now: u64, next: &mut u64, period: u64) -> u64 {
+pub(crate) fn periods_passed(now: u64, next: &mut u64, period: u64) -> u64 {
     if now < *next || period == 0 {
         return 0;
     }
@@ -232,7 +236,7 @@ impl PerfBackend {
     /// Up to `ns` of what the counters counted since the last entry was a host-side sampler's
     /// interruption of the guest (its timer, signal and exit), not the guest's: forgotten where
     /// the counters count time (counts never go backwards). Returns how much was forgotten.
-    pub fn forget_host_time(&mut self, ns: u64) -> u64 {
+    pub(crate) fn forget_host_time(&mut self, ns: u64) -> u64 {
         // The hardware source counts guest mode alone in cpu-switch (exclude_host); in
         // domain-switch it cannot tell how many events the interruption before the exit
         // counted (docs/tracing.md, Limits), only the VMM's work after it (`host_work_*`).
@@ -245,7 +249,7 @@ impl PerfBackend {
     /// From here to [`Self::host_work_ends`] the VMM does work not on the guest's behalf (a
     /// host-side sample): domain-switch leaves it out of every counter, overflows stay due
     /// where the guest armed them.
-    pub fn host_work_begins(&mut self) {
+    pub(crate) fn host_work_begins(&mut self) {
         let sys = self.sys.as_mut();
         match &mut self.imp {
             Imp::Soft(s) => s.host_work_begins(sys),
@@ -255,7 +259,7 @@ impl PerfBackend {
 
     /// Ends what [`Self::host_work_begins`] began: the host time left out (ns) where the
     /// backend counts time; None where it counts events or left nothing out.
-    pub fn host_work_ends(&mut self) -> Option<u64> {
+    pub(crate) fn host_work_ends(&mut self) -> Option<u64> {
         let sys = self.sys.as_mut();
         match &mut self.imp {
             Imp::Soft(s) => s.host_work_ends(sys),

@@ -69,7 +69,7 @@ impl NodeLayout {
 
 impl MapLayout {
     /// From a layout file's values (None: the file has no memory-map lines, an older build).
-    pub fn from_values(
+    pub(crate) fn from_values(
         get: &dyn Fn(&'static str) -> Option<u64>,
     ) -> Result<Option<MapLayout>, &'static str> {
         if get("mm_struct_mm_mt").is_none() {

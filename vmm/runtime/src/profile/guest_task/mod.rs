@@ -38,7 +38,7 @@ pub use analysis::guest_task::{
 use maps::{mapping_at, MapLayout};
 
 /// The file name `build.sh` gives the layout, beside the kernel image.
-pub const LAYOUT_FILE: &str = "task-layout";
+pub(crate) const LAYOUT_FILE: &str = "task-layout";
 /// Linux's PID_MAX_LIMIT on 64-bit: no pid or tgid is larger.
 const PID_MAX_LIMIT: u32 = 4 * 1024 * 1024;
 /// Longest banner a layout may name (Linux's are ~150 bytes).
@@ -254,7 +254,7 @@ pub(super) fn kernel_pointer(p: u64, align: u64) -> bool {
 
 /// Most memory-map lookups for one sample (the RIP's and its callers'): each walks the maple
 /// tree (2-4 nodes of 256 bytes here) and reads a VMA and its file's name.
-pub const MAX_MAP_LOOKUPS: u8 = 4;
+pub(crate) const MAX_MAP_LOOKUPS: u8 = 4;
 
 /// What [`TaskReader::current_user`] found of a task: the task, its executable (None: a kernel
 /// thread or a task without mm) and the mapping of a RIP outside the executable's code.
@@ -297,10 +297,11 @@ impl TaskReader {
         self.current_at(mem).map(|(t, _)| t)
     }
 
+    #[cfg(test)]
     /// The running task and, for a user task, its executable (`Ok(None)`: a kernel thread, or a
     /// task with no mm).
     #[allow(clippy::type_complexity)]
-    pub fn current_with_exe<M: GuestRead + ?Sized>(
+    pub(crate) fn current_with_exe<M: GuestRead + ?Sized>(
         &mut self,
         mem: &mut M,
     ) -> Result<(GuestTask, Option<Result<GuestExe, Unresolved>>), Unresolved> {

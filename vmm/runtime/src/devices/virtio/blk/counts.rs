@@ -67,7 +67,7 @@ pub struct DiskReport {
 }
 
 impl DiskReport {
-    pub fn from_device(path: PathBuf, t: &MmioTransport<VirtioBlk>) -> Self {
+    pub(crate) fn from_device(path: PathBuf, t: &MmioTransport<VirtioBlk>) -> Self {
         let d = t.device();
         DiskReport {
             path,

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// The sector: the unit of request addresses and sizes, and of the image size.
-pub const SECTOR_SIZE: u64 = 512;
+pub(crate) const SECTOR_SIZE: u64 = 512;
 
 /// What a request may do to the image. Each call returns only once the host kernel has done
 /// it (the data is in the page cache, or on stable storage for [`DiskFile::sync_data`]); the
@@ -119,7 +119,7 @@ pub struct DiskImage {
 }
 
 /// Length of the GET_ID answer (VIRTIO_BLK_ID_BYTES).
-pub const ID_BYTES: usize = 20;
+pub(crate) const ID_BYTES: usize = 20;
 
 /// Opens the raw image at `path` (read-write unless `readonly`) and locks it as QEMU does
 /// ([`lock`]): any number of read-only users (vpmu-vmm or QEMU) may share an image, a writer
@@ -237,7 +237,7 @@ fn ofd_held_by_other(file: &File, byte: i64) -> io::Result<bool> {
 
 /// The GET_ID answer: the image's file name, cut to 20 bytes, zero-padded (Linux shows it as
 /// /sys/block/vdX/serial and /dev/disk/by-id/virtio-NAME).
-pub fn disk_id(path: &Path) -> [u8; ID_BYTES] {
+pub(crate) fn disk_id(path: &Path) -> [u8; ID_BYTES] {
     let mut id = [0u8; ID_BYTES];
     let name = path
         .file_name()

@@ -44,7 +44,7 @@ pub const BLK_SIZE: u32 = SECTOR_SIZE as u32;
 /// Bad requests logged one line each; after that they are only counted.
 const LOGGED_BAD_REQUESTS: u64 = 10;
 /// The only queue.
-pub const REQUEST_QUEUE: u16 = 0;
+pub(crate) const REQUEST_QUEUE: u16 = 0;
 const QUEUE_NAME: &str = "block request queue";
 
 /// `--disk PATH[,readonly=on]`.
@@ -58,10 +58,10 @@ pub struct DiskConfig {
 }
 
 /// At most this many disks (one IOAPIC pin each, [`disk_gsi`]).
-pub const MAX_DISKS: usize = 8;
+pub(crate) const MAX_DISKS: usize = 8;
 
 /// Disk `i`'s interrupt: IOAPIC pins 16.. (the upper pins, which nothing else uses here).
-pub fn disk_gsi(i: usize) -> u32 {
+pub(crate) fn disk_gsi(i: usize) -> u32 {
     16 + i as u32
 }
 
@@ -248,7 +248,7 @@ impl<F: DiskFile> VirtioBlk<F> {
 }
 
 /// Bytes of configuration space shown: `struct virtio_blk_config` up to `unused1`.
-pub const CONFIG_LEN: usize = offset_of!(virtio_blk_config, max_secure_erase_sectors);
+pub(crate) const CONFIG_LEN: usize = offset_of!(virtio_blk_config, max_secure_erase_sectors);
 
 impl<F: DiskFile> VirtioDevice for VirtioBlk<F> {
     fn device_id(&self) -> u32 {
