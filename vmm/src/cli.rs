@@ -261,41 +261,74 @@ Examples: allow:0x3c,0xc0/0x00,fixed=0x3   deny:0x76,0xc0";
 /// Largest `--pmu-event-filter` file read.
 const MAX_EVENT_FILTER_FILE: u64 = 1 << 20;
 
+/// Why a `--pmu-event-filter` value was refused (a usage error, clap: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum EventFilterArgError {
+    #[error(transparent)]
+    Inline(vpmu::FilterError),
+    #[error(
+        "{spec:?} is neither an inline filter (allow:... or deny:...) nor a filter file: {source}"
+    )]
+    NotAFile {
+        spec: String,
+        source: std::io::Error,
+    },
+    #[error("{spec:?} is neither an inline filter (allow:... or deny:...) nor a filter file: not a regular file")]
+    NotRegular { spec: String },
+    #[error("{spec}: {len} bytes; a filter file holds at most {MAX_EVENT_FILTER_FILE}")]
+    TooBig { spec: String, len: u64 },
+    #[error("{spec}: {source}")]
+    InFile {
+        spec: String,
+        source: vpmu::FilterError,
+    },
+}
+
 /// `--pmu-event-filter SPEC`: inline when it starts with `allow:`/`deny:`, else a file of that
 /// syntax. Errors are usage errors (clap: exit 2) naming the bad item.
-pub fn parse_event_filter(spec: &str) -> Result<vpmu::EventFilter, String> {
+pub fn parse_event_filter(spec: &str) -> Result<vpmu::EventFilter, EventFilterArgError> {
     let head = spec.trim_start().to_ascii_lowercase();
     if head.starts_with("allow:") || head.starts_with("deny:") {
-        return spec.parse().map_err(|e: vpmu::FilterError| e.to_string());
+        return spec.parse().map_err(EventFilterArgError::Inline);
     }
-    let not_file = |why: String| {
-        format!(
-            "{spec:?} is neither an inline filter (allow:... or deny:...) nor a filter file: {why}"
-        )
+    let not_file = |source| EventFilterArgError::NotAFile {
+        spec: spec.to_string(),
+        source,
     };
-    let meta = std::fs::metadata(spec).map_err(|e| not_file(e.to_string()))?;
+    let meta = std::fs::metadata(spec).map_err(not_file)?;
     if !meta.is_file() {
-        return Err(not_file("not a regular file".into()));
+        return Err(EventFilterArgError::NotRegular {
+            spec: spec.to_string(),
+        });
     }
     if meta.len() > MAX_EVENT_FILTER_FILE {
-        return Err(format!(
-            "{spec}: {} bytes; a filter file holds at most {MAX_EVENT_FILTER_FILE}",
-            meta.len()
-        ));
+        return Err(EventFilterArgError::TooBig {
+            spec: spec.to_string(),
+            len: meta.len(),
+        });
     }
-    let text = std::fs::read_to_string(spec).map_err(|e| not_file(e.to_string()))?;
-    text.parse()
-        .map_err(|e: vpmu::FilterError| format!("{spec}: {e}"))
+    let text = std::fs::read_to_string(spec).map_err(not_file)?;
+    text.parse().map_err(|source| EventFilterArgError::InFile {
+        spec: spec.to_string(),
+        source,
+    })
+}
+
+/// Why a `run` command line makes no VM configuration (a usage error, exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum RunArgsError {
+    #[error("--timeout {0}: must be a positive number of seconds")]
+    Timeout(f64),
+    #[error("--report-json {}: {} is not a directory", .file.display(), .dir.display())]
+    ReportJsonDir { file: PathBuf, dir: PathBuf },
+    #[error("{0} needs the vPMU: add --vpmu cpu-switch or domain-switch")]
+    NeedsVpmu(&'static str),
 }
 
 impl RunArgs {
-    pub fn to_config(&self, started: std::time::Instant) -> Result<VmConfig, String> {
+    pub fn to_config(&self, started: std::time::Instant) -> Result<VmConfig, RunArgsError> {
         let timeout = match self.timeout {
-            Some(t) if !(t.is_finite() && t > 0.0) => {
-                return Err(format!(
-                    "--timeout {t}: must be a positive number of seconds"
-                ))
-            }
+            Some(t) if !(t.is_finite() && t > 0.0) => return Err(RunArgsError::Timeout(t)),
             t => t.map(Duration::from_secs_f64),
         };
         if let Some(f) = &self.report_json {
@@ -305,22 +338,17 @@ impl RunArgs {
                 _ => std::path::Path::new("."),
             };
             if !dir.is_dir() {
-                return Err(format!(
-                    "--report-json {}: {} is not a directory",
-                    f.display(),
-                    dir.display()
-                ));
+                return Err(RunArgsError::ReportJsonDir {
+                    file: f.clone(),
+                    dir: dir.to_path_buf(),
+                });
             }
         }
         if self.vpmu_schedule.is_some() && self.vpmu == VpmuSetting::Off {
-            return Err(
-                "--vpmu-schedule needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
-            );
+            return Err(RunArgsError::NeedsVpmu("--vpmu-schedule"));
         }
         if self.pmu_event_filter.is_some() && self.vpmu == VpmuSetting::Off {
-            return Err(
-                "--pmu-event-filter needs the vPMU: add --vpmu cpu-switch or domain-switch".into(),
-            );
+            return Err(RunArgsError::NeedsVpmu("--pmu-event-filter"));
         }
         let host = HostKind::decide(self.host_quirks);
         Ok(VmConfig {
@@ -402,11 +430,13 @@ mod tests {
             "deny:0x3c,fixed=0x2"
         );
         std::fs::write(&path, "deny: 0x3c, 0xzz").unwrap();
-        let e = parse_event_filter(p).unwrap_err();
+        let e = parse_event_filter(p).unwrap_err().to_string();
         assert!(e.starts_with(p) && e.contains("\"0xzz\""), "{e}");
-        let e = parse_event_filter("0x3c").unwrap_err();
+        let e = parse_event_filter("0x3c").unwrap_err().to_string();
         assert!(e.contains("neither an inline filter"), "{e}");
-        let e = parse_event_filter(dir.path().to_str().unwrap()).unwrap_err();
+        let e = parse_event_filter(dir.path().to_str().unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a regular file"), "{e}");
     }
 

@@ -32,13 +32,47 @@ pub enum BzImageError {
     UnsupportedCompression(&'static str),
     #[error("bzImage payload has an unknown format (first bytes {0:02x?})")]
     UnknownCompression(Vec<u8>),
-    #[error("corrupt {format} payload: {detail}")]
+    #[error("corrupt {format} payload: {source}")]
     Corrupt {
         format: &'static str,
-        detail: String,
+        source: PayloadError,
     },
     #[error("the decompressed payload is not an ELF vmlinux")]
     NotElf,
+}
+
+/// What is wrong with a compressed payload.
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadError {
+    #[error("shorter than the 4-byte size that ends it")]
+    NoSizeField,
+    #[error("its size field says {claimed} bytes: expands past {cap} bytes ({MAX_EXPANSION}x the payload): not a kernel")]
+    SizeTooLarge { claimed: usize, cap: usize },
+    #[error("the stream gives more than the {0} bytes its size field says")]
+    LongerThanClaimed(usize),
+    #[error("the stream ends at byte {used:#x} of {len:#x}, not at the 4-byte size that ends the payload")]
+    EndsEarly { used: usize, len: usize },
+    #[error("the stream gave {got} bytes, its size field says {claimed}")]
+    ShorterThanClaimed { got: usize, claimed: usize },
+    #[error("the stream is cut short")]
+    CutShort,
+    #[error("decoder overran its input")]
+    Overran,
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error(transparent)]
+    Lzma(#[from] liblzma::stream::Error),
+    #[error("block header at {0:#x} is cut short")]
+    Lz4HeaderCut(usize),
+    #[error("block of {size} bytes at {at:#x} runs past the end")]
+    Lz4BlockPastEnd { size: usize, at: usize },
+    #[error("block at {at:#x}: {source}")]
+    Lz4Block {
+        at: usize,
+        source: lz4_flex::block::DecompressError,
+    },
+    #[error("no data")]
+    Empty,
 }
 
 /// What was found in a bzImage.
@@ -183,23 +217,20 @@ pub(crate) fn decompress(payload: &[u8]) -> Result<(&'static str, Vec<u8>), BzIm
         ));
     };
     let name = format.name();
-    let corrupt = |detail: String| BzImageError::Corrupt {
+    let corrupt = |source: PayloadError| BzImageError::Corrupt {
         format: name,
-        detail,
+        source,
     };
     if format == Format::Lzo {
         return Err(BzImageError::UnsupportedCompression(name));
     }
     let Some(size_at) = payload.len().checked_sub(4) else {
-        return Err(corrupt("shorter than the 4-byte size that ends it".into()));
+        return Err(corrupt(PayloadError::NoSizeField));
     };
     let claimed = u32::from_le_bytes(payload[size_at..].try_into().unwrap()) as usize;
     let cap = output_cap(payload);
     if claimed > cap {
-        return Err(corrupt(format!(
-            "its size field says {claimed} bytes: expands past {cap} bytes \
-             ({MAX_EXPANSION}x the payload): not a kernel"
-        )));
+        return Err(corrupt(PayloadError::SizeTooLarge { claimed, cap }));
     }
     // gzip's trailer is its own ISIZE: part of the stream. Every other stream stops before it.
     let stream = if format == Format::Gzip {
@@ -215,36 +246,36 @@ pub(crate) fn decompress(payload: &[u8]) -> Result<(&'static str, Vec<u8>), BzIm
         }
         Format::Xz => {
             let s = liblzma::stream::Stream::new_stream_decoder(LZMA_MEMLIMIT, 0)
-                .map_err(|e| corrupt(e.to_string()))?;
+                .map_err(|e| corrupt(e.into()))?;
             lzma_stream(s, stream, claimed).map_err(corrupt)?
         }
         Format::Lzma => {
             let s = liblzma::stream::Stream::new_lzma_decoder(LZMA_MEMLIMIT)
-                .map_err(|e| corrupt(e.to_string()))?;
+                .map_err(|e| corrupt(e.into()))?;
             lzma_stream(s, stream, claimed).map_err(corrupt)?
         }
         Format::Zstd => {
             let mut dec = zstd::stream::read::Decoder::with_buffer(stream)
-                .map_err(|e| corrupt(e.to_string()))?
+                .map_err(|e| corrupt(e.into()))?
                 .single_frame();
             dec.window_log_max(ZSTD_WINDOW_LOG_MAX)
-                .map_err(|e| corrupt(e.to_string()))?;
+                .map_err(|e| corrupt(e.into()))?;
             read_stream(dec, stream, claimed).map_err(corrupt)?
         }
         Format::Lz4 => (lz4_legacy(stream, claimed).map_err(corrupt)?, stream.len()),
         Format::Lzo => unreachable!("refused above"),
     };
     if used != stream.len() {
-        return Err(corrupt(format!(
-            "the stream ends at byte {used:#x} of {:#x}, not at the 4-byte size that ends the payload",
-            stream.len()
-        )));
+        return Err(corrupt(PayloadError::EndsEarly {
+            used,
+            len: stream.len(),
+        }));
     }
     if out.len() != claimed {
-        return Err(corrupt(format!(
-            "the stream gave {} bytes, its size field says {claimed}",
-            out.len()
-        )));
+        return Err(corrupt(PayloadError::ShorterThanClaimed {
+            got: out.len(),
+            claimed,
+        }));
     }
     Ok((name, out))
 }
@@ -275,16 +306,11 @@ fn read_stream(
     mut dec: impl SliceDecoder,
     stream: &[u8],
     limit: usize,
-) -> Result<(Vec<u8>, usize), String> {
+) -> Result<(Vec<u8>, usize), PayloadError> {
     let mut out = Vec::with_capacity(limit.min(stream.len().saturating_mul(4)));
-    (&mut dec)
-        .take(limit as u64 + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
+    (&mut dec).take(limit as u64 + 1).read_to_end(&mut out)?;
     if out.len() > limit {
-        return Err(format!(
-            "the stream gives more than the {limit} bytes its size field says"
-        ));
+        return Err(PayloadError::LongerThanClaimed(limit));
     }
     Ok((out, stream.len() - dec.rest()))
 }
@@ -297,45 +323,39 @@ fn lzma_stream(
     mut s: liblzma::stream::Stream,
     stream: &[u8],
     limit: usize,
-) -> Result<(Vec<u8>, usize), String> {
+) -> Result<(Vec<u8>, usize), PayloadError> {
     use liblzma::stream::{Action, Status};
     const STEP: usize = 1 << 20;
     let mut out = Vec::with_capacity(limit.min(stream.len().saturating_mul(4)).max(64) + 1);
     loop {
         if out.len() > limit {
-            return Err(format!(
-                "the stream gives more than the {limit} bytes its size field says"
-            ));
+            return Err(PayloadError::LongerThanClaimed(limit));
         }
         if out.len() == out.capacity() {
             out.reserve(STEP.min(limit + 1 - out.len()));
         }
         let (in_before, out_before) = (s.total_in(), out.len());
-        let used = usize::try_from(in_before).map_err(|e| e.to_string())?;
-        let input = stream.get(used..).ok_or("decoder overran its input")?;
-        let status = s
-            .process_vec(input, &mut out, Action::Run)
-            .map_err(|e| e.to_string())?;
+        let used = usize::try_from(in_before).map_err(|_| PayloadError::Overran)?;
+        let input = stream.get(used..).ok_or(PayloadError::Overran)?;
+        let status = s.process_vec(input, &mut out, Action::Run)?;
         if status == Status::StreamEnd {
             break;
         }
         if s.total_in() == in_before && out.len() == out_before {
-            return Err("the stream is cut short".into());
+            return Err(PayloadError::CutShort);
         }
     }
     if out.len() > limit {
-        return Err(format!(
-            "the stream gives more than the {limit} bytes its size field says"
-        ));
+        return Err(PayloadError::LongerThanClaimed(limit));
     }
-    let used = usize::try_from(s.total_in()).map_err(|e| e.to_string())?;
+    let used = usize::try_from(s.total_in()).map_err(|_| PayloadError::Overran)?;
     Ok((out, used))
 }
 
 /// The LZ4 "legacy" frame format that the kernel's `lz4 -l` produces: a magic, then blocks each
 /// preceded by its little-endian compressed size, each decompressing to at most 8 MiB. `stream`
 /// stops before the kernel's 4-byte size; at most `limit` bytes come out.
-fn lz4_legacy(stream: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+fn lz4_legacy(stream: &[u8], limit: usize) -> Result<Vec<u8>, PayloadError> {
     const MAGIC: u32 = 0x184c_2102;
     const CHUNK: usize = 8 << 20;
     let mut out = Vec::with_capacity(limit.min(stream.len().saturating_mul(3)));
@@ -344,7 +364,7 @@ fn lz4_legacy(stream: &[u8], limit: usize) -> Result<Vec<u8>, String> {
         let size = stream
             .get(pos..pos + 4)
             .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-            .ok_or_else(|| format!("block header at {pos:#x} is cut short"))?;
+            .ok_or(PayloadError::Lz4HeaderCut(pos))?;
         if size == MAGIC {
             pos += 4;
             continue;
@@ -353,12 +373,10 @@ fn lz4_legacy(stream: &[u8], limit: usize) -> Result<Vec<u8>, String> {
         let block = stream
             .get(pos + 4..)
             .and_then(|rest| rest.get(..size))
-            .ok_or_else(|| format!("block of {size} bytes at {pos:#x} runs past the end"))?;
+            .ok_or(PayloadError::Lz4BlockPastEnd { size, at: pos })?;
         let start = out.len();
         if start >= limit {
-            return Err(format!(
-                "the stream gives more than the {limit} bytes its size field says"
-            ));
+            return Err(PayloadError::LongerThanClaimed(limit));
         }
         // An LZ4 block expands at most ~255x: room for that, not a whole chunk, per block.
         let room = CHUNK
@@ -366,12 +384,12 @@ fn lz4_legacy(stream: &[u8], limit: usize) -> Result<Vec<u8>, String> {
             .min(limit - start);
         out.resize(start + room, 0);
         let n = lz4_flex::block::decompress_into(block, &mut out[start..])
-            .map_err(|e| format!("block at {pos:#x}: {e}"))?;
+            .map_err(|source| PayloadError::Lz4Block { at: pos, source })?;
         out.truncate(start + n);
         pos += 4 + size;
     }
     if out.is_empty() {
-        return Err("no data".into());
+        return Err(PayloadError::Empty);
     }
     Ok(out)
 }

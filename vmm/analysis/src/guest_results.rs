@@ -159,7 +159,7 @@ fn frame(
     let header = match Header::parse(line) {
         Ok(h) => h,
         Err(why) => {
-            d.problems.push(bad_header(start, line, &why));
+            d.problems.push(bad_header(start, line, &why.to_string()));
             return payload_at;
         }
     };
@@ -240,6 +240,17 @@ fn frame(
     find(bytes, after, b"\n").map_or(bytes.len(), |i| i + 1)
 }
 
+/// What is wrong with a frame's header line.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum HeaderError {
+    #[error("no {0}=...")]
+    Missing(&'static str),
+    #[error("{0} is not a number")]
+    NotANumber(&'static str),
+    #[error("crc32 is not 8 hex digits")]
+    Crc32,
+}
+
 struct Header {
     seq: u64,
     name: String,
@@ -249,20 +260,19 @@ struct Header {
 }
 
 impl Header {
-    fn parse(line: &[u8]) -> Result<Header, String> {
-        let get = |key: &str| field(line, key).ok_or_else(|| format!("no {key}=..."));
+    fn parse(line: &[u8]) -> Result<Header, HeaderError> {
+        let get = |key| field(line, key).ok_or(HeaderError::Missing(key));
         let seq = get("seq")?
             .parse()
-            .map_err(|_| "seq is not a number".to_string())?;
+            .map_err(|_| HeaderError::NotANumber("seq"))?;
         let len = get("len")?
             .parse()
-            .map_err(|_| "len is not a number".to_string())?;
+            .map_err(|_| HeaderError::NotANumber("len"))?;
         let crc = get("crc32")?;
         if crc.len() != 8 {
-            return Err("crc32 is not 8 hex digits".into());
+            return Err(HeaderError::Crc32);
         }
-        let crc32 =
-            u32::from_str_radix(&crc, 16).map_err(|_| "crc32 is not 8 hex digits".to_string())?;
+        let crc32 = u32::from_str_radix(&crc, 16).map_err(|_| HeaderError::Crc32)?;
         Ok(Header {
             seq,
             name: get("name")?,

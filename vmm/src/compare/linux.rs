@@ -368,25 +368,44 @@ pub fn with_path_total(
     c
 }
 
+/// Why the files a comparison boots are missing, found before the (long) boot.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error(
+        "--workload packet-rx needs --kernel and --initrd (the default guest: \
+         `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
+         --initrd \"$SPIN_INITRAMFS\", or --initrd \"$INITRAMFS\" with --profiler \
+         perf|oprofile; scripts/demo.sh does this)"
+    )]
+    PacketRxGuest,
+    #[error(
+        "--profiler perf|oprofile needs --kernel and the guest's root: --disk (a root \
+         filesystem image) or --initrd (the default initramfs); the default guest: \
+         `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
+         --disk \"$ROOTFS\""
+    )]
+    ProfilerGuest,
+    #[error("{}: no such file", .0.display())]
+    NoSuchFile(PathBuf),
+}
+
+/// Each of `paths` an existing file.
+fn files_exist(paths: [&Path; 2]) -> Result<(), InputError> {
+    match paths.into_iter().find(|p| !p.is_file()) {
+        Some(p) => Err(InputError::NoSuchFile(p.to_path_buf())),
+        None => Ok(()),
+    }
+}
+
 /// The kernel and initramfs a packet-rx run needs, checked before the (long) boot.
 pub fn check_inputs(
     kernel: Option<&Path>,
     initrd: Option<&Path>,
-) -> Result<(PathBuf, PathBuf), String> {
+) -> Result<(PathBuf, PathBuf), InputError> {
     let (Some(k), Some(i)) = (kernel, initrd) else {
-        return Err(
-            "--workload packet-rx needs --kernel and --initrd (the default guest: \
-                    `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
-                    --initrd \"$SPIN_INITRAMFS\", or --initrd \"$INITRAMFS\" with --profiler \
-                    perf|oprofile; scripts/demo.sh does this)"
-                .into(),
-        );
+        return Err(InputError::PacketRxGuest);
     };
-    for p in [k, i] {
-        if !p.is_file() {
-            return Err(format!("{}: no such file", p.display()));
-        }
-    }
+    files_exist([k, i])?;
     Ok((k.to_path_buf(), i.to_path_buf()))
 }
 
@@ -396,24 +415,14 @@ pub fn check_in_guest_inputs(
     kernel: Option<&Path>,
     initrd: Option<&Path>,
     disk: Option<&Path>,
-) -> Result<(PathBuf, PathBuf, bool), String> {
+) -> Result<(PathBuf, PathBuf, bool), InputError> {
     let (Some(k), Some((root, is_disk))) = (
         kernel,
         disk.map(|d| (d, true)).or(initrd.map(|i| (i, false))),
     ) else {
-        return Err(
-            "--profiler perf|oprofile needs --kernel and the guest's root: --disk (a root \
-             filesystem image) or --initrd (the default initramfs); the default guest: \
-             `eval \"$(guest-image/build.sh paths)\"` then --kernel \"$DEFAULT_BZIMAGE\" \
-             --disk \"$ROOTFS\""
-                .into(),
-        );
+        return Err(InputError::ProfilerGuest);
     };
-    for p in [k, root] {
-        if !p.is_file() {
-            return Err(format!("{}: no such file", p.display()));
-        }
-    }
+    files_exist([k, root])?;
     Ok((k.to_path_buf(), root.to_path_buf(), is_disk))
 }
 
@@ -528,13 +537,14 @@ mod tests {
 
     #[test]
     fn missing_inputs_are_explained() {
-        let e = check_inputs(None, None).unwrap_err();
+        let e = check_inputs(None, None).unwrap_err().to_string();
         assert!(e.contains("--kernel"), "{e}");
         let e = check_inputs(
             Some(Path::new("/nonexistent")),
             Some(Path::new("/nonexistent")),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("no such file"), "{e}");
     }
 }

@@ -28,6 +28,8 @@ pub enum CompareError {
     GuestReport(String),
     #[error("{0}")]
     Input(String),
+    #[error(transparent)]
+    Inputs(#[from] linux::InputError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -161,8 +163,7 @@ fn access_cost(args: &CompareArgs, host: HostKind) -> (u32, &'static str) {
 }
 
 fn packet_rx_host(args: &CompareArgs) -> Result<(), CompareError> {
-    let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())
-        .map_err(CompareError::Input)?;
+    let (kernel, initrd) = linux::check_inputs(args.kernel.as_deref(), args.initrd.as_deref())?;
     let (access_cost_us, why) = access_cost(args, host());
     eprintln!(
         "[compare] booting {} with the virtio-net card ({access_cost_us} us of extra device-model work per register access: {why}), \
@@ -237,8 +238,7 @@ fn in_guest_comparison(
 ) -> Result<(), CompareError> {
     let root_path = args.disk.first().map(|d| d.path.as_path());
     let (kernel, root, is_disk) =
-        linux::check_in_guest_inputs(args.kernel.as_deref(), args.initrd.as_deref(), root_path)
-            .map_err(CompareError::Input)?;
+        linux::check_in_guest_inputs(args.kernel.as_deref(), args.initrd.as_deref(), root_path)?;
     let host = host();
     let disk_cost = crate::disk_arg::disk_access_cost(args.disk_access_cost_us, host);
     let root = if is_disk {

@@ -522,10 +522,24 @@ pub struct CsvComparison {
     pub rows: Vec<(Row, String)>,
 }
 
+/// Why a text is not a comparison CSV.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CsvError {
+    #[error("not a comparison CSV (no header row)")]
+    NoHeader,
+    /// `line` (1-based) and its text.
+    #[error("CSV line {line}: {what}: {text}")]
+    Line {
+        line: usize,
+        what: &'static str,
+        text: String,
+    },
+}
+
 /// Reads back a CSV written by [`Comparison::to_csv`] (for scripts and tests that check a
 /// comparison run): `# key=value` lines before the header, quoted fields as RFC 4180 writes
 /// them. Also reads the layout before the `kind` column (7 fields, no parameters).
-pub fn csv_read(text: &str) -> Result<CsvComparison, String> {
+pub fn csv_read(text: &str) -> Result<CsvComparison, CsvError> {
     let mut params = Vec::new();
     let mut lines = text.lines().enumerate();
     let with_kind = loop {
@@ -538,16 +552,24 @@ pub fn csv_read(text: &str) -> Result<CsvComparison, String> {
             }
             Some((_, h)) if h.starts_with("workload,function,kind,") => break true,
             Some((_, h)) if h.starts_with("workload,function,") => break false,
-            _ => return Err("not a comparison CSV (no header row)".into()),
+            _ => return Err(CsvError::NoHeader),
         }
     };
     let n = if with_kind { 8 } else { 7 };
     let rows = lines
         .map(|(i, l)| {
             let f = csv_split(l);
-            let bad = |what: &str| format!("CSV line {}: {what}: {l}", i + 1);
+            let bad = |what| CsvError::Line {
+                line: i + 1,
+                what,
+                text: l.to_string(),
+            };
             if f.len() != n {
-                return Err(bad(&format!("expected {n} fields")));
+                return Err(bad(if with_kind {
+                    "expected 8 fields"
+                } else {
+                    "expected 7 fields"
+                }));
             }
             let (kind, k) = if with_kind {
                 (f[2].clone(), 3)
@@ -568,13 +590,13 @@ pub fn csv_read(text: &str) -> Result<CsvComparison, String> {
             };
             Ok((row, kind))
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, CsvError>>()?;
     Ok(CsvComparison { params, rows })
 }
 
 /// The rows of a CSV written by [`Comparison::to_csv`] (total rows included), without their
 /// kinds or the parameters: [`csv_read`].
-pub fn csv_rows(text: &str) -> Result<Vec<Row>, String> {
+pub fn csv_rows(text: &str) -> Result<Vec<Row>, CsvError> {
     Ok(csv_read(text)?.rows.into_iter().map(|(r, _)| r).collect())
 }
 

@@ -84,8 +84,41 @@ pub enum FormatError {
     },
     #[error("corrupt trace file at byte {offset}: {what}")]
     Corrupt { offset: usize, what: String },
+    #[error("corrupt trace file at byte {offset}: {source}")]
+    BadRecord { offset: usize, source: RecordError },
     #[error("truncated trace file: no end block for vCPU {0} (the run did not close the trace; was it killed?)")]
     NoEnd(u16),
+}
+
+/// What is wrong with one record ([`Record::decode`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("unknown record kind {0}")]
+    Kind(u8),
+    #[error("unknown exit reason {0}")]
+    Reason(u8),
+    #[error("exit re-entered (TSC {entry}) before it exited ({exit})")]
+    EntryBeforeExit { exit: u64, entry: u64 },
+    #[error("sample with CPL {0}")]
+    Cpl(u8),
+    #[error("sample with accounting mode code {0}")]
+    Mode(u8),
+    #[error("user frames record with {0} addresses")]
+    FrameCount(u8),
+    /// A task, exe or mapping record (`what`) whose status and step name no failure.
+    #[error("{what} record with status {status}, step {step}")]
+    Status {
+        what: &'static str,
+        status: u8,
+        step: u8,
+    },
+    #[error("caller mapping record with status {0}")]
+    CallerStatus(u8),
+}
+
+/// A task, exe or mapping record's failure from its status and step bytes.
+fn unresolved(what: &'static str, status: u8, step: u8) -> Result<Unresolved, RecordError> {
+    Unresolved::from_code(status, step).ok_or(RecordError::Status { what, status, step })
 }
 
 // The exit's reason and detail are the exit classification's types (one classification per
@@ -182,7 +215,7 @@ impl Record {
         }
     }
 
-    fn decode_exe(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+    fn decode_exe(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
         Ok(Record::Exe(match b[1] {
             0 => {
                 let mut name = [0u8; EXE_NAME_MAX];
@@ -194,8 +227,7 @@ impl Record {
                     code_size: u32_at(b, 4),
                 })
             }
-            s => Err(Unresolved::from_code(s, b[3])
-                .ok_or_else(|| format!("exe record with status {s}, step {}", b[3]))?),
+            s => Err(unresolved("exe", s, b[3])?),
         }))
     }
 
@@ -214,7 +246,7 @@ impl Record {
         }
     }
 
-    fn decode_mapping(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+    fn decode_mapping(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
         Ok(Record::Mapping(match b[1] {
             0 => {
                 let mut name = [0u8; EXE_NAME_MAX];
@@ -226,8 +258,7 @@ impl Record {
                     pgoff: u32_at(b, 4),
                 })
             }
-            s => Err(Unresolved::from_code(s, b[3])
-                .ok_or_else(|| format!("mapping record with status {s}, step {}", b[3]))?),
+            s => Err(unresolved("mapping", s, b[3])?),
         }))
     }
 
@@ -246,7 +277,7 @@ impl Record {
         }
     }
 
-    fn decode_task(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+    fn decode_task(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
         let mut pfn = [0u8; 8];
         pfn[..5].copy_from_slice(&b[12..17]);
         let cr3 = u64::from_le_bytes(pfn) << 12;
@@ -261,8 +292,7 @@ impl Record {
                     kernel_thread: b[2] & 1 == 1,
                 })
             }
-            s => Err(Unresolved::from_code(s, b[3])
-                .ok_or_else(|| format!("task record with status {s}, step {}", b[3]))?),
+            s => Err(unresolved("task", s, b[3])?),
         };
         Ok(Record::Task { cr3, task })
     }
@@ -330,7 +360,7 @@ impl Record {
     }
 
     /// Decodes one record; `Err` says what is wrong with it.
-    pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, String> {
+    pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
         match b[0] {
             4 => return Self::decode_task(b),
             5 => return Self::decode_exe(b),
@@ -338,13 +368,13 @@ impl Record {
             9 => {
                 return match Self::decode_mapping(b)? {
                     Record::Mapping(Ok(m)) => Ok(Record::CallerMapping(m)),
-                    _ => Err(format!("caller mapping record with status {}", b[1])),
+                    _ => Err(RecordError::CallerStatus(b[1])),
                 }
             }
             7 => return Ok(Record::UserStackTop([u64_at(b, 8), u64_at(b, 16)])),
             6 => {
                 if !(1..=3).contains(&b[1]) {
-                    return Err(format!("user frames record with {} addresses", b[1]));
+                    return Err(RecordError::FrameCount(b[1]));
                 }
                 return Ok(Record::CallFrames {
                     count: b[1],
@@ -357,12 +387,11 @@ impl Record {
         let addr = u64_at(b, 8);
         let a = u64_at(b, 16);
         let c = u64_at(b, 24);
-        let reason =
-            Reason::from_u8(b[1]).ok_or_else(|| format!("unknown exit reason {}", b[1]))?;
+        let reason = Reason::from_u8(b[1]).ok_or(RecordError::Reason(b[1]))?;
         match b[0] {
             1 => {
                 if c != 0 && c < a {
-                    return Err(format!("exit re-entered (TSC {c}) before it exited ({a})"));
+                    return Err(RecordError::EntryBeforeExit { exit: a, entry: c });
                 }
                 Ok(Record::Exit {
                     event: ExitEvent {
@@ -377,7 +406,7 @@ impl Record {
             }
             2 => {
                 if b[3] > 3 {
-                    return Err(format!("sample with CPL {}", b[3]));
+                    return Err(RecordError::Cpl(b[3]));
                 }
                 let during = (b[2] & 1 == 1).then_some((
                     ExitEvent {
@@ -401,7 +430,7 @@ impl Record {
                 tsc: a,
                 thread_cpu_ns: addr,
             }),
-            k => Err(format!("unknown record kind {k}")),
+            k => Err(RecordError::Kind(k)),
         }
     }
 }
@@ -414,12 +443,12 @@ fn encode_mode(mode: Option<vpmu::AccountingMode>) -> u8 {
     }
 }
 
-fn decode_mode(bits: u8) -> Result<Option<vpmu::AccountingMode>, String> {
+fn decode_mode(bits: u8) -> Result<Option<vpmu::AccountingMode>, RecordError> {
     match bits {
         0 => Ok(None),
         1 => Ok(Some(vpmu::AccountingMode::CpuSwitch)),
         2 => Ok(Some(vpmu::AccountingMode::DomainSwitch)),
-        b => Err(format!("sample with accounting mode code {b}")),
+        b => Err(RecordError::Mode(b)),
     }
 }
 
@@ -856,15 +885,19 @@ mod tests {
         for (at, v, want) in cases {
             let mut bad = b;
             bad[at] = v;
-            let e = Record::decode(&bad).unwrap_err();
+            let e = Record::decode(&bad).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
         let mut back = [0u8; RECORD_SIZE];
         records()[0].encode(&mut back);
         back[24..32].copy_from_slice(&1u64.to_le_bytes());
-        assert!(Record::decode(&back)
-            .unwrap_err()
-            .contains("before it exited"));
+        assert_eq!(
+            Record::decode(&back),
+            Err(RecordError::EntryBeforeExit {
+                exit: 2000,
+                entry: 1
+            })
+        );
     }
 
     #[test]

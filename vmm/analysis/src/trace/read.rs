@@ -203,7 +203,10 @@ impl TraceFile {
             }
             for (i, chunk) in body.chunks_exact(RECORD_SIZE).enumerate() {
                 let rec = Record::decode(chunk.try_into().expect("chunks of RECORD_SIZE"))
-                    .map_err(|what| corrupt(b.body() + (i * RECORD_SIZE) as u64, what))?;
+                    .map_err(|source| FormatError::BadRecord {
+                        offset: (b.body() + (i * RECORD_SIZE) as u64) as usize,
+                        source,
+                    })?;
                 f(b.vcpu, &rec);
             }
         }
@@ -333,9 +336,13 @@ impl<R: Read + Seek> VcpuCursor<R> {
             .map_err(|e| ReadError::from_io(e, "record", at, RECORD_SIZE, self.len))?;
         self.pos += RECORD_SIZE as u64;
         self.left -= 1;
-        Record::decode(&raw)
-            .map(Some)
-            .map_err(|what| corrupt(at, what).into())
+        Record::decode(&raw).map(Some).map_err(|source| {
+            FormatError::BadRecord {
+                offset: at as usize,
+                source,
+            }
+            .into()
+        })
     }
 }
 
