@@ -85,14 +85,14 @@ pub enum FormatError {
     #[error("corrupt trace file at byte {offset}: {what}")]
     Corrupt { offset: usize, what: String },
     #[error("corrupt trace file at byte {offset}: {source}")]
-    BadRecord { offset: usize, source: RecordError },
+    BadRecord { offset: usize, source: DecodeError },
     #[error("truncated trace file: no end block for vCPU {0} (the run did not close the trace; was it killed?)")]
     NoEnd(u16),
 }
 
 /// What is wrong with one record ([`Record::decode`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RecordError {
+pub enum DecodeError {
     #[error("unknown record kind {0}")]
     Kind(u8),
     #[error("unknown exit reason {0}")]
@@ -117,8 +117,8 @@ pub enum RecordError {
 }
 
 /// A task, exe or mapping record's failure from its status and step bytes.
-fn unresolved(what: &'static str, status: u8, step: u8) -> Result<Unresolved, RecordError> {
-    Unresolved::from_code(status, step).ok_or(RecordError::Status { what, status, step })
+fn unresolved(what: &'static str, status: u8, step: u8) -> Result<Unresolved, DecodeError> {
+    Unresolved::from_code(status, step).ok_or(DecodeError::Status { what, status, step })
 }
 
 // The exit's reason and detail are the exit classification's types (one classification per
@@ -215,7 +215,7 @@ impl Record {
         }
     }
 
-    fn decode_exe(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
+    fn decode_exe(b: &[u8; RECORD_SIZE]) -> Result<Record, DecodeError> {
         Ok(Record::Exe(match b[1] {
             0 => {
                 let mut name = [0u8; EXE_NAME_MAX];
@@ -246,7 +246,7 @@ impl Record {
         }
     }
 
-    fn decode_mapping(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
+    fn decode_mapping(b: &[u8; RECORD_SIZE]) -> Result<Record, DecodeError> {
         Ok(Record::Mapping(match b[1] {
             0 => {
                 let mut name = [0u8; EXE_NAME_MAX];
@@ -277,7 +277,7 @@ impl Record {
         }
     }
 
-    fn decode_task(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
+    fn decode_task(b: &[u8; RECORD_SIZE]) -> Result<Record, DecodeError> {
         let mut pfn = [0u8; 8];
         pfn[..5].copy_from_slice(&b[12..17]);
         let cr3 = u64::from_le_bytes(pfn) << 12;
@@ -360,7 +360,7 @@ impl Record {
     }
 
     /// Decodes one record; `Err` says what is wrong with it.
-    pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, RecordError> {
+    pub fn decode(b: &[u8; RECORD_SIZE]) -> Result<Record, DecodeError> {
         match b[0] {
             4 => return Self::decode_task(b),
             5 => return Self::decode_exe(b),
@@ -368,13 +368,13 @@ impl Record {
             9 => {
                 return match Self::decode_mapping(b)? {
                     Record::Mapping(Ok(m)) => Ok(Record::CallerMapping(m)),
-                    _ => Err(RecordError::CallerStatus(b[1])),
+                    _ => Err(DecodeError::CallerStatus(b[1])),
                 }
             }
             7 => return Ok(Record::UserStackTop([u64_at(b, 8), u64_at(b, 16)])),
             6 => {
                 if !(1..=3).contains(&b[1]) {
-                    return Err(RecordError::FrameCount(b[1]));
+                    return Err(DecodeError::FrameCount(b[1]));
                 }
                 return Ok(Record::CallFrames {
                     count: b[1],
@@ -387,11 +387,11 @@ impl Record {
         let addr = u64_at(b, 8);
         let a = u64_at(b, 16);
         let c = u64_at(b, 24);
-        let reason = Reason::from_u8(b[1]).ok_or(RecordError::Reason(b[1]))?;
+        let reason = Reason::from_u8(b[1]).ok_or(DecodeError::Reason(b[1]))?;
         match b[0] {
             1 => {
                 if c != 0 && c < a {
-                    return Err(RecordError::EntryBeforeExit { exit: a, entry: c });
+                    return Err(DecodeError::EntryBeforeExit { exit: a, entry: c });
                 }
                 Ok(Record::Exit {
                     event: ExitEvent {
@@ -406,7 +406,7 @@ impl Record {
             }
             2 => {
                 if b[3] > 3 {
-                    return Err(RecordError::Cpl(b[3]));
+                    return Err(DecodeError::Cpl(b[3]));
                 }
                 let during = (b[2] & 1 == 1).then_some((
                     ExitEvent {
@@ -430,7 +430,7 @@ impl Record {
                 tsc: a,
                 thread_cpu_ns: addr,
             }),
-            k => Err(RecordError::Kind(k)),
+            k => Err(DecodeError::Kind(k)),
         }
     }
 }
@@ -443,12 +443,12 @@ fn encode_mode(mode: Option<vpmu::AccountingMode>) -> u8 {
     }
 }
 
-fn decode_mode(bits: u8) -> Result<Option<vpmu::AccountingMode>, RecordError> {
+fn decode_mode(bits: u8) -> Result<Option<vpmu::AccountingMode>, DecodeError> {
     match bits {
         0 => Ok(None),
         1 => Ok(Some(vpmu::AccountingMode::CpuSwitch)),
         2 => Ok(Some(vpmu::AccountingMode::DomainSwitch)),
-        b => Err(RecordError::Mode(b)),
+        b => Err(DecodeError::Mode(b)),
     }
 }
 
@@ -893,7 +893,7 @@ mod tests {
         back[24..32].copy_from_slice(&1u64.to_le_bytes());
         assert_eq!(
             Record::decode(&back),
-            Err(RecordError::EntryBeforeExit {
+            Err(DecodeError::EntryBeforeExit {
                 exit: 2000,
                 entry: 1
             })

@@ -8,21 +8,15 @@ use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::boot::layout::*;
+use crate::kvm_error::KvmSetupError;
 use crate::vcpu_access::lapic;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegsError {
     #[error("writing boot structures to guest memory: {0}")]
     Memory(#[from] vm_memory::GuestMemoryError),
-    #[error("{what}: {source}")]
-    Kvm {
-        what: &'static str,
-        source: kvm_ioctls::Error,
-    },
-}
-
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> RegsError {
-    move |source| RegsError::Kvm { what, source }
+    #[error(transparent)]
+    Kvm(#[from] KvmSetupError),
 }
 
 use crate::arch::x86::{
@@ -129,9 +123,9 @@ pub(crate) fn setup_boot_vcpu(
     mem: &GuestMemoryMmap,
     entry: u64,
 ) -> Result<(), RegsError> {
-    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    let sregs = vcpu.get_sregs().map_err(KvmSetupError::GetSregs)?;
     let sregs = long_mode_sregs(mem, sregs)?;
-    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    vcpu.set_sregs(&sregs).map_err(KvmSetupError::SetSregs)?;
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry,
@@ -140,7 +134,7 @@ pub(crate) fn setup_boot_vcpu(
         rsi: ZERO_PAGE_ADDR,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    vcpu.set_regs(&regs).map_err(KvmSetupError::SetRegs)?;
     Ok(())
 }
 
@@ -151,7 +145,7 @@ pub(crate) fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu).map_err(kvm("KVM_SET_FPU"))?;
+    vcpu.set_fpu(&fpu).map_err(KvmSetupError::SetFpu)?;
 
     const MISC_ENABLE_FAST_STRING: u64 = 1;
     let entries: Vec<kvm_msr_entry> = [
@@ -173,12 +167,12 @@ pub(crate) fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
     })
     .collect();
     let msrs = Msrs::from_entries(&entries).expect("fixed small MSR list");
-    let n = vcpu.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+    let n = vcpu.set_msrs(&msrs).map_err(KvmSetupError::SetMsrs)?;
     if n != entries.len() {
         log::debug!("KVM accepted {n} of {} boot MSRs", entries.len());
     }
 
-    let mut lapic = vcpu.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?;
+    let mut lapic = vcpu.get_lapic().map_err(KvmSetupError::GetLapic)?;
     for (reg, mode) in [
         (lapic::LVT_LINT0, lapic::DELIVERY_EXTINT),
         (lapic::LVT_LINT1, lapic::DELIVERY_NMI),
@@ -186,7 +180,7 @@ pub(crate) fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
         let v = lapic::reg(&lapic.regs, reg);
         lapic::set_reg(&mut lapic.regs, reg, lapic::with_delivery_mode(v, mode));
     }
-    vcpu.set_lapic(&lapic).map_err(kvm("KVM_SET_LAPIC"))?;
+    vcpu.set_lapic(&lapic).map_err(KvmSetupError::SetLapic)?;
     Ok(())
 }
 
@@ -213,9 +207,9 @@ pub(crate) fn setup_multiboot(
     entry: u32,
     info: u32,
 ) -> Result<(), RegsError> {
-    let sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    let sregs = vcpu.get_sregs().map_err(KvmSetupError::GetSregs)?;
     let sregs = protected_mode_sregs(mem, sregs)?;
-    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    vcpu.set_sregs(&sregs).map_err(KvmSetupError::SetSregs)?;
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry.into(),
@@ -225,7 +219,7 @@ pub(crate) fn setup_multiboot(
         rsp: BOOT_STACK_POINTER,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    vcpu.set_regs(&regs).map_err(KvmSetupError::SetRegs)?;
     Ok(())
 }
 
@@ -255,7 +249,7 @@ pub(crate) fn setup_boot_entry(
 
 /// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
 pub(crate) fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
-    let mut sregs = vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    let mut sregs = vcpu.get_sregs().map_err(KvmSetupError::GetSregs)?;
     for s in [
         &mut sregs.cs,
         &mut sregs.ds,
@@ -267,14 +261,14 @@ pub(crate) fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError
         s.base = 0;
         s.selector = 0;
     }
-    vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+    vcpu.set_sregs(&sregs).map_err(KvmSetupError::SetSregs)?;
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry,
         rsp: 0x7000,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+    vcpu.set_regs(&regs).map_err(KvmSetupError::SetRegs)?;
     Ok(())
 }
 

@@ -22,7 +22,7 @@ use vm_memory::{
 use vmm_sys_util::eventfd::EventFd;
 
 use super::DEFAULT_CMDLINE;
-use super::{kvm, Boot, Latch, RdpmcSetting, VmConfig, VmControl, VmError, VpmuSetting};
+use super::{Boot, Latch, RdpmcSetting, VmConfig, VmControl, VmError, VpmuSetting};
 use crate::boot::{self, layout};
 use crate::console::{ConsoleLog, Tee};
 use crate::devices::virtio::blk::{self, DiskConfig, VirtioBlk};
@@ -34,6 +34,7 @@ use crate::devices::{
 };
 use crate::host_quirks::idt_trap::{Mark, TrapPoll};
 use crate::host_quirks::{self, syscall_relay, FixupCounts};
+use crate::kvm_error::KvmSetupError;
 use crate::net::{self, pinger::Pinger};
 use crate::pmu::{
     self,
@@ -91,8 +92,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let (hv, vm) = create_vm()?;
     // The guest's PMU is the VMM's (or none, with --vpmu off): KVM's own must not answer the
     // guest's RDPMC from counters nobody programs. Before the vCPUs are created.
-    let kvm_pmu_off =
-        pmu::setup::disable_kvm_pmu(&vm).map_err(kvm("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
+    let kvm_pmu_off = pmu::setup::disable_kvm_pmu(&vm).map_err(KvmSetupError::DisablePmu)?;
     log::debug!(
         "KVM's own PMU: {}",
         if kvm_pmu_off {
@@ -109,7 +109,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let devices = attach_devices(cfg, &vm, &mem, &control, mode_switch.as_ref())?;
     let supported = hv
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+        .map_err(KvmSetupError::GetSupportedCpuid)?;
     // The guest's CPUID (KVM's supported table with the guest's identity), which the vPMU's
     // model reads (its TSX bits) and the vCPUs are made from.
     let guest_cpuid = guest_cpuid(cfg.pmu_model, supported.as_slice());
@@ -132,7 +132,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     if vpmu.is_none() {
         filter_const_msrs(&vm, &cfg.const_msrs)?;
     }
-    kick::install_handler().map_err(kvm("installing the vCPU kick signal handler"))?;
+    kick::install_handler().map_err(VmError::KickHandler)?;
     let fixups = Arc::new(FixupCounts::default());
     // Guest user space where the host leaves SYSCALL half done (host quirks only).
     let relay = quirks.then(|| syscall_relay::SyscallRelay::new(fixups.clone()));
@@ -208,15 +208,15 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
 /// Opens KVM and creates the VM with its TSS, in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT.
 fn create_vm() -> Result<(Kvm, Arc<VmFd>), VmError> {
     let hv = Kvm::new().map_err(VmError::OpenKvm)?;
-    let vm = Arc::new(hv.create_vm().map_err(kvm("KVM_CREATE_VM"))?);
+    let vm = Arc::new(hv.create_vm().map_err(KvmSetupError::CreateVm)?);
     vm.set_tss_address(layout::KVM_TSS_ADDR as usize)
-        .map_err(kvm("KVM_SET_TSS_ADDR"))?;
-    vm.create_irq_chip().map_err(kvm("KVM_CREATE_IRQCHIP"))?;
+        .map_err(KvmSetupError::SetTssAddr)?;
+    vm.create_irq_chip().map_err(KvmSetupError::CreateIrqchip)?;
     vm.create_pit2(kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     })
-    .map_err(kvm("KVM_CREATE_PIT2"))?;
+    .map_err(KvmSetupError::CreatePit2)?;
     Ok((hv, vm))
 }
 
@@ -235,7 +235,7 @@ fn create_memory(vm: &VmFd, mib: u64) -> Result<GuestMemoryMmap, VmError> {
         // SAFETY: the region is a live mmap owned by `mem`. Its clones live as long as the VM:
         // each vCPU thread holds one beside its VM reference, and `BuiltVm` drops its VM
         // reference (the last) before its clone of `mem`.
-        unsafe { vm.set_user_memory_region(r) }.map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { vm.set_user_memory_region(r) }.map_err(KvmSetupError::SetUserMemoryRegion)?;
     }
     Ok(mem)
 }
@@ -667,7 +667,7 @@ fn open_output<W: std::io::Write + Send + 'static>(
 /// An eventfd that raises `gsi` on the in-kernel irqchip when written.
 fn irqfd(vm: &VmFd, gsi: u32) -> Result<EventFd, VmError> {
     let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmError::EventFd)?;
-    vm.register_irqfd(&evt, gsi).map_err(kvm("KVM_IRQFD"))?;
+    vm.register_irqfd(&evt, gsi).map_err(KvmSetupError::Irqfd)?;
     Ok(evt)
 }
 
@@ -759,7 +759,7 @@ fn plan_vpmu(
         probe.rdpmc_ranges()
     };
     pmu::setup::install_msr_filter(vm, &ranges, &rdpmc_ranges)
-        .map_err(kvm("KVM_X86_SET_MSR_FILTER"))?;
+        .map_err(KvmSetupError::SetMsrFilter)?;
     log::info!(
         "vPMU: {:?} model, {mode:?} accounting, {backend:?} backend, PMI limit {}/s per vCPU; {} MSR ranges to user space",
         config.vendor(),
@@ -854,7 +854,8 @@ fn filter_const_msrs(vm: &VmFd, msrs: &[u32]) -> Result<(), VmError> {
         return Ok(());
     }
     let ranges: Vec<_> = msrs.iter().map(|&m| m..=m).collect();
-    pmu::setup::install_msr_filter(vm, &ranges, &[]).map_err(kvm("KVM_X86_SET_MSR_FILTER"))
+    pmu::setup::install_msr_filter(vm, &ranges, &[])
+        .map_err(|e| KvmSetupError::SetMsrFilter(e).into())
 }
 
 /// KVM's supported CPUID, or for `--pmu-model intel` on a host that is not Intel (`amd` on one
@@ -922,7 +923,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
         let fd = shared
             .vm
             .create_vcpu(u64::from(id))
-            .map_err(kvm("KVM_CREATE_VCPU"))?;
+            .map_err(KvmSetupError::CreateVcpu)?;
         let mut table = cpuid::for_vcpu(plan.guest_cpuid, id, cfg.vcpus, policy);
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
         let pmu = match plan.vpmu {
@@ -930,7 +931,7 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             None => None,
         };
         let table = CpuId::from_entries(&table).map_err(VmError::CpuidTable)?;
-        fd.set_cpuid2(&table).map_err(kvm("KVM_SET_CPUID2"))?;
+        fd.set_cpuid2(&table).map_err(KvmSetupError::SetCpuid2)?;
         regs::setup_common(&fd)?;
         if id == 0 {
             regs::setup_boot_entry(&fd, &shared.mem, plan.entry)?;
@@ -960,7 +961,9 @@ fn vcpu_pmu(
     mode_switch: &Option<Arc<ModeSwitch>>,
 ) -> Result<VcpuPmu, VmError> {
     let tsc_khz = || -> Result<u64, VmError> {
-        Ok(u64::from(fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?))
+        Ok(u64::from(
+            fd.get_tsc_khz().map_err(KvmSetupError::GetTscKhz)?,
+        ))
     };
     let host = Box::new(HostPerf {
         signal: kick::kick_signal(),
@@ -1002,7 +1005,7 @@ fn start_recording(
         return Ok(None);
     };
     let host = crate::trace::recorder::RecordHost {
-        tsc_khz: first.fd.get_tsc_khz().map_err(kvm("KVM_GET_TSC_KHZ"))?,
+        tsc_khz: first.fd.get_tsc_khz().map_err(KvmSetupError::GetTscKhz)?,
         guest_kernel_emulated: quirks,
         notify_cost_ns,
     };

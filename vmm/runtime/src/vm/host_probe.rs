@@ -31,6 +31,7 @@ use kvm_ioctls::{Kvm, VcpuExit};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::boot::layout::{HIMEM_START, KVM_TSS_ADDR};
+use crate::kvm_error::KvmSetupError;
 use crate::vcpu::regs::{self, BootEntry};
 
 /// Intervals measured.
@@ -51,11 +52,8 @@ const PAGE: usize = 0x1000;
 /// Why the host could not be probed (the gate then charges whole intervals, as before).
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ProbeError {
-    #[error("{what}: {source}")]
-    Kvm {
-        what: &'static str,
-        source: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Kvm(#[from] KvmSetupError),
     #[error("the calibration VM's memory: {0}")]
     Memory(String),
     #[error("the calibration vCPU's registers: {0}")]
@@ -98,7 +96,6 @@ pub(super) fn probe(kvm: &Kvm) -> Result<HostProbe, &'static ProbeError> {
 const RDPMC_AT: u64 = HIMEM_START + PAGE as u64;
 
 fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
-    let err = |what| move |source| ProbeError::Kvm { what, source };
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM)])
         .map_err(|e| ProbeError::Memory(e.to_string()))?;
     let code: Vec<u8> = [0xe6, 0x80].repeat(PAGE / 2);
@@ -106,14 +103,13 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
         .map_err(|e| ProbeError::Memory(e.to_string()))?;
     mem.write_slice(&[0x0f, 0x33, 0xe6, 0x81], GuestAddress(RDPMC_AT))
         .map_err(|e| ProbeError::Memory(e.to_string()))?;
-    let vm = kvm.create_vm().map_err(err("KVM_CREATE_VM"))?;
+    let vm = kvm.create_vm().map_err(KvmSetupError::CreateVm)?;
     vm.set_tss_address(KVM_TSS_ADDR as usize)
-        .map_err(err("KVM_SET_TSS_ADDR"))?;
+        .map_err(KvmSetupError::SetTssAddr)?;
     // As the run's VM: the LAPIC is KVM's (the boot state programs its LINTs), and KVM's own PMU
     // is off where KVM offers that (as for the RDPMC trap: pmu::setup::disable_kvm_pmu).
-    vm.create_irq_chip().map_err(err("KVM_CREATE_IRQCHIP"))?;
-    crate::pmu::setup::disable_kvm_pmu(&vm)
-        .map_err(err("KVM_ENABLE_CAP(KVM_CAP_PMU_CAPABILITY)"))?;
+    vm.create_irq_chip().map_err(KvmSetupError::CreateIrqchip)?;
+    crate::pmu::setup::disable_kvm_pmu(&vm).map_err(KvmSetupError::DisablePmu)?;
     let region = kvm_userspace_memory_region {
         slot: 0,
         guest_phys_addr: 0,
@@ -125,8 +121,8 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
     };
     // SAFETY: the region is `mem`'s mapping of RAM bytes, which outlives `vm` (both are dropped
     // at the end of this function, `vm` first: declared after `mem`).
-    unsafe { vm.set_user_memory_region(region) }.map_err(err("KVM_SET_USER_MEMORY_REGION"))?;
-    let mut vcpu = vm.create_vcpu(0).map_err(err("KVM_CREATE_VCPU"))?;
+    unsafe { vm.set_user_memory_region(region) }.map_err(KvmSetupError::SetUserMemoryRegion)?;
+    let mut vcpu = vm.create_vcpu(0).map_err(KvmSetupError::CreateVcpu)?;
     regs::setup_common(&vcpu)?;
     regs::setup_boot_entry(&vcpu, &mem, BootEntry::LongMode { rip: HIMEM_START })?;
     const {
@@ -139,7 +135,7 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
     timed_outs(&mut vcpu, WARM_UP)?;
     jump(&mut vcpu, HIMEM_START, 0)?;
     let mut samples = timed_outs(&mut vcpu, SAMPLES)?;
-    let khz = u64::from(vcpu.get_tsc_khz().map_err(err("KVM_GET_TSC_KHZ"))?).max(1);
+    let khz = u64::from(vcpu.get_tsc_khz().map_err(KvmSetupError::GetTscKhz)?).max(1);
     let tsc = percentile(&mut samples, PERCENTILE);
     let exit_cost_ns =
         u64::try_from(u128::from(tsc) * 1_000_000 / u128::from(khz)).unwrap_or(u64::MAX);
@@ -149,12 +145,7 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
         Ok(VcpuExit::IoOut(0x81, _)) => true,
         Ok(VcpuExit::Shutdown) => false,
         Ok(other) => return Err(ProbeError::UnexpectedExit(format!("{other:?}"))),
-        Err(source) => {
-            return Err(ProbeError::Kvm {
-                what: "KVM_RUN",
-                source,
-            })
-        }
+        Err(source) => return Err(KvmSetupError::Run(source).into()),
     };
     Ok(HostProbe {
         exit_cost_ns,
@@ -196,14 +187,14 @@ fn signal_cost_ns() -> u64 {
 /// Moves the vCPU to `rip` with RCX = `rcx`, once the port write it stopped on is complete
 /// (KVM_RUN with immediate_exit completes it and returns at once).
 fn jump(vcpu: &mut kvm_ioctls::VcpuFd, rip: u64, rcx: u64) -> Result<(), ProbeError> {
-    let err = |what| move |source| ProbeError::Kvm { what, source };
     vcpu.set_kvm_immediate_exit(1);
     let _ = vcpu.run();
     vcpu.set_kvm_immediate_exit(0);
-    let mut r = vcpu.get_regs().map_err(err("KVM_GET_REGS"))?;
+    let mut r = vcpu.get_regs().map_err(KvmSetupError::GetRegs)?;
     r.rip = rip;
     r.rcx = rcx;
-    vcpu.set_regs(&r).map_err(err("KVM_SET_REGS"))
+    vcpu.set_regs(&r)
+        .map_err(|e| KvmSetupError::SetRegs(e).into())
 }
 
 /// TSC cycles of each of `n` KVM_RUNs, each of which must end in the guest's `out`.
@@ -216,12 +207,7 @@ fn timed_outs(vcpu: &mut kvm_ioctls::VcpuFd, n: usize) -> Result<Vec<u64>, Probe
         match exit {
             Ok(VcpuExit::IoOut(0x80, _)) => samples.push(t1.wrapping_sub(t0)),
             Ok(other) => return Err(ProbeError::UnexpectedExit(format!("{other:?}"))),
-            Err(source) => {
-                return Err(ProbeError::Kvm {
-                    what: "KVM_RUN",
-                    source,
-                })
-            }
+            Err(source) => return Err(KvmSetupError::Run(source).into()),
         }
     }
     Ok(samples)

@@ -17,6 +17,7 @@ use crate::devices::virtio::net::NetReport;
 use crate::devices::BusError;
 use crate::end::VmEnd;
 use crate::exit::ExitCounts;
+use crate::kvm_error::KvmSetupError;
 use crate::pmu::{self, BackendChoice, PmuStats};
 use crate::seccomp;
 use crate::vcpu::regs;
@@ -33,11 +34,10 @@ pub use config::{
 pub enum VmError {
     #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
     OpenKvm(kvm_ioctls::Error),
-    #[error("{what}: {source}")]
-    Kvm {
-        what: &'static str,
-        source: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Kvm(#[from] KvmSetupError),
+    #[error("installing the vCPU kick signal handler: {0}")]
+    KickHandler(vmm_sys_util::errno::Error),
     #[error("guest memory: {0}")]
     Memory(vm_memory::mmap::FromRangesError),
     #[error("guest memory: image of {len} bytes does not fit at {load_addr:#x}")]
@@ -85,10 +85,6 @@ pub enum VmError {
     Disk(#[from] DiskError),
     #[error("{0} disks: at most {max}", max = crate::devices::virtio::blk::MAX_DISKS)]
     TooManyDisks(usize),
-}
-
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
-    move |source| VmError::Kvm { what, source }
 }
 
 /// What a run produced.
