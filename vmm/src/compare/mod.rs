@@ -5,6 +5,7 @@
 //! VT-x/SVM host) and [`tiny`] (a bare-metal guest that samples itself with the vPMU).
 
 pub(crate) mod args;
+mod chart;
 pub mod in_guest;
 pub mod linux;
 pub mod table;

@@ -248,7 +248,7 @@ impl Comparison {
         self.rows.insert(0, row);
     }
 
-    fn is_total(&self, r: &Row) -> bool {
+    pub(super) fn is_total(&self, r: &Row) -> bool {
         self.total_rows.contains(&r.function)
     }
 
@@ -339,175 +339,10 @@ impl Comparison {
     }
 
     /// A horizontal bar chart of [`chart_rows`](Self::chart_rows)`(CHART_TOP)`: per row, its
-    /// share in each mode and the ratio of the two, on a labelled percent axis.
+    /// share in each mode and the ratio of the two, on a labelled percent axis
+    /// ([`super::chart`]).
     pub fn to_svg(&self) -> String {
-        const BAR: usize = 14;
-        const ROW: usize = 2 * BAR + 10;
-        const CHAR: f64 = 7.3; // monospace advance at 12 px
-        const MAX_LABEL: usize = 64; // characters; longer names are cut, the full one in <title>
-        const PLOT: f64 = 480.0;
-        const TOP: usize = 130;
-        let rows = self.chart_rows(CHART_TOP);
-        let labels: Vec<String> = rows
-            .iter()
-            .map(|r| {
-                if r.function.chars().count() > MAX_LABEL {
-                    let cut: String = r.function.chars().take(MAX_LABEL - 1).collect();
-                    format!("{cut}\u{2026}")
-                } else {
-                    r.function.clone()
-                }
-            })
-            .collect();
-        let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(8);
-        let label_w = ((longest as f64 * CHAR) as usize + 20).max(120);
-        let plot_x = 10 + label_w;
-        let ratio_x = plot_x as f64 + PLOT + 64.0;
-        let width = (ratio_x + 90.0) as usize;
-        let height = TOP + rows.len() * ROW + 44;
-        let max = rows
-            .iter()
-            .map(|r| r.cpu_percent.max(r.domain_percent))
-            .fold(0.0, f64::max);
-        let step = [1.0, 2.0, 5.0, 10.0, 20.0, 25.0, 50.0]
-            .into_iter()
-            .find(|s| max / s <= 6.0)
-            .unwrap_or(50.0);
-        let axis_max = ((max / step).ceil() * step).clamp(step, 100.0);
-        let x_of = |pct: f64| plot_x as f64 + PLOT * pct / axis_max;
-        let (cpu_c, dom_c) = ("#4e79a7", "#e15759");
-        let shown = rows.len();
-        let title = format!(
-            "{}: share of samples per function, cpu-switch vs domain-switch accounting",
-            self.workload
-        );
-        let selection = if shown < self.rows.len() {
-            format!(
-                "{} of {} rows charted: {}the {CHART_TOP} largest in either mode; the other {} summed in one row (all rows are in the CSV)",
-                shown - 1,
-                self.rows.len(),
-                if self.total_rows.is_empty() { "" } else { "the path total, " },
-                self.rows.len() + 1 - shown,
-            )
-        } else {
-            format!("all {} rows", self.rows.len())
-        };
-        let order = "sorted by the percentage points domain-switch adds; dom/cpu = domain-switch share / cpu-switch share";
-        let legend = [
-            (
-                cpu_c,
-                format!(
-                    "cpu-switch: only guest execution counts ({} samples)",
-                    self.cpu_total
-                ),
-            ),
-            (
-                dom_c,
-                format!(
-                    "domain-switch: the VMM's work for the guest counts too ({} samples)",
-                    self.domain_total
-                ),
-            ),
-        ];
-        // Widest header line, at about 9 px (15 px bold) and 6.8 px (12 px) per character.
-        let header_w = (title.chars().count() as f64 * 9.0)
-            .max(selection.chars().count() as f64 * 6.8)
-            .max(order.chars().count() as f64 * 6.8);
-        let width = width.max((header_w + 30.0) as usize);
-        let mut s = Svg::new(
-            width as f64,
-            height as f64,
-            r#"font-family="sans-serif" font-size="12""#,
-        );
-        s.text(10.0, 22.0, r#"font-size="15" font-weight="bold""#, &title);
-        s.text(10.0, 42.0, r##"fill="#444""##, &selection);
-        s.text(10.0, 58.0, r##"fill="#444""##, order);
-        for (i, (color, text)) in legend.iter().enumerate() {
-            let y = (70 + 18 * i) as f64;
-            s.rect(10.0, y, 12.0, 12.0, &format!(r#"fill="{color}""#));
-            s.text(27.0, y + 10.0, "", text);
-        }
-        // Percent axis on top, grid lines through the plot.
-        let (top, bottom) = (TOP as f64, (TOP + rows.len() * ROW) as f64);
-        let mut t = 0.0;
-        while t <= axis_max + 1e-9 {
-            let x = x_of(t);
-            s.line((x, top - 6.0), (x, bottom), r##"stroke="#ddd""##);
-            s.text(
-                x,
-                top - 10.0,
-                r##"text-anchor="middle" fill="#444""##,
-                &format!("{t}%"),
-            );
-            t += step;
-        }
-        s.text(
-            plot_x as f64 + PLOT / 2.0,
-            bottom + 30.0,
-            r##"text-anchor="middle" fill="#444""##,
-            "share of the mode's samples",
-        );
-        s.text(ratio_x, top - 10.0, r#"font-weight="bold""#, "dom/cpu");
-        for (i, (r, label)) in rows.iter().zip(&labels).enumerate() {
-            let y = (TOP + i * ROW + 4) as f64;
-            let total = self.is_total(r);
-            let other = i + 1 == rows.len() && !self.rows.iter().any(|x| x.function == r.function);
-            let weight = if total {
-                r#"font-weight="bold""#
-            } else if other {
-                r#"font-style="italic""#
-            } else {
-                ""
-            };
-            s.titled_text(
-                (plot_x - 8) as f64,
-                y + (BAR + 4) as f64,
-                &format!(r#"text-anchor="end" font-family="monospace" {weight}"#),
-                Some(&r.function),
-                label,
-            );
-            for (j, (pct, color)) in [(r.cpu_percent, cpu_c), (r.domain_percent, dom_c)]
-                .into_iter()
-                .enumerate()
-            {
-                let len = x_of(pct) - plot_x as f64;
-                let by = y + (j * BAR) as f64;
-                s.rect(
-                    plot_x as f64,
-                    by,
-                    len,
-                    (BAR - 2) as f64,
-                    &format!(r#"fill="{color}""#),
-                );
-                s.text(
-                    plot_x as f64 + len + 4.0,
-                    by + (BAR - 3) as f64,
-                    r#"font-size="11""#,
-                    &format!("{pct:.1}%"),
-                );
-            }
-            let ratio = r.ratio();
-            let ratio = if ratio.is_infinite() {
-                "new".to_string()
-            } else {
-                format!("{ratio:.2}x")
-            };
-            s.text(ratio_x, y + (BAR + 4) as f64, weight, &ratio);
-            if total {
-                let ly = y + (ROW - 6) as f64;
-                s.line(
-                    (10.0, ly),
-                    (ratio_x + 60.0, ly),
-                    r##"stroke="#999" stroke-dasharray="4 3""##,
-                );
-            }
-        }
-        s.line(
-            (plot_x as f64, top - 6.0),
-            (plot_x as f64, bottom),
-            r##"stroke="#444""##,
-        );
-        s.finish()
+        super::chart::svg(self)
     }
 }
 
@@ -626,8 +461,6 @@ fn csv_field(s: &str) -> String {
         s.to_string()
     }
 }
-
-use analysis::svg::Svg;
 
 #[cfg(test)]
 mod tests {
