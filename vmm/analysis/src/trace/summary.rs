@@ -555,107 +555,8 @@ pub fn dump(t: &dyn Records, out: &mut dyn std::io::Write) -> Result<(), DumpErr
         if let Some(r) = &next[v] {
             heads.push(std::cmp::Reverse((r.tsc, v)));
         }
-        let r = &record;
-        match r {
-            Record::Exit {
-                event, entry_tsc, ..
-            } => {
-                let end = ends[v].end_tsc;
-                writeln!(
-                    out,
-                    "{:.9} vcpu{v} exit {} vmm_us={:.2}{}",
-                    secs(tsc),
-                    event.describe(),
-                    h.secs(vmm_ticks(tsc, *entry_tsc, end)) * 1e6,
-                    if *entry_tsc == 0 {
-                        " (no re-entry)"
-                    } else {
-                        ""
-                    }
-                )?;
-            }
-            Record::Sample {
-                rip, cpl, during, ..
-            } => {
-                writeln!(
-                    out,
-                    "{:.9} vcpu{v} sample rip={rip:#x} cpl={cpl}{}",
-                    secs(tsc),
-                    match during {
-                        Some((e, _)) => format!(" during {}", e.describe()),
-                        None => String::new(),
-                    }
-                )?;
-            }
-            Record::Clock { thread_cpu_ns, .. } => writeln!(
-                out,
-                "{:.9} vcpu{v} clock thread_cpu_ms={:.3}",
-                secs(tsc),
-                *thread_cpu_ns as f64 / 1e6
-            )?,
-            Record::Task { cr3, task } => writeln!(
-                out,
-                "{:.9} vcpu{v} task cr3={cr3:#x} {}",
-                secs(tsc),
-                match task {
-                    Ok(t) => format!(
-                        "pid={} tgid={} comm={:?}{}",
-                        t.pid,
-                        t.tgid,
-                        t.comm(),
-                        if t.kernel_thread { " kthread" } else { "" }
-                    ),
-                    Err(u) => format!("unresolved ({})", u.describe()),
-                }
-            )?,
-            Record::UserStackTop(w) => writeln!(
-                out,
-                "{:.9} vcpu{v} user stack top {:#x} {:#x}",
-                secs(tsc),
-                w[0],
-                w[1]
-            )?,
-            Record::CallFrames { count, addrs } => writeln!(
-                out,
-                "{:.9} vcpu{v} user frames {}",
-                secs(tsc),
-                addrs[..usize::from(*count).min(3)]
-                    .iter()
-                    .map(|a| format!("{a:#x}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            )?,
-            Record::Mapping(m) => writeln!(
-                out,
-                "{:.9} vcpu{v} mapping {}",
-                secs(tsc),
-                match m {
-                    Ok(m) => describe_mapping(m),
-                    Err(u) => format!("unresolved ({})", u.describe()),
-                }
-            )?,
-            Record::CallerMapping(m) => writeln!(
-                out,
-                "{:.9} vcpu{v} caller mapping {}",
-                secs(tsc),
-                describe_mapping(m)
-            )?,
-            Record::Exe(exe) => writeln!(
-                out,
-                "{:.9} vcpu{v} exe {}",
-                secs(tsc),
-                match exe {
-                    Ok(e) => format!(
-                        "name={:?}{} start_code={:#x} code_size={:#x}",
-                        e.name(),
-                        if e.truncated() { " (truncated)" } else { "" },
-                        e.start_code,
-                        e.code_size
-                    ),
-                    Err(u) => format!("unresolved ({})", u.describe()),
-                }
-            )?,
-        }
+        let what = describe(&record, tsc, ends[v].end_tsc, h);
+        writeln!(out, "{:.9} vcpu{v} {what}", secs(tsc))?;
     }
     let late: u64 = vcpus.iter().map(|s| s.late).sum();
     if late > 0 {
@@ -666,6 +567,80 @@ pub fn dump(t: &dyn Records, out: &mut dyn std::io::Write) -> Result<(), DumpErr
         )?;
     }
     Ok(())
+}
+
+/// One record as `--dump` prints it after its time and vCPU. `end_tsc`: the vCPU's end (an
+/// exit with no re-entry is charged to it).
+fn describe(r: &Record, tsc: u64, end_tsc: u64, h: &super::format::Header) -> String {
+    match r {
+        Record::Exit {
+            event, entry_tsc, ..
+        } => format!(
+            "exit {} vmm_us={:.2}{}",
+            event.describe(),
+            h.secs(vmm_ticks(tsc, *entry_tsc, end_tsc)) * 1e6,
+            if *entry_tsc == 0 {
+                " (no re-entry)"
+            } else {
+                ""
+            }
+        ),
+        Record::Sample {
+            rip, cpl, during, ..
+        } => format!(
+            "sample rip={rip:#x} cpl={cpl}{}",
+            match during {
+                Some((e, _)) => format!(" during {}", e.describe()),
+                None => String::new(),
+            }
+        ),
+        Record::Clock { thread_cpu_ns, .. } => {
+            format!("clock thread_cpu_ms={:.3}", *thread_cpu_ns as f64 / 1e6)
+        }
+        Record::Task { cr3, task } => format!(
+            "task cr3={cr3:#x} {}",
+            match task {
+                Ok(t) => format!(
+                    "pid={} tgid={} comm={:?}{}",
+                    t.pid,
+                    t.tgid,
+                    t.comm(),
+                    if t.kernel_thread { " kthread" } else { "" }
+                ),
+                Err(u) => format!("unresolved ({})", u.describe()),
+            }
+        ),
+        Record::UserStackTop(w) => format!("user stack top {:#x} {:#x}", w[0], w[1]),
+        Record::CallFrames { count, addrs } => format!(
+            "user frames {}",
+            addrs[..usize::from(*count).min(3)]
+                .iter()
+                .map(|a| format!("{a:#x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        Record::Mapping(m) => format!(
+            "mapping {}",
+            match m {
+                Ok(m) => describe_mapping(m),
+                Err(u) => format!("unresolved ({})", u.describe()),
+            }
+        ),
+        Record::CallerMapping(m) => format!("caller mapping {}", describe_mapping(m)),
+        Record::Exe(exe) => format!(
+            "exe {}",
+            match exe {
+                Ok(e) => format!(
+                    "name={:?}{} start_code={:#x} code_size={:#x}",
+                    e.name(),
+                    if e.truncated() { " (truncated)" } else { "" },
+                    e.start_code,
+                    e.code_size
+                ),
+                Err(u) => format!("unresolved ({})", u.describe()),
+            }
+        ),
+    }
 }
 
 /// A mapping record's fields, as `--dump` prints them.
