@@ -7,8 +7,10 @@
 //! counts the vCPU thread's CPU time, so the host's work on each interruption (~70-80 us of it
 //! here, measured by the sampler: docs/tracing.md, Limits) is counted as guest cycles unless
 //! the vPMU forgets it. Checks, per mode (medians over nine rotations of each rotation's
-//! ratios, each run's least round): the correction takes away at least 40 % of the inflation
-//! and leaves less than 8 %. Measured here: +11-16 % without it and +2.4-3.8 % with it on a
+//! ratios, each run's least round): the correction leaves less than 8 %, and where the
+//! interruptions inflate the count by 5 % or more it takes away at least 40 % of that (below,
+//! the share is within run-to-run noise and is reported NOT CHECKED; a pool machine measured
+//! +1-8 % without the correction, 2026-11-29). Measured here: +11-16 % without it and +2.4-3.8 % with it on a
 //! quiet machine; +9-13 % and +1.0-3.6 % beside two busy loops. What stays is the
 //! interruptions' re-entry and after-effects, which the sampler cannot see.
 
@@ -22,6 +24,10 @@ use runtime::host_quirks::QuirkSetting;
 use runtime::pmu::{BackendChoice, ModelChoice, PmuStats};
 use runtime::trace::recorder::{ProfileClock, ProfileConfig};
 use runtime::vm::VpmuSetting;
+
+/// Inflation of the guest's count by the interruptions (kept in) above which the correction's
+/// share of it is checked.
+const VISIBLE_INFLATION: f64 = 0.05;
 
 /// How a run is profiled.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -118,12 +124,35 @@ fn the_host_profile_does_not_change_the_guests_user_space_counts() {
             100.0 * without
         );
         assert!(
-            with < 0.08 && with < 0.6 * without,
+            with < 0.08,
             "{vpmu:?} {backend:?}: with the host profile the guest counted {:+.2} % ({:+.2} % \
              with the interruptions left in)",
             100.0 * with,
             100.0 * without
         );
+        // The correction's share can be told from run-to-run noise only where the
+        // interruptions inflate the count clearly (+9-16 % on the machine this was written on;
+        // +1-8 % on a pool machine whose signals cost less).
+        if without >= VISIBLE_INFLATION {
+            assert!(
+                with < 0.6 * without,
+                "{vpmu:?} {backend:?}: the correction took away less than 40 % of the \
+                 interruptions' {:+.2} % (left {:+.2} %)",
+                100.0 * without,
+                100.0 * with
+            );
+        } else {
+            testkit::not_checked(
+                &format!("host profile correction's share, {vpmu:?}"),
+                &format!(
+                    "the interruptions inflated the guest's count by only {:+.2} % here (below \
+                     {:.0} %, within run-to-run noise): only the bound of 8 % with the \
+                     correction was checked",
+                    100.0 * without,
+                    100.0 * VISIBLE_INFLATION
+                ),
+            );
+        }
     }
 }
 
