@@ -51,17 +51,8 @@ impl VcpuRunner {
     /// Runs until the VM ends; returns this vCPU's exit counts and vPMU statistics.
     pub(crate) fn run(&mut self) -> (ExitCounts, PmuStats) {
         let mut counts = ExitCounts::default();
-        kick::bind(self.fd.get_kvm_run());
-        // SAFETY: pthread_self has no preconditions.
-        self.control
-            .register_thread(unsafe { libc::pthread_self() });
-        if let Some(t) = &mut self.ticker {
-            if let Err(e) = t.start() {
-                log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
-                self.control
-                    .request_end(VmEnd::KvmFailure(KvmFailure::DeviceTicker(e.to_string())));
-            }
-        }
+        let sync_run = self.begin();
+        counts.sync_regs = sync_run.is_some();
         let mut no_msrs = NoMsrs;
         let mut const_msrs = exit::ConstMsrs;
         let mut ended_vm = false;
@@ -72,16 +63,6 @@ impl VcpuRunner {
         // mutably around it; a clone of the region list (Arcs) is one borrow that does not
         // tie up `self`.
         let mem = self.mem.clone();
-        // Sync registers: KVM copies regs/sregs/events into kvm_run at every exit (the mask
-        // stays set; KVM never clears it) and applies the sets marked dirty at the next
-        // KVM_RUN, clearing their bits.
-        let sync_run = self.sync_regs.then(|| {
-            let run = self.fd.get_kvm_run();
-            run.kvm_valid_regs = crate::vcpu_access::SYNC_REGS_WANTED;
-            run.kvm_dirty_regs = 0;
-            std::ptr::NonNull::from(run)
-        });
-        counts.sync_regs = sync_run.is_some();
         while !self.control.stopping() {
             // 1-2: outside the gate.
             if let Some(p) = &mut self.pmu {
@@ -146,21 +127,7 @@ impl VcpuRunner {
                     counts: &mut counts,
                 },
             );
-            match outcome {
-                Outcome::Continue => {}
-                Outcome::Interrupted => self.fd.set_kvm_immediate_exit(0),
-                Outcome::InternalError => {
-                    if let Err(end) = self.complete_instruction(&mut cpu) {
-                        ended_vm |= self.control.request_end(end);
-                    }
-                }
-                Outcome::TrapMark => match self.on_trap_mark(&mut cpu) {
-                    Ok(true) => {}
-                    Ok(false) => counts.unclaimed_io += 1,
-                    Err(end) => ended_vm |= self.control.request_end(end),
-                },
-                Outcome::Stop(end) => ended_vm |= self.control.request_end(end),
-            }
+            ended_vm |= self.follow_outcome(outcome, &mut cpu, &mut counts);
             // 12-14
             if let Some(r) = &mut self.recorder {
                 r.after_exit(&mut cpu, self.pmu.as_mut());
@@ -189,6 +156,68 @@ impl VcpuRunner {
                 t.poll();
             }
         }
+        (counts, self.end(ended_vm))
+    }
+
+    /// Before the loop: this thread receives kicks and is known to the control surface, the
+    /// periodic device work starts, and kvm_run carries the registers if sync registers are on
+    /// (then its pointer).
+    fn begin(&mut self) -> Option<std::ptr::NonNull<kvm_bindings::kvm_run>> {
+        kick::bind(self.fd.get_kvm_run());
+        // SAFETY: pthread_self has no preconditions.
+        self.control
+            .register_thread(unsafe { libc::pthread_self() });
+        if let Some(t) = &mut self.ticker {
+            if let Err(e) = t.start() {
+                log::error!("vCPU {}: periodic device work cannot start: {e}", self.id);
+                self.control
+                    .request_end(VmEnd::KvmFailure(KvmFailure::DeviceTicker(e.to_string())));
+            }
+        }
+        // Sync registers: KVM copies regs/sregs/events into kvm_run at every exit (the mask
+        // stays set; KVM never clears it) and applies the sets marked dirty at the next
+        // KVM_RUN, clearing their bits.
+        self.sync_regs.then(|| {
+            let run = self.fd.get_kvm_run();
+            run.kvm_valid_regs = crate::vcpu_access::SYNC_REGS_WANTED;
+            run.kvm_dirty_regs = 0;
+            std::ptr::NonNull::from(run)
+        })
+    }
+
+    /// Step 11's second half: what the exit's outcome asks of the vCPU (completing an
+    /// instruction, a trap's mark, the end). Whether this vCPU ended the VM.
+    #[inline]
+    fn follow_outcome(
+        &mut self,
+        outcome: Outcome,
+        cpu: &mut KvmVcpu<'_>,
+        counts: &mut ExitCounts,
+    ) -> bool {
+        match outcome {
+            Outcome::Continue => false,
+            Outcome::Interrupted => {
+                self.fd.set_kvm_immediate_exit(0);
+                false
+            }
+            Outcome::InternalError => match self.complete_instruction(cpu) {
+                Ok(()) => false,
+                Err(end) => self.control.request_end(end),
+            },
+            Outcome::TrapMark => match self.on_trap_mark(cpu) {
+                Ok(true) => false,
+                Ok(false) => {
+                    counts.unclaimed_io += 1;
+                    false
+                }
+                Err(end) => self.control.request_end(end),
+            },
+            Outcome::Stop(end) => self.control.request_end(end),
+        }
+    }
+
+    /// After the loop: the trace finished, the end state reported, the vPMU's statistics.
+    fn end(&mut self, ended_vm: bool) -> PmuStats {
         self.ticker = None;
         if let Some(r) = self.recorder.take() {
             r.finish();
@@ -209,6 +238,6 @@ impl VcpuRunner {
             })
             .unwrap_or_default();
         stats.signals = kick::signals();
-        (counts, stats)
+        stats
     }
 }

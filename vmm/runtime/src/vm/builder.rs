@@ -90,17 +90,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     }
     let quirks = host.quirks();
     let (hv, vm) = create_vm()?;
-    // The guest's PMU is the VMM's (or none, with --vpmu off): KVM's own must not answer the
-    // guest's RDPMC from counters nobody programs. Before the vCPUs are created.
-    let kvm_pmu_off = pmu::setup::disable_kvm_pmu(&vm).map_err(KvmSetupError::DisablePmu)?;
-    log::debug!(
-        "KVM's own PMU: {}",
-        if kvm_pmu_off {
-            "turned off for this VM"
-        } else {
-            "not offered to turn off (absent, or an older KVM)"
-        }
-    );
+    turn_off_kvm_pmu(&vm)?;
     let mem = create_memory(&vm, cfg.memory_mib)?;
     let throttle_off = guest_pmi_throttle_off(cfg);
     let guest = load_guest(cfg, &mem, quirks, throttle_off)?;
@@ -134,21 +124,13 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     }
     kick::install_handler().map_err(VmError::KickHandler)?;
     let fixups = Arc::new(FixupCounts::default());
-    // Guest user space where the host leaves SYSCALL half done (host quirks only).
-    let relay = quirks.then(|| syscall_relay::SyscallRelay::new(fixups.clone()));
-    // `--rdpmc trap`: the int3 over the guest's #GP handler.
-    let gp_trap = vpmu
-        .as_ref()
-        .and_then(|v| v.rdpmc_trap)
-        .map(|mark| Arc::new(gp_trap(mark, fixups.clone())));
-    // XBEGIN at guest CPL 0 (host quirks): only test kernels run it (kvm-unit-tests' x86/pmu).
-    // RTM as the guest sees it: these hosts ignore leaf 7 of KVM_SET_CPUID2, so the host's own
-    // table decides, even when the guest's identity (an AMD one) leaves RTM out (no identity
-    // adds it).
-    let ud_trap = (quirks
-        && matches!(guest.code, pmu::setup::GuestCode::Unpatched)
-        && host_quirks::xbegin_abort::offers_rtm(supported.as_slice()))
-    .then(|| Arc::new(host_quirks::xbegin_abort::trap(fixups.clone())));
+    let traps = Traps::new(
+        quirks,
+        vpmu.as_ref(),
+        &guest.code,
+        supported.as_slice(),
+        &fixups,
+    );
     let shared = VcpuShared {
         mem: mem.clone(),
         pio: devices.pio.clone(),
@@ -167,9 +149,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         vpmu: vpmu.as_ref(),
         mode_switch: &mode_switch,
         net_card: devices.net_card.as_ref(),
-        relay: relay.as_ref(),
-        gp_trap: gp_trap.as_ref(),
-        ud_trap: ud_trap.as_ref(),
+        traps: &traps,
     };
     let mut runners = make_vcpus(&vcpus, &shared)?;
     // For the relay's cost in microseconds (the guest's TSC runs at the host's here).
@@ -194,7 +174,7 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         mode_switch,
         devices,
         fixups,
-        relay,
+        relay: traps.relay,
         vpmu_on: vpmu.is_some(),
         cmdline: guest.cmdline,
         recording,
@@ -203,6 +183,56 @@ pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
         _mem: mem,
         _kvm: hv,
     })
+}
+
+/// The guest's PMU is the VMM's (or none, with --vpmu off): KVM's own must not answer the
+/// guest's RDPMC from counters nobody programs. Before the vCPUs are created.
+fn turn_off_kvm_pmu(vm: &VmFd) -> Result<(), VmError> {
+    let off = pmu::setup::disable_kvm_pmu(vm).map_err(KvmSetupError::DisablePmu)?;
+    log::debug!(
+        "KVM's own PMU: {}",
+        if off {
+            "turned off for this VM"
+        } else {
+            "not offered to turn off (absent, or an older KVM)"
+        }
+    );
+    Ok(())
+}
+
+/// What the vCPUs complete for the guest besides its exits: the SYSCALL relay and the XBEGIN
+/// trap where the host cannot run those (host quirks), the RDPMC trap (`--rdpmc trap`).
+struct Traps {
+    /// Guest user space where the host leaves SYSCALL half done (host quirks only).
+    relay: Option<Arc<syscall_relay::SyscallRelay>>,
+    /// `--rdpmc trap`: the int3 over the guest's #GP handler.
+    gp_trap: Option<Arc<host_quirks::idt_trap::VectorTrap>>,
+    /// XBEGIN at guest CPL 0 (host quirks): only test kernels run it (kvm-unit-tests' x86/pmu).
+    ud_trap: Option<Arc<host_quirks::idt_trap::VectorTrap>>,
+}
+
+impl Traps {
+    fn new(
+        quirks: bool,
+        vpmu: Option<&VpmuPlan>,
+        code: &pmu::setup::GuestCode<'_>,
+        supported: &[kvm_cpuid_entry2],
+        fixups: &Arc<FixupCounts>,
+    ) -> Traps {
+        // RTM as the guest sees it: these hosts ignore leaf 7 of KVM_SET_CPUID2, so the host's
+        // own table decides, even when the guest's identity (an AMD one) leaves RTM out (no
+        // identity adds it).
+        let xbegin = quirks
+            && matches!(code, pmu::setup::GuestCode::Unpatched)
+            && host_quirks::xbegin_abort::offers_rtm(supported);
+        Traps {
+            relay: quirks.then(|| syscall_relay::SyscallRelay::new(fixups.clone())),
+            gp_trap: vpmu
+                .and_then(|v| v.rdpmc_trap)
+                .map(|mark| Arc::new(gp_trap(mark, fixups.clone()))),
+            ud_trap: xbegin.then(|| Arc::new(host_quirks::xbegin_abort::trap(fixups.clone()))),
+        }
+    }
 }
 
 /// Opens KVM and creates the VM with its TSS, in-kernel irqchip (PIC, IOAPIC, LAPICs) and PIT.
@@ -896,9 +926,7 @@ struct VcpuPlan<'a> {
     vpmu: Option<&'a VpmuPlan>,
     mode_switch: &'a Option<Arc<ModeSwitch>>,
     net_card: Option<&'a NetCard>,
-    relay: Option<&'a Arc<syscall_relay::SyscallRelay>>,
-    gp_trap: Option<&'a Arc<host_quirks::idt_trap::VectorTrap>>,
-    ud_trap: Option<&'a Arc<host_quirks::idt_trap::VectorTrap>>,
+    traps: &'a Traps,
 }
 
 /// Creates the vCPUs: each with its CPUID, vPMU and boot state (vCPU 0 starts at the entry, the
@@ -943,11 +971,11 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             }
             _ => None,
         };
-        let relay = plan.relay.cloned().map(syscall_relay::VcpuRelay::new);
+        let relay = plan.traps.relay.clone().map(syscall_relay::VcpuRelay::new);
         let mut runner = VcpuRunner::new(id, fd, shared.clone(), pmu, ticker, relay);
         runner.sync_regs = sync_regs;
-        runner.gp_trap = plan.gp_trap.cloned().map(|t| (t, TrapPoll::new()));
-        runner.ud_trap = plan.ud_trap.cloned().map(|t| (t, TrapPoll::new()));
+        runner.gp_trap = plan.traps.gp_trap.clone().map(|t| (t, TrapPoll::new()));
+        runner.ud_trap = plan.traps.ud_trap.clone().map(|t| (t, TrapPoll::new()));
         runners.push(runner);
     }
     Ok(runners)
