@@ -523,49 +523,89 @@ fn document(
     io_function: &str,
     run: &runtime::vm::RunReport,
 ) -> serde_json::Value {
-    use serde_json::json;
-    let params: serde_json::Map<String, serde_json::Value> = params
+    let params = params
         .iter()
         .filter(|(k, _)| k != "schema")
         .cloned()
         .collect();
-    let comparisons: Vec<serde_json::Value> = comparisons
+    let comparisons = comparisons
         .iter()
         .zip(files)
-        .map(|(c, (csv, svg))| {
-            let mut j = c.to_json();
-            j["csv"] = json!(csv.display().to_string());
-            j["svg"] = json!(svg.display().to_string());
-            j
+        .map(|(c, (csv, svg))| ComparisonFiles {
+            comparison: c.doc(),
+            csv: csv.display().to_string(),
+            svg: svg.display().to_string(),
         })
         .collect();
-    let io_row = io.row(io_function).map(|r| {
-        json!({
-            "function": r.function,
-            "cpu_switch_percent": r.cpu_percent,
-            "domain_switch_percent": r.domain_percent,
-            "ratio_domain_cpu": if r.ratio().is_finite() { Some(r.ratio()) } else { None },
-        })
+    let io = io.row(io_function).map(|r| IoRow {
+        function: r.function.clone(),
+        cpu_switch_percent: r.cpu_percent,
+        domain_switch_percent: r.domain_percent,
+        ratio_domain_cpu: Some(r.ratio()).filter(|x| x.is_finite()),
     });
-    let top = control
+    let control_top = control
         .rows
         .iter()
         .max_by(|a, b| a.cpu_percent.total_cmp(&b.cpu_percent))
-        .map(|r| {
-            json!({
-                "function": r.function,
-                "cpu_switch_percent": r.cpu_percent,
-                "domain_switch_percent": r.domain_percent,
-                "moved_pp": r.domain_percent - r.cpu_percent,
-            })
+        .map(|r| TopRow {
+            function: r.function.clone(),
+            cpu_switch_percent: r.cpu_percent,
+            domain_switch_percent: r.domain_percent,
+            moved_pp: r.domain_percent - r.cpu_percent,
         });
-    json!({
-        "schema": COMPARE_SCHEMA,
-        "params": params,
-        "comparisons": comparisons,
-        "summary": { "io": io_row, "control_top": top },
-        "run": crate::report::to_json(run),
-    })
+    let doc = CompareDoc {
+        schema: COMPARE_SCHEMA,
+        params,
+        comparisons,
+        summary: Summary { io, control_top },
+        run: crate::report::RunDoc::new(run),
+    };
+    serde_json::to_value(doc).expect("plain values")
+}
+
+/// The `vpmu-compare/1` document.
+#[derive(serde::Serialize)]
+struct CompareDoc {
+    schema: &'static str,
+    params: serde_json::Map<String, serde_json::Value>,
+    comparisons: Vec<ComparisonFiles>,
+    summary: Summary,
+    /// The run's end-of-run report (`vpmu-run/1`).
+    run: crate::report::RunDoc,
+}
+
+/// A comparison and the files it was written to.
+#[derive(serde::Serialize)]
+struct ComparisonFiles {
+    #[serde(flatten)]
+    comparison: table::ComparisonDoc,
+    csv: String,
+    svg: String,
+}
+
+/// The summary lines' numbers.
+#[derive(serde::Serialize)]
+struct Summary {
+    /// The I/O function's row.
+    io: Option<IoRow>,
+    /// The control's top function.
+    control_top: Option<TopRow>,
+}
+
+#[derive(serde::Serialize)]
+struct IoRow {
+    function: String,
+    cpu_switch_percent: f64,
+    domain_switch_percent: f64,
+    ratio_domain_cpu: Option<f64>,
+}
+
+#[derive(serde::Serialize)]
+struct TopRow {
+    function: String,
+    cpu_switch_percent: f64,
+    domain_switch_percent: f64,
+    moved_pp: f64,
 }
 
 /// What the two tables show, in two lines: how much more of the I/O function domain-switch

@@ -264,29 +264,30 @@ impl Comparison {
     /// One comparison as an object of the `vpmu-compare/1` document (docs/accounting-modes.md,
     /// "Results a script can read"): name, per-mode totals and every row in table order;
     /// `ratio_domain_cpu` is null when cpu-switch saw no samples of the row.
-    pub fn to_json(&self) -> serde_json::Value {
-        let rows: Vec<serde_json::Value> = self
-            .rows
-            .iter()
-            .map(|r| {
-                let ratio = r.ratio();
-                serde_json::json!({
-                    "function": r.function,
-                    "kind": self.kind(r),
-                    "cpu_switch_samples": r.cpu_samples,
-                    "cpu_switch_percent": r.cpu_percent,
-                    "domain_switch_samples": r.domain_samples,
-                    "domain_switch_percent": r.domain_percent,
-                    "ratio_domain_cpu": if ratio.is_finite() { Some(ratio) } else { None },
+    /// The comparison as `vpmu-compare/1` writes it (JSON by derive: [`ComparisonDoc`]).
+    pub fn doc(&self) -> ComparisonDoc {
+        ComparisonDoc {
+            name: self.workload.clone(),
+            cpu_switch_samples: self.cpu_total,
+            domain_switch_samples: self.domain_total,
+            rows: self
+                .rows
+                .iter()
+                .map(|r| RowDoc {
+                    function: r.function.clone(),
+                    kind: self.kind(r),
+                    cpu_switch_samples: r.cpu_samples,
+                    cpu_switch_percent: r.cpu_percent,
+                    domain_switch_samples: r.domain_samples,
+                    domain_switch_percent: r.domain_percent,
+                    ratio_domain_cpu: Some(r.ratio()).filter(|x| x.is_finite()),
                 })
-            })
-            .collect();
-        serde_json::json!({
-            "name": self.workload,
-            "cpu_switch_samples": self.cpu_total,
-            "domain_switch_samples": self.domain_total,
-            "rows": rows,
-        })
+                .collect(),
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self.doc()).expect("plain values")
     }
 
     /// The rows the chart shows, in table order: the total rows, the `top` functions with the
@@ -344,6 +345,29 @@ impl Comparison {
     pub fn to_svg(&self) -> String {
         super::chart::svg(self)
     }
+}
+
+/// One comparison in the JSON document.
+#[derive(Debug, serde::Serialize)]
+pub struct ComparisonDoc {
+    pub name: String,
+    pub cpu_switch_samples: u64,
+    pub domain_switch_samples: u64,
+    pub rows: Vec<RowDoc>,
+}
+
+/// One row of a comparison in the JSON document.
+#[derive(Debug, serde::Serialize)]
+pub struct RowDoc {
+    pub function: String,
+    /// `symbol` or `total`.
+    pub kind: &'static str,
+    pub cpu_switch_samples: u64,
+    pub cpu_switch_percent: f64,
+    pub domain_switch_samples: u64,
+    pub domain_switch_percent: f64,
+    /// None where cpu-switch has no sample of the row.
+    pub ratio_domain_cpu: Option<f64>,
 }
 
 /// The CSV's header row (after the `# key=value` lines).
