@@ -429,30 +429,51 @@ pub(crate) const RESULTS_SCHEMA: &str = "vpmu-results/1";
 /// What `results` found, as one JSON document: the begin line, each frame written (seq, name,
 /// mode, payload bytes, CRC-32, file), bytes outside frames, the problems, complete or not.
 pub fn to_json(d: &Decoded, written: &Written, out: &Path) -> serde_json::Value {
-    let frames: Vec<serde_json::Value> = d
-        .frames
-        .iter()
-        .zip(&written.files)
-        .map(|(f, path)| {
-            serde_json::json!({
-                "seq": f.seq,
-                "name": f.name,
-                "mode": f.mode,
-                "bytes": f.payload.len(),
-                "crc32": format!("{:08x}", crc32fast::hash(&f.payload)),
-                "file": path.display().to_string(),
+    let doc = ResultsDoc {
+        schema: RESULTS_SCHEMA,
+        begin: &d.begin,
+        out: out.display().to_string(),
+        frames: d
+            .frames
+            .iter()
+            .zip(&written.files)
+            .map(|(f, path)| FrameDoc {
+                seq: f.seq,
+                name: &f.name,
+                mode: &f.mode,
+                bytes: f.payload.len(),
+                crc32: format!("{:08x}", crc32fast::hash(&f.payload)),
+                file: path.display().to_string(),
             })
-        })
-        .collect();
-    serde_json::json!({
-        "schema": RESULTS_SCHEMA,
-        "begin": d.begin,
-        "out": out.display().to_string(),
-        "frames": frames,
-        "stray_bytes": d.stray_bytes,
-        "problems": d.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        "complete": d.is_complete(),
-    })
+            .collect(),
+        stray_bytes: d.stray_bytes,
+        problems: d.problems.iter().map(|p| p.to_string()).collect(),
+        complete: d.is_complete(),
+    };
+    serde_json::to_value(doc).expect("plain values")
+}
+
+/// The `vpmu-results/1` document.
+#[derive(serde::Serialize)]
+struct ResultsDoc<'a> {
+    schema: &'static str,
+    begin: &'a Option<String>,
+    out: String,
+    frames: Vec<FrameDoc<'a>>,
+    stray_bytes: usize,
+    problems: Vec<String>,
+    complete: bool,
+}
+
+/// One frame as written to a file.
+#[derive(serde::Serialize)]
+struct FrameDoc<'a> {
+    seq: u64,
+    name: &'a str,
+    mode: &'a str,
+    bytes: usize,
+    crc32: String,
+    file: String,
 }
 
 #[cfg(test)]

@@ -344,22 +344,49 @@ pub fn differential_flame_graph(
 /// (process, symbol) row's samples, in-exit samples and share.
 pub fn json(h: &Header, rows: &[ProcessRow], symbols: &str) -> serde_json::Value {
     let total: u64 = rows.iter().map(|r| r.samples).sum();
-    serde_json::json!({
-        "schema": "vpmu-profile/1",
-        "vcpus": h.vcpus,
-        "clock": h.sample_clock.describe(),
-        "sample_period_ns": h.sample_period_ns,
-        "symbols": symbols,
-        "samples": total,
-        "rows": rows.iter().map(|r| serde_json::json!({
-            "process": r.process,
-            "object": r.object,
-            "symbol": r.symbol,
-            "samples": r.samples,
-            "in_exit": r.in_exit,
-            "percent": r.samples as f64 * 100.0 / total.max(1) as f64,
-        })).collect::<Vec<_>>(),
-    })
+    let doc = ProfileDoc {
+        schema: "vpmu-profile/1",
+        vcpus: h.vcpus,
+        clock: h.sample_clock.describe(),
+        sample_period_ns: h.sample_period_ns,
+        symbols,
+        samples: total,
+        rows: rows
+            .iter()
+            .map(|r| ProfileRowDoc {
+                process: &r.process,
+                object: &r.object,
+                symbol: &r.symbol,
+                samples: r.samples,
+                in_exit: r.in_exit,
+                percent: r.samples as f64 * 100.0 / total.max(1) as f64,
+            })
+            .collect(),
+    };
+    serde_json::to_value(doc).expect("plain values")
+}
+
+/// The `vpmu-profile/1` document.
+#[derive(serde::Serialize)]
+struct ProfileDoc<'a> {
+    schema: &'static str,
+    vcpus: u16,
+    clock: &'static str,
+    sample_period_ns: u64,
+    /// Where the symbols came from.
+    symbols: &'a str,
+    samples: u64,
+    rows: Vec<ProfileRowDoc<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct ProfileRowDoc<'a> {
+    process: &'a str,
+    object: &'a str,
+    symbol: &'a str,
+    samples: u64,
+    in_exit: u64,
+    percent: f64,
 }
 
 #[cfg(test)]
