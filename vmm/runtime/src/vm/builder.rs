@@ -605,7 +605,7 @@ fn attach_devices(
     if let Some(card) = &net_card {
         mmio.insert(layout::VIRTIO_NET_MMIO_BASE, MMIO_LEN, card.clone())?;
     }
-    let disks = disks(cfg, vm, mem)?;
+    let disks = disks(cfg, vm, mem, control)?;
     for (i, (_, d)) in disks.iter().enumerate() {
         mmio.insert(disk_base(i), MMIO_LEN, d.clone())?;
     }
@@ -625,6 +625,7 @@ fn disks(
     cfg: &VmConfig,
     vm: &VmFd,
     mem: &GuestMemoryMmap,
+    control: &Arc<VmControl>,
 ) -> Result<Vec<(std::path::PathBuf, DiskCard)>, VmError> {
     if cfg.disks.len() > blk::MAX_DISKS {
         return Err(VmError::TooManyDisks(cfg.disks.len()));
@@ -633,7 +634,9 @@ fn disks(
     for (i, d) in cfg.disks.iter().enumerate() {
         let image = blk::file::open(&d.path, d.readonly)?;
         let name = d.path.display().to_string();
-        let dev = VirtioBlk::new(image.file, image.sectors, d.readonly, image.id, name);
+        let mut dev = VirtioBlk::new(image.file, image.sectors, d.readonly, image.id, name);
+        let control = control.clone();
+        dev.stop_when(Arc::new(move || control.stopping()));
         let cost = Duration::from_micros(u64::from(d.access_cost_us));
         let transport = MmioTransport::new(dev, mem.clone(), irqfd(vm, blk::disk_gsi(i))?);
         let card = Arc::new(Mutex::new(transport.with_access_cost(cost)));

@@ -73,7 +73,13 @@ pub struct VirtioBlk<F: DiskFile = RawFile> {
     fault: Option<QueueFault>,
     /// For log lines: the image's path.
     name: String,
+    /// Whether the VM is stopping (`--timeout`, a signal, another vCPU's end): asked between
+    /// requests, so a long notify does not hold a stopping VM (nothing after it is used).
+    stopping: Option<StopFlag>,
 }
+
+/// Asked between requests: true once the VM is stopping.
+pub(crate) type StopFlag = std::sync::Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl<F: DiskFile> VirtioBlk<F> {
     /// A disk of `sectors` 512-byte sectors over `file`; `id` is GET_ID's answer.
@@ -90,7 +96,13 @@ impl<F: DiskFile> VirtioBlk<F> {
             counts: BlkCounts::default(),
             fault: None,
             name,
+            stopping: None,
         }
+    }
+
+    /// Requests stop being taken from the ring once `stopping` says so.
+    pub(crate) fn stop_when(&mut self, stopping: StopFlag) {
+        self.stopping = Some(stopping);
     }
 
     pub fn file(&self) -> &F {
@@ -334,11 +346,13 @@ impl<F: DiskFile> VirtioDevice for VirtioBlk<F> {
         }
         let mut used = false;
         // At most one ring's worth: another vCPU refilling the ring cannot keep this vCPU
-        // here (under the device lock, deaf to a stop). Every chain offered after this notify
+        // here (under the device lock); and none once the VM is stopping (a ring of large
+        // requests takes seconds: a stop or timeout is honoured between two of them; a request
+        // left in the ring was never acknowledged). Every chain offered after this notify
         // began comes with a notify of its own: the device never sets VRING_USED_F_NO_NOTIFY
         // and offers no EVENT_IDX.
         for _ in 0..self.queues[0].size() {
-            if self.fault.is_some() {
+            if self.fault.is_some() || self.stopping.as_ref().is_some_and(|stop| stop()) {
                 break;
             }
             match pop_checked(&mut self.queues[0], QUEUE_NAME, mem) {

@@ -610,3 +610,38 @@ fn image_errors_are_ioerr_and_never_acknowledged() {
         }
     }
 }
+
+#[test]
+fn a_stopping_vm_takes_no_further_request_and_acknowledges_none_it_did_not_do() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut r = rig();
+    // "Stopping" from the second time it is asked: the VM begins to stop while the first of
+    // three writes is being done.
+    let asked = Arc::new(AtomicUsize::new(0));
+    let a = asked.clone();
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let s = stopping.clone();
+    r.dev.stop_when(Arc::new(move || {
+        a.fetch_add(1, Ordering::Relaxed) >= 1 && s.load(Ordering::Relaxed)
+    }));
+    let writes: Vec<u64> = (0..3)
+        .map(|i| {
+            let data = r.buf(512, 0x11 * (i as u8 + 1));
+            r.request(VIRTIO_BLK_T_OUT, i, Some((data, 512, OUT)))
+        })
+        .collect();
+    r.notify();
+    assert_eq!(r.status(writes[0]), OK, "the request under way is finished");
+    assert_eq!(
+        (r.status(writes[1]), r.status(writes[2])),
+        (0xff, 0xff),
+        "the rest is neither done nor acknowledged"
+    );
+    assert_eq!(r.used().0, 1);
+    assert_eq!(r.dev.counts.writes, 1);
+    // Not lost while the VM runs on: a later notify (the flag cleared) takes the rest.
+    stopping.store(false, Ordering::Relaxed);
+    r.notify();
+    assert_eq!((r.status(writes[1]), r.status(writes[2])), (OK, OK));
+    assert_eq!(r.dev.counts.writes, 3);
+}
