@@ -61,24 +61,23 @@ pub enum KvmSetupError {
     SetCpuid2(kvm_ioctls::Error),
     #[error("KVM_GET_TSC_KHZ: {0}")]
     GetTscKhz(kvm_ioctls::Error),
-    #[error("KVM_GET_REGS: {0}")]
-    GetRegs(kvm_ioctls::Error),
-    #[error("KVM_SET_REGS: {0}")]
-    SetRegs(kvm_ioctls::Error),
-    #[error("KVM_GET_SREGS: {0}")]
-    GetSregs(kvm_ioctls::Error),
-    #[error("KVM_SET_SREGS: {0}")]
-    SetSregs(kvm_ioctls::Error),
-    #[error("KVM_SET_FPU: {0}")]
-    SetFpu(kvm_ioctls::Error),
     #[error("KVM_SET_MSRS: {0}")]
     SetMsrs(kvm_ioctls::Error),
     #[error("KVM_GET_LAPIC: {0}")]
     GetLapic(kvm_ioctls::Error),
     #[error("KVM_SET_LAPIC: {0}")]
     SetLapic(kvm_ioctls::Error),
-    #[error("KVM_RUN: {0}")]
-    Run(kvm_ioctls::Error),
+    /// A vCPU ioctl of the run-time path, met while setting the vCPU up (its registers, its
+    /// FPU) or in the host probe's calibration run.
+    #[error(transparent)]
+    Vcpu(#[from] KvmVcpuError),
+}
+
+/// `map_err` for a vCPU ioctl on the build path: `.map_err(on_vcpu(KvmVcpuError::SetRegs))`.
+pub(crate) fn on_vcpu(
+    ioctl: fn(kvm_ioctls::Error) -> KvmVcpuError,
+) -> impl Fn(kvm_ioctls::Error) -> KvmSetupError {
+    move |e| KvmSetupError::Vcpu(ioctl(e))
 }
 
 /// Why a vCPU state access failed.

@@ -8,7 +8,7 @@ use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::boot::layout::*;
-use crate::kvm_error::KvmSetupError;
+use crate::kvm_error::{on_vcpu, KvmSetupError, KvmVcpuError};
 use crate::vcpu_access::lapic;
 
 #[derive(Debug, thiserror::Error)]
@@ -123,9 +123,10 @@ pub(crate) fn setup_boot_vcpu(
     mem: &GuestMemoryMmap,
     entry: u64,
 ) -> Result<(), RegsError> {
-    let sregs = vcpu.get_sregs().map_err(KvmSetupError::GetSregs)?;
+    let sregs = vcpu.get_sregs().map_err(on_vcpu(KvmVcpuError::GetSregs))?;
     let sregs = long_mode_sregs(mem, sregs)?;
-    vcpu.set_sregs(&sregs).map_err(KvmSetupError::SetSregs)?;
+    vcpu.set_sregs(&sregs)
+        .map_err(on_vcpu(KvmVcpuError::SetSregs))?;
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry,
@@ -134,7 +135,8 @@ pub(crate) fn setup_boot_vcpu(
         rsi: ZERO_PAGE_ADDR,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(KvmSetupError::SetRegs)?;
+    vcpu.set_regs(&regs)
+        .map_err(on_vcpu(KvmVcpuError::SetRegs))?;
     Ok(())
 }
 
@@ -145,7 +147,7 @@ pub(crate) fn setup_common(vcpu: &VcpuFd) -> Result<(), RegsError> {
         mxcsr: 0x1f80,
         ..Default::default()
     };
-    vcpu.set_fpu(&fpu).map_err(KvmSetupError::SetFpu)?;
+    vcpu.set_fpu(&fpu).map_err(on_vcpu(KvmVcpuError::SetFpu))?;
 
     const MISC_ENABLE_FAST_STRING: u64 = 1;
     let entries: Vec<kvm_msr_entry> = [
@@ -207,9 +209,10 @@ pub(crate) fn setup_multiboot(
     entry: u32,
     info: u32,
 ) -> Result<(), RegsError> {
-    let sregs = vcpu.get_sregs().map_err(KvmSetupError::GetSregs)?;
+    let sregs = vcpu.get_sregs().map_err(on_vcpu(KvmVcpuError::GetSregs))?;
     let sregs = protected_mode_sregs(mem, sregs)?;
-    vcpu.set_sregs(&sregs).map_err(KvmSetupError::SetSregs)?;
+    vcpu.set_sregs(&sregs)
+        .map_err(on_vcpu(KvmVcpuError::SetSregs))?;
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry.into(),
@@ -219,7 +222,8 @@ pub(crate) fn setup_multiboot(
         rsp: BOOT_STACK_POINTER,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(KvmSetupError::SetRegs)?;
+    vcpu.set_regs(&regs)
+        .map_err(on_vcpu(KvmVcpuError::SetRegs))?;
     Ok(())
 }
 
@@ -249,7 +253,7 @@ pub(crate) fn setup_boot_entry(
 
 /// Sets up the boot vCPU for a real-mode image: all segments at base 0, RIP = `entry`.
 pub(crate) fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError> {
-    let mut sregs = vcpu.get_sregs().map_err(KvmSetupError::GetSregs)?;
+    let mut sregs = vcpu.get_sregs().map_err(on_vcpu(KvmVcpuError::GetSregs))?;
     for s in [
         &mut sregs.cs,
         &mut sregs.ds,
@@ -261,14 +265,16 @@ pub(crate) fn setup_real_mode(vcpu: &VcpuFd, entry: u64) -> Result<(), RegsError
         s.base = 0;
         s.selector = 0;
     }
-    vcpu.set_sregs(&sregs).map_err(KvmSetupError::SetSregs)?;
+    vcpu.set_sregs(&sregs)
+        .map_err(on_vcpu(KvmVcpuError::SetSregs))?;
     let regs = kvm_regs {
         rflags: 0x2,
         rip: entry,
         rsp: 0x7000,
         ..Default::default()
     };
-    vcpu.set_regs(&regs).map_err(KvmSetupError::SetRegs)?;
+    vcpu.set_regs(&regs)
+        .map_err(on_vcpu(KvmVcpuError::SetRegs))?;
     Ok(())
 }
 

@@ -31,7 +31,7 @@ use kvm_ioctls::{Kvm, VcpuExit};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::boot::layout::{HIMEM_START, KVM_TSS_ADDR};
-use crate::kvm_error::KvmSetupError;
+use crate::kvm_error::{on_vcpu, KvmSetupError, KvmVcpuError};
 use crate::vcpu::regs::{self, BootEntry};
 
 /// Intervals measured.
@@ -145,7 +145,7 @@ fn measure(kvm: &Kvm) -> Result<HostProbe, ProbeError> {
         Ok(VcpuExit::IoOut(0x81, _)) => true,
         Ok(VcpuExit::Shutdown) => false,
         Ok(other) => return Err(ProbeError::UnexpectedExit(format!("{other:?}"))),
-        Err(source) => return Err(KvmSetupError::Run(source).into()),
+        Err(source) => return Err(KvmSetupError::from(KvmVcpuError::Run(source)).into()),
     };
     Ok(HostProbe {
         exit_cost_ns,
@@ -190,11 +190,11 @@ fn jump(vcpu: &mut kvm_ioctls::VcpuFd, rip: u64, rcx: u64) -> Result<(), ProbeEr
     vcpu.set_kvm_immediate_exit(1);
     let _ = vcpu.run();
     vcpu.set_kvm_immediate_exit(0);
-    let mut r = vcpu.get_regs().map_err(KvmSetupError::GetRegs)?;
+    let mut r = vcpu.get_regs().map_err(on_vcpu(KvmVcpuError::GetRegs))?;
     r.rip = rip;
     r.rcx = rcx;
     vcpu.set_regs(&r)
-        .map_err(|e| KvmSetupError::SetRegs(e).into())
+        .map_err(|e| KvmSetupError::from(KvmVcpuError::SetRegs(e)).into())
 }
 
 /// TSC cycles of each of `n` KVM_RUNs, each of which must end in the guest's `out`.
@@ -207,7 +207,7 @@ fn timed_outs(vcpu: &mut kvm_ioctls::VcpuFd, n: usize) -> Result<Vec<u64>, Probe
         match exit {
             Ok(VcpuExit::IoOut(0x80, _)) => samples.push(t1.wrapping_sub(t0)),
             Ok(other) => return Err(ProbeError::UnexpectedExit(format!("{other:?}"))),
-            Err(source) => return Err(KvmSetupError::Run(source).into()),
+            Err(source) => return Err(KvmSetupError::from(KvmVcpuError::Run(source)).into()),
         }
     }
     Ok(samples)
