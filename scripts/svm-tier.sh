@@ -11,15 +11,16 @@
 #   the cached images guest-image/build.sh made (scripts/test.sh builds them first).
 # Each test binary's whole output is kept in $VPMU_SVM_OUT (default target/svm-tier/) and its
 # summary printed with its wall time and L1 time; a binary still running after its limit in
-# wall time (600 s for a tiny-guest binary, VPMU_SVM_TINY_LIMIT) is a hang: QEMU's monitor is
+# wall time (900 s for a tiny-guest binary, VPMU_SVM_TINY_LIMIT) is a hang: QEMU's monitor is
 # read ten times from outside L1 (where the CPU is), its threads' stacks (gdb) go into its log,
 # their top frames are printed, and it fails -- except a linux_boot hang whose monitor readings
 # show the known stall of the nested guest (scripts/svm-stall.py: its vCPU spinning with IF=0 in
 # the kernel's spinlock slow path; issue 32): that one is printed as STALLED and listed NOT
 # CHECKED with the readings' summary, with the boots after it. L1 runs on the emulator's
 # instruction clock (VPMU_SVM_CLOCK=icount, the default; `host` for the wall clock: see
-# scripts/svm-host.sh); linux_boot gets VPMU_SVM_LINUX_LIMIT (900 s) and L1 as a whole
-# VPMU_SVM_TIMEOUT (2100 s) of wall time.
+# scripts/svm-host.sh); linux_boot gets VPMU_SVM_LINUX_LIMIT (1200 s) and L1 as a whole
+# VPMU_SVM_TIMEOUT (3000 s) of wall time (scripts/test.sh runs this tier beside tier 3, which
+# takes about one of the host's cores: these are hang limits, not speed checks).
 # Checks that cannot run there are named in $VPMU_NOT_CHECKED_LOG, as on the first host. Exit
 # status: 0 when every binary passed, 1 otherwise, 124 when L1 ran out of time, 125 when L1
 # failed.
@@ -169,7 +170,7 @@ EOF
     for t in "${TINY[@]}"; do
       b=$(bin "$t")
       [ -n "$b" ] || { say "no test binary $t"; exit 1; }
-      echo "one $t ${VPMU_SVM_TINY_LIMIT:-600} '$b' --test-threads 1$(skips_for "$t")"
+      echo "one $t ${VPMU_SVM_TINY_LIMIT:-900} '$b' --test-threads 1$(skips_for "$t")"
     done
   fi
   if [ "$what" != tiny ]; then
@@ -178,7 +179,7 @@ EOF
     echo "export VPMU_TEST_KERNEL='$DEFAULT_BZIMAGE' VPMU_TEST_XZ_KERNEL='$DEFAULT_BZIMAGE_XZ'"
     echo "export VPMU_TEST_NOPCI_KERNEL='$NOPCI_BZIMAGE' VPMU_TEST_INITRD='$INITRAMFS_TINY'"
     echo "export VPMU_TEST_LINUX_CPUS=$linux_cpus"
-    echo "one linux_boot ${VPMU_SVM_LINUX_LIMIT:-900} '$(bin linux_boot)' --ignored --test-threads 1 --nocapture$(skips_for linux_boot)"
+    echo "one linux_boot ${VPMU_SVM_LINUX_LIMIT:-1200} '$(bin linux_boot)' --ignored --test-threads 1 --nocapture$(skips_for linux_boot)"
     if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
       printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: VPMU_GUEST_PROFILERS=0" >>"$VPMU_NOT_CHECKED_LOG"
     elif [ "${VPMU_SVM_PROFILERS:-0}" != 1 ]; then
@@ -213,7 +214,7 @@ rc=0
 (while :; do date +%s >"$out/wall.new" && mv -f "$out/wall.new" "$out/wall"; sleep 1; done) &
 clock_pid=$!
 trap 'kill "$clock_pid" 2>/dev/null || true' EXIT
-scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-2100}" \
+scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-3000}" \
   --clock "${VPMU_SVM_CLOCK:-icount}" --share "$out" -- sh "$runner" || rc=$?
 kill "$clock_pid" 2>/dev/null || true
 # A hang of linux_boot is the known stall of the nested guest (issue 32) only when QEMU's

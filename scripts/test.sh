@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): the toolchain's version, rustfmt and clippy
-# (-D warnings), then all three tiers.
+# (-D warnings), then all four tiers.
 #   1. unit tests (no KVM)            cargo test --workspace
 #   2. tiny guests on /dev/kvm        (same run; they fail loudly without /dev/kvm)
 #   3. stock Linux on /dev/kvm        two boots of the default guest kernel: 2 vCPUs with the perf
 #                                     NMI watchdog on the vPMU in both modes; packet receive compared
-#                                     in both modes (vpmu-vmm compare --workload packet-rx); and
-#                                     stock perf and OProfile in the guest (guest_profilers: one
-#                                     boot for both modes, one per compare profiler, one driving
-#                                     its shell, one profiled from the host alone (cpu_split as
-#                                     init: processes and user symbols); root filesystem on a
-#                                     read-only virtio-blk disk;
-#                                     VPMU_GUEST_PROFILERS=0 skips it, said loudly); and kvm-unit-tests'
-#                                     x86/pmu, unmodified, booted as a Multiboot kernel (AMD model,
-#                                     cpu-switch; scripts/kvm-unit-tests.sh runs the other
-#                                     configurations), its results compared with
-#                                     guest-image/kvm-unit-tests/*.expected for the host's vendor
+#                                     in both modes (vpmu-vmm compare --workload packet-rx); stock
+#                                     perf and OProfile in the guest (guest_profilers: one boot for
+#                                     both modes, compare --profiler perf, one driving its shell,
+#                                     one profiled from the host alone (cpu_split as init: processes
+#                                     and user symbols), two at a time; root filesystem on a
+#                                     read-only virtio-blk disk; compare --profiler oprofile with
+#                                     VPMU_COMPARE_OPROFILE=1; VPMU_GUEST_PROFILERS=0 skips them,
+#                                     said loudly); and kvm-unit-tests' x86/pmu, unmodified, booted
+#                                     as a Multiboot kernel (AMD model, cpu-switch;
+#                                     scripts/kvm-unit-tests.sh runs the other configurations), its
+#                                     results compared with guest-image/kvm-unit-tests/*.expected
+#                                     for the host's vendor
 #   4. the SVM host                   tiers 2 and 3 again (tiny guests; linux_boot; the guest
 #                                     profilers with VPMU_SVM_PROFILERS=1) on a real kvm_amd, host
 #                                     quirks off, nested under QEMU's emulator (scripts/svm-tier.sh;
 #                                     VPMU_SVM_TIER=0 skips it, said loudly; =tiny or =linux runs
 #                                     a part)
+# Tiers 1 and 2 run first, alone. Then two lanes run side by side, each keeping about one core
+# busy: lane A (this shell) tier 3's Linux boots and guest profilers; lane B (background, lines
+# marked "[lane B]") tier 4, then kvm-unit-tests. The stock-Linux test binaries run directly,
+# not through cargo (cargo holds its build directory's lock while tests run).
 # Guest images are built by guest-image/build.sh and cached outside the clone.
 # VPMU_SKIP_LINUX=1 skips tier 3 (said loudly).
 # A failing step does not stop the others (cargo runs with --no-fail-fast): the script ends with
@@ -36,7 +41,8 @@ say() { printf '\n[test] %s\n' "$*"; }
 VPMU_NOT_CHECKED_LOG=$(mktemp "${TMPDIR:-/tmp}/vpmu-not-checked.XXXXXX")
 export VPMU_NOT_CHECKED_LOG
 not_checked() { printf '[scripts/test.sh] %s\n' "$*" >>"$VPMU_NOT_CHECKED_LOG"; say "*** NOT CHECKED: $* ***"; }
-failed=()
+# The failed steps, one a line: a file, so that the steps of the background lane count too.
+VPMU_FAILED_LOG=$(mktemp "${TMPDIR:-/tmp}/vpmu-failed.XXXXXX")
 t_start=$SECONDS
 # step NAME CMD...: runs CMD; a failure is recorded and the run goes on.
 step() {
@@ -44,7 +50,7 @@ step() {
   shift
   "$@" || rc=$?
   if [ "$rc" != 0 ]; then
-    failed+=("$name (exit code $rc, after $((SECONDS - t0)) s)")
+    printf '%s\n' "$name (exit code $rc, after $((SECONDS - t0)) s)" >>"$VPMU_FAILED_LOG"
     say "*** FAILED: $name (exit code $rc) ***"
   else
     say "passed in $((SECONDS - t0)) s: $name"
@@ -56,9 +62,9 @@ summary() {
   say "summary after $(((SECONDS - t_start) / 60))m$(((SECONDS - t_start) % 60))s"
   printf 'NOT CHECKED on this host: %s\n' "$n"
   sort -u "$VPMU_NOT_CHECKED_LOG" | sed 's/^/  - /'
-  if [ ${#failed[@]} -gt 0 ]; then
-    printf 'FAILED steps: %s\n' "${#failed[@]}"
-    printf '  - %s\n' "${failed[@]}"
+  if [ -s "$VPMU_FAILED_LOG" ]; then
+    printf 'FAILED steps: %s\n' "$(grep -c . "$VPMU_FAILED_LOG")"
+    sed 's/^/  - /' "$VPMU_FAILED_LOG"
     exit 1
   fi
   printf 'all steps passed\n'
@@ -118,51 +124,107 @@ fi
 
 eval "$(guest-image/build.sh paths)"
 : "${DEFAULT_BZIMAGE:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE}"
-: "${INITRAMFS_TINY:?guest-image/build.sh paths did not name INITRAMFS_TINY}"
-: "${SPIN_INITRAMFS:?guest-image/build.sh paths did not name SPIN_INITRAMFS}"
-
-say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code), its xz bzImage and the no-PCI kernel to user space"
 : "${DEFAULT_BZIMAGE_XZ:?guest-image/build.sh paths did not name DEFAULT_BZIMAGE_XZ}"
 : "${NOPCI_BZIMAGE:?guest-image/build.sh paths did not name NOPCI_BZIMAGE}"
-step "tier 3: linux_boot" env VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_XZ_KERNEL="$DEFAULT_BZIMAGE_XZ" \
-  VPMU_TEST_NOPCI_KERNEL="$NOPCI_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS_TINY" \
-  cargo test --release -p vmm --test linux_boot -- --ignored --nocapture
+: "${INITRAMFS_TINY:?guest-image/build.sh paths did not name INITRAMFS_TINY}"
+: "${SPIN_INITRAMFS:?guest-image/build.sh paths did not name SPIN_INITRAMFS}"
+: "${KUT_PMU_FLAT:?guest-image/build.sh paths did not name KUT_PMU_FLAT}"
+
+# What the two lanes below need from the network or apt is fetched first, one thing at a time
+# (apt-get takes one lock): the root filesystem image of the guest-profiler boots, and the SVM
+# host's QEMU and L1 kernel.
+profilers=${VPMU_GUEST_PROFILERS:-1}
+if [ "$profilers" != 0 ]; then
+  say "building (or reusing) the root filesystem image of the guest-profiler boots (perf, OProfile; the guests boot from it, read-only)"
+  guest-image/build.sh rootfs
+  eval "$(guest-image/build.sh paths)"
+  : "${ROOTFS:?guest-image/build.sh paths did not name ROOTFS}"
+fi
+if [ "${VPMU_SVM_TIER:-all}" != 0 ]; then
+  say "setting up (or reusing) the SVM host: QEMU, the L1 kernel and its modules (scripts/svm-host.sh setup)"
+  scripts/svm-host.sh setup
+fi
+
+# The stock-Linux tests run their binaries directly, not through cargo: cargo holds its build
+# directory's lock while tests run, which would make the two lanes wait for each other.
+say "building the test binaries once (cargo test --release -p vmm --no-run)"
+bins=$(mktemp "${TMPDIR:-/tmp}/vpmu-test-bins.XXXXXX")
+cargo test --release -p vmm --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' >"$bins"
+# run_test NAME [VAR=VALUE...] -- ARGS...: test binary NAME of vmm/tests with those variables
+# set, from vmm/ as cargo would run it.
+run_test() {
+  local name=$1 exe vars=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  exe=$(awk -v n="$name" '$1 == n { print $2 }' "$bins")
+  [ -n "$exe" ] || { echo "scripts/test.sh: no test binary $name (cargo test --no-run)" >&2; return 1; }
+  (cd vmm && env "${vars[@]}" "$exe" "$@")
+}
+
+# Two lanes side by side (this host has few cores; each lane keeps about one busy): lane A, in
+# this shell, boots stock Linux on /dev/kvm (linux_boot, linux_compare, the guest profilers);
+# lane B, in the background, runs tier 4 (QEMU's emulator: one thread) and then kvm-unit-tests'
+# x86/pmu (one vCPU). Lane B's lines are marked "[lane B]".
+lane_b() {
+  svm_tier
+  # One boot of KVM's own vPMU conformance test here: the AMD model in cpu-switch (issue 20).
+  # Its results depend on the host's CPU vendor (the guest's CPUID vendor): on an Intel host
+  # x86/pmu runs the AMD sub-tests under the AMD CPU identity the model brings (3-12 min); on an
+  # AMD host the same sub-tests, more slowly (~13 min). A configuration without an expected
+  # file for this host's vendor is reported as NOT CHECKED before booting. The Intel model
+  # (12-24 min a boot here) and domain-switch run from scripts/kvm-unit-tests.sh (README).
+  # docs/kvm-unit-tests.md.
+  say "tier 3: kvm-unit-tests x86/pmu, AMD model, cpu-switch (one boot), against guest-image/kvm-unit-tests/pmu.amd.cpu-switch.soft.<host vendor>-host.expected"
+  step "tier 3: kvm_unit_tests" run_test kvm_unit_tests VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL=amd \
+    VPMU_TEST_KUT_VPMU=cpu-switch VPMU_TEST_KUT_BACKEND=soft -- --ignored --nocapture
+}
+say "lane B starts: tier 4, then kvm-unit-tests (its lines are marked [lane B])"
+(lane_b 2>&1 | sed -u 's/^/[lane B] /') &
+lane_b_pid=$!
+
+say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code), its xz bzImage and the no-PCI kernel to user space"
+step "tier 3: linux_boot" run_test linux_boot VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_XZ_KERNEL="$DEFAULT_BZIMAGE_XZ" \
+  VPMU_TEST_NOPCI_KERNEL="$NOPCI_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS_TINY" -- --ignored --nocapture
 
 say "tier 3: packet receive compared in both accounting modes (vpmu-vmm compare --workload packet-rx; one boot)"
-step "tier 3: linux_compare" env VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" \
-  cargo test --release -p vmm --test linux_compare -- --ignored --nocapture
+step "tier 3: linux_compare" run_test linux_compare VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" \
+  VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" -- --ignored --nocapture
 
-: "${KUT_PMU_FLAT:?guest-image/build.sh paths did not name KUT_PMU_FLAT}"
-# One boot of KVM's own vPMU conformance test here: the AMD model in cpu-switch (issue 20). Its
-# results depend on the host's CPU vendor (the guest's CPUID vendor): on an Intel host x86/pmu
-# runs the AMD sub-tests under the AMD CPU identity the model brings (~3 min); on an AMD host
-# the same sub-tests, more slowly (~13 min). A configuration without an expected file for this
-# host's vendor is reported as NOT CHECKED before booting. The Intel model (12-24 min a boot
-# here) and domain-switch run from scripts/kvm-unit-tests.sh (README). docs/kvm-unit-tests.md.
-say "tier 3: kvm-unit-tests x86/pmu, AMD model, cpu-switch (one boot), against guest-image/kvm-unit-tests/pmu.amd.cpu-switch.soft.<host vendor>-host.expected"
-step "tier 3: kvm_unit_tests" env VPMU_TEST_KUT_PMU="$KUT_PMU_FLAT" VPMU_TEST_KUT_MODEL=amd VPMU_TEST_KUT_VPMU=cpu-switch \
-  VPMU_TEST_KUT_BACKEND=soft cargo test --release -p vmm --test kvm_unit_tests -- --ignored --nocapture
-
-# Stock perf and OProfile inside the guest (both modes in one boot) and `compare --profiler
-# perf|oprofile` on the Intel model (one boot each): three boots, side by side. On hosts whose KVM
-# emulates guest kernel code (kvm_pvm) guest user space runs through the VMM's SYSCALL relay, and
-# this tier is the longest part of the run (docs/guest.md, "Sizes and periods").
-# VPMU_GUEST_PROFILERS=0 skips it, loudly.
+# Stock perf and OProfile inside the guest (both modes in one boot), `compare --profiler perf`
+# on the Intel model, the console shell and the host-side profile: four boots, two at a time.
+# On hosts whose KVM emulates guest kernel code (kvm_pvm) guest user space runs through the
+# VMM's SYSCALL relay, and this is the longest part of the run (docs/guest.md, "Sizes and
+# periods"). `compare --profiler oprofile` is one more such boot (25-30 min there):
+# VPMU_COMPARE_OPROFILE=1 runs it; OProfile in the guest is checked by the experiments boot.
+# VPMU_GUEST_PROFILERS=0 skips them all, loudly.
 # VPMU_TEST_TIMEOUT (default 4500 s) bounds each of those boots: a hang detector, not a speed
-# check. Beside two busy loops the experiments boot took 3521 s here (README, "Under load"); 4500 s
-# still ends a hung run before CI's 90 minutes.
-if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
+# check.
+if [ "$profilers" = 0 ]; then
   not_checked "tier 3: stock perf/OProfile in the guest (guest_profilers): VPMU_GUEST_PROFILERS=0"
-  svm_tier
-  summary
+else
+  skip=()
+  if [ "${VPMU_COMPARE_OPROFILE:-0}" != 1 ]; then
+    not_checked "tier 3: compare --profiler oprofile (guest_profilers::compare_with_the_guests_oprofile, one more 25-30 min boot where guest kernel code is emulated): VPMU_COMPARE_OPROFILE=1 runs it; operf/opreport/ocount in the guest are checked in both modes by the experiments boot"
+    skip=(--skip compare_with_the_guests_oprofile)
+  fi
+  say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf; the console shell; the host-side profile (two boots at a time, from the root filesystem image, read-only)"
+  step "tier 3: guest_profilers" run_test guest_profilers VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_ROOTFS="$ROOTFS" \
+    VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}" -- --ignored --nocapture --test-threads 2 "${skip[@]}"
 fi
-say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf|oprofile (builds the root filesystem image once; the guests boot from it, read-only)"
-guest-image/build.sh rootfs
-eval "$(guest-image/build.sh paths)"
-: "${ROOTFS:?guest-image/build.sh paths did not name ROOTFS}"
-step "tier 3: guest_profilers" env VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_ROOTFS="$ROOTFS" \
-  VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}" \
-  cargo test --release -p vmm --test guest_profilers -- --ignored --nocapture --test-threads 3
 
-svm_tier
+t_wait=$SECONDS
+say "lane A done; waiting for lane B (tier 4, kvm-unit-tests)"
+wait "$lane_b_pid" || true
+say "lane B done ($((SECONDS - t_wait)) s after lane A)"
 summary
