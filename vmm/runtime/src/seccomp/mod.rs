@@ -70,6 +70,14 @@ impl ThreadKind {
     }
 }
 
+/// The KVM descriptors of a built VM, on which its vCPU threads may make KVM ioctls
+/// (`rules::for_thread`). Empty before the VM is built: no KVM ioctl then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct KvmFds {
+    pub vm: Option<std::os::fd::RawFd>,
+    pub vcpus: Vec<std::os::fd::RawFd>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     #[error("seccomp filter for the {kind} thread: {source}")]
@@ -95,7 +103,7 @@ pub struct Filters {
 }
 
 impl Filters {
-    fn compile() -> Result<Filters, SeccompError> {
+    fn compile(kvm: &KvmFds) -> Result<Filters, SeccompError> {
         let mut programs = Vec::new();
         for kind in ThreadKind::ALL {
             let err = |source| SeccompError::Compile {
@@ -103,7 +111,7 @@ impl Filters {
                 source,
             };
             let filter = SeccompFilter::new(
-                rules::for_thread(kind),
+                rules::for_thread(kind, kvm),
                 SeccompAction::Trap,
                 SeccompAction::Allow,
                 TargetArch::x86_64,
@@ -151,7 +159,15 @@ impl Filters {
     }
 }
 
-/// The compiled filters (the same for every run) with the SIGSYS handler installed.
+/// The filters for a run whose KVM descriptors are `kvm` (compiled anew: the descriptors differ
+/// from run to run), with the SIGSYS handler installed.
+pub(crate) fn filters_for(kvm: &KvmFds) -> Result<Arc<Filters>, SeccompError> {
+    filters()?;
+    Ok(Arc::new(Filters::compile(kvm)?))
+}
+
+/// The filters before a VM is built (no KVM ioctl for a vCPU thread; the same for every run),
+/// with the SIGSYS handler installed.
 pub fn filters() -> Result<Arc<Filters>, SeccompError> {
     static FILTERS: OnceLock<Arc<Filters>> = OnceLock::new();
     if let Some(f) = FILTERS.get() {
@@ -168,7 +184,7 @@ pub fn filters() -> Result<Arc<Filters>, SeccompError> {
             .collect(),
     );
     install_sigsys_handler()?;
-    let f = Arc::new(Filters::compile()?);
+    let f = Arc::new(Filters::compile(&KvmFds::default())?);
     Ok(FILTERS.get_or_init(|| f).clone())
 }
 
@@ -203,6 +219,16 @@ impl Scope {
 
     pub(crate) fn is_on(&self) -> bool {
         self.on
+    }
+
+    /// Once the VM is built: the vCPU threads started from here on may make KVM ioctls on
+    /// these descriptors (and no other).
+    pub(crate) fn allow_kvm_fds(&self, kvm: &KvmFds) -> Result<(), SeccompError> {
+        if self.on {
+            let f = filters_for(kvm)?;
+            SCOPE.with(|s| *s.borrow_mut() = Some(f));
+        }
+        Ok(())
     }
 }
 
@@ -417,7 +443,7 @@ mod tests {
 
     #[test]
     fn every_filter_compiles() {
-        let f = Filters::compile().unwrap();
+        let f = Filters::compile(&KvmFds::default()).unwrap();
         for kind in ThreadKind::ALL {
             assert!(!f.programs(kind).0.is_empty(), "{kind:?}");
             assert_eq!(f.programs(kind).1.is_some(), kind != ThreadKind::Main);
@@ -676,6 +702,69 @@ mod tests {
             ),
             "stderr: {stderr}"
         );
+    }
+
+    /// A vCPU ioctl is allowed on the run's vCPU descriptors only, KVM_SIGNAL_MSI on its VM
+    /// descriptor only: KVM_RUN on vCPU fd 3002 gets past the filter (and fails with EBADF:
+    /// nothing is open there), KVM_SIGNAL_MSI on that vCPU fd traps (tag 7); KVM_RUN on fd
+    /// 3003, not the run's, traps (tag 8).
+    #[test]
+    fn vcpu_ioctls_only_on_the_runs_own_kvm_descriptors() {
+        let kvm = KvmFds {
+            vm: Some(3001),
+            vcpus: vec![3002],
+        };
+        let tag = std::env::var(CHILD_ENV);
+        if let Ok(t @ ("7" | "8")) = tag.as_deref() {
+            let f = filters_for(&kvm).unwrap();
+            let second = if t == "7" {
+                (
+                    3002,
+                    rules::known_ioctls()
+                        .into_iter()
+                        .find(|(n, _)| *n == "KVM_SIGNAL_MSI")
+                        .unwrap()
+                        .1,
+                )
+            } else {
+                (3003, 0xae80)
+            };
+            std::thread::Builder::new()
+                .name("vcpu5".into())
+                .spawn(move || {
+                    f.apply(ThreadKind::Vcpu).unwrap();
+                    // SAFETY: ioctl on fds that are not open: EBADF if the filter lets it by.
+                    let r = unsafe { libc::ioctl(3002, 0xae80) }; // KVM_RUN
+                    let errno = std::io::Error::last_os_error().raw_os_error();
+                    eprintln!("own vCPU fd: {r} {errno:?}");
+                    // SAFETY: as above; the filter traps it first.
+                    unsafe { libc::ioctl(second.0, second.1 as libc::c_ulong) };
+                    eprintln!("UNREACHED: ioctl returned");
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+            std::process::exit(0);
+        }
+        let name = "seccomp::tests::vcpu_ioctls_only_on_the_runs_own_kvm_descriptors";
+        for (tag, wanted) in [
+            ("7", "request KVM_SIGNAL_MSI (0x4020aea5) on fd 3002"),
+            ("8", "request KVM_RUN (0xae80) on fd 3003"),
+        ] {
+            let out = rerun_in_child(name, tag);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code::SECCOMP), "stderr: {stderr}");
+            assert!(
+                stderr.contains(&format!("own vCPU fd: -1 Some({})", libc::EBADF)),
+                "stderr: {stderr}"
+            );
+            assert!(stderr.contains(wanted), "tag {tag}: stderr: {stderr}");
+            assert!(!stderr.contains("UNREACHED"), "stderr: {stderr}");
+        }
+        // Before the VM is built no KVM ioctl is allowed at all.
+        let before = rules::for_thread(ThreadKind::Vcpu, &KvmFds::default());
+        let after = rules::for_thread(ThreadKind::Vcpu, &kvm);
+        assert!(before[&libc::SYS_ioctl].len() < after[&libc::SYS_ioctl].len());
     }
 
     #[test]

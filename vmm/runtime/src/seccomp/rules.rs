@@ -2,8 +2,9 @@
 //! traps (SIGSYS, see the parent module).
 
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
 
-use super::ThreadKind;
+use super::{KvmFds, ThreadKind};
 use seccompiler::{
     SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule,
 };
@@ -68,9 +69,8 @@ mod kvm {
     ioctl_io_nr!(KVM_GET_STATS_FD, KVMIO, 0xce);
 }
 
-/// (name, request) of every ioctl the vCPU thread may make.
-pub(crate) fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
-    use perf_event_open_sys::bindings as perf;
+/// (name, request) of the vCPU ioctls a vCPU thread makes, on the run's vCPU descriptors only.
+fn vcpu_fd_ioctls() -> Vec<(&'static str, u64)> {
     vec![
         ("KVM_RUN", kvm::KVM_RUN()),
         ("KVM_GET_REGS", kvm::KVM_GET_REGS()),
@@ -87,7 +87,19 @@ pub(crate) fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
         ("KVM_GET_VCPU_EVENTS", kvm::KVM_GET_VCPU_EVENTS()),
         ("KVM_SET_VCPU_EVENTS", kvm::KVM_SET_VCPU_EVENTS()),
         ("KVM_GET_TSC_KHZ", kvm::KVM_GET_TSC_KHZ()),
-        ("KVM_SIGNAL_MSI", kvm::KVM_SIGNAL_MSI()),
+    ]
+}
+
+/// (name, request) of the VM ioctls a vCPU thread makes, on the run's VM descriptor only.
+fn vm_fd_ioctls() -> Vec<(&'static str, u64)> {
+    vec![("KVM_SIGNAL_MSI", kvm::KVM_SIGNAL_MSI())]
+}
+
+/// (name, request) of the perf-event ioctls a vCPU thread makes: on any descriptor, since its
+/// perf events are opened while it runs (a request of another type is refused all the same).
+fn perf_ioctls() -> Vec<(&'static str, u64)> {
+    use perf_event_open_sys::bindings as perf;
+    vec![
         ("PERF_EVENT_IOC_ENABLE", perf::ENABLE.into()),
         ("PERF_EVENT_IOC_DISABLE", perf::DISABLE.into()),
         ("PERF_EVENT_IOC_RESET", perf::RESET.into()),
@@ -95,6 +107,15 @@ pub(crate) fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
         ("PERF_EVENT_IOC_PERIOD", perf::PERIOD.into()),
         ("PERF_EVENT_IOC_ID", perf::ID.into()),
     ]
+}
+
+/// (name, request) of every ioctl the vCPU thread may make (each on its kind of descriptor:
+/// [`vcpu_ioctl_rules`]).
+pub(crate) fn vcpu_ioctls() -> Vec<(&'static str, u64)> {
+    let mut all = vcpu_fd_ioctls();
+    all.extend(vm_fd_ioctls());
+    all.extend(perf_ioctls());
+    all
 }
 
 /// (name, request) of every ioctl a forbidden call's report can name: those some thread may
@@ -158,6 +179,32 @@ fn ioctl_rules(allowed: &[(&'static str, u64)]) -> Vec<SeccompRule> {
         .iter()
         .map(|&(_, r)| cond(1, Len::Dword, Op::Eq, r))
         .collect()
+}
+
+/// ioctl(fd, request, ...) with fd one of `fds` and request in `allowed` (both compared as the
+/// kernel does: 32 bits).
+fn ioctl_on_fds_rules(fds: &[RawFd], allowed: &[(&'static str, u64)]) -> Vec<SeccompRule> {
+    let mut rules = Vec::new();
+    for &fd in fds {
+        for &(_, r) in allowed {
+            let conds = vec![
+                Cond::new(0, Len::Dword, Op::Eq, fd as u32 as u64).expect("argument index < 6"),
+                Cond::new(1, Len::Dword, Op::Eq, r).expect("argument index < 6"),
+            ];
+            rules.push(SeccompRule::new(conds).expect("two conditions"));
+        }
+    }
+    rules
+}
+
+/// A vCPU thread's ioctls: the vCPU ioctls on the run's vCPU descriptors, KVM_SIGNAL_MSI on its
+/// VM descriptor, the perf-event ioctls on any. Not /dev/kvm, not another VM's descriptors.
+/// Before the VM is built (`kvm` without descriptors) no KVM ioctl is allowed.
+fn vcpu_ioctl_rules(kvm: &KvmFds) -> Vec<SeccompRule> {
+    let mut rules = ioctl_on_fds_rules(&kvm.vcpus, &vcpu_fd_ioctls());
+    rules.extend(ioctl_on_fds_rules(kvm.vm.as_slice(), &vm_fd_ioctls()));
+    rules.extend(ioctl_rules(&perf_ioctls()));
+    rules
 }
 
 /// mmap/mprotect without PROT_EXEC: no thread makes new code.
@@ -291,8 +338,8 @@ pub(crate) fn refused(kind: ThreadKind) -> Rules {
     r
 }
 
-/// The rules for one kind of thread.
-pub(crate) fn for_thread(kind: ThreadKind) -> Rules {
+/// The rules for one kind of thread of a run whose KVM descriptors are `kvm`.
+pub(crate) fn for_thread(kind: ThreadKind, kvm: &KvmFds) -> Rules {
     let mut r = common();
     if kind != ThreadKind::Main {
         // Refused by the second filter (see [`refused`]).
@@ -303,7 +350,7 @@ pub(crate) fn for_thread(kind: ThreadKind) -> Rules {
             // KVM_RUN and the exits (devices run here: UART output, irqfd writes, COM2 file),
             // the vPMU's and profiler's perf events, POSIX timers (KickTimer, ticker, sampler),
             // kicking the other vCPUs when the VM ends.
-            r.insert(libc::SYS_ioctl, ioctl_rules(&vcpu_ioctls()));
+            r.insert(libc::SYS_ioctl, vcpu_ioctl_rules(kvm));
             r.insert(libc::SYS_fcntl, fcntl_rules());
             // virtio-blk requests run here (on the thread whose notify asked for them):
             // pread64/pwrite64 for reads and writes, fdatasync for FLUSH, fallocate in the two

@@ -82,6 +82,17 @@ pub(super) struct BuiltVm {
     _kvm: Kvm,
 }
 
+impl BuiltVm {
+    /// The descriptors its vCPU threads make KVM ioctls on (seccomp allows those only).
+    pub(super) fn kvm_fds(&self) -> crate::seccomp::KvmFds {
+        use std::os::fd::AsRawFd;
+        crate::seccomp::KvmFds {
+            vm: Some(self._vm.as_raw_fd()),
+            vcpus: self.runners.iter().map(|r| r.fd.as_raw_fd()).collect(),
+        }
+    }
+}
+
 /// Builds the VM `cfg` describes, up to the moment its vCPU threads may start.
 pub(super) fn build(cfg: &VmConfig) -> Result<BuiltVm, VmError> {
     let host = cfg.host;

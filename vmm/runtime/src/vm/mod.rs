@@ -156,6 +156,7 @@ pub fn run(cfg: &VmConfig) -> Result<RunReport, VmError> {
         // this run is confined; perf events opened later are noted where they are opened).
         seccomp::fds::snapshot();
     }
+    seccomp.allow_kvm_fds(&vm.kvm_fds())?;
     let setup_time = t0.elapsed();
     log::info!(
         "VM ready in {:.1} ms: {} vCPU(s), {} MiB, vPMU {:?}",
