@@ -23,6 +23,14 @@
 //! run every case once for about BATCH of wall time each, in an order that flips every round
 //! (A B C D, D C B A), so machine load falls on all cases alike; each figure is the median
 //! over the rounds with (min..max).
+//!
+//! `cargo bench -p vpmu-benches --bench blk -- worst-notify` measures instead the most work one
+//! notify can ask of the device (issue 33): every avail entry of a full ring (256) names the same
+//! chain (nothing in the ring tells a device that a head is already in flight, so one vCPU needs
+//! no race for this), and that chain is the largest the device accepts: a header, SEG_MAX (254)
+//! data descriptors of SIZE_MAX (1 MiB) each, a status byte -- 256 reads of 254 MiB, from a
+//! 254 MiB image in the page cache into one 1 MiB guest buffer. Printed: the time of that one
+//! notify (wall and this thread's CPU), of one such request, and the requests it carried out.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -30,7 +38,7 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use runtime::devices::virtio::blk::file::RawFile;
-use runtime::devices::virtio::blk::VirtioBlk;
+use runtime::devices::virtio::blk::{VirtioBlk, SEG_MAX, SIZE_MAX};
 use runtime::devices::virtio::VirtioDevice;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -85,11 +93,11 @@ struct FakeDriver {
 }
 
 impl FakeDriver {
-    fn new(file: File) -> FakeDriver {
+    fn new(file: File, image_bytes: u64) -> FakeDriver {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_BYTES)]).unwrap();
         let mut dev = VirtioBlk::new(
             RawFile::new(file),
-            IMAGE_BYTES / SECTOR,
+            image_bytes / SECTOR,
             false,
             *b"bench-disk\0\0\0\0\0\0\0\0\0\0",
             "bench.img".into(),
@@ -251,7 +259,7 @@ struct Bench {
 impl Bench {
     fn new(file: File) -> Bench {
         let file_for_bare = file.try_clone().unwrap();
-        let mut drv = FakeDriver::new(file);
+        let mut drv = FakeDriver::new(file, IMAGE_BYTES);
         let read4k = drv.chain(VIRTIO_BLK_T_IN, 4096);
         let write4k = drv.chain(VIRTIO_BLK_T_OUT, 4096);
         let read128k = drv.chain(VIRTIO_BLK_T_IN, 128 << 10);
@@ -353,6 +361,11 @@ fn sample(cpu: Duration, wall: Duration, reqs: u64, bytes_per_req: u64) -> Sampl
 
 /// A 64 MiB raw image of non-zero bytes (no holes), synced, then read once into the page cache.
 fn make_image(dir: &std::path::Path) -> File {
+    make_image_of(dir, IMAGE_BYTES)
+}
+
+/// A raw image of `bytes` (whole MiBs) as [`make_image`] makes it.
+fn make_image_of(dir: &std::path::Path, bytes: u64) -> File {
     let path = dir.join("bench.img");
     let mut f = OpenOptions::new()
         .read(true)
@@ -361,13 +374,13 @@ fn make_image(dir: &std::path::Path) -> File {
         .open(&path)
         .unwrap();
     let chunk: Vec<u8> = (0..1 << 20).map(|i: u32| (i / 512) as u8 | 1).collect();
-    for _ in 0..IMAGE_BYTES / (1 << 20) {
+    for _ in 0..bytes / (1 << 20) {
         f.write_all(&chunk).unwrap();
     }
     f.sync_all().unwrap();
     let mut all = Vec::new();
     File::open(&path).unwrap().read_to_end(&mut all).unwrap();
-    assert_eq!(all.len() as u64, IMAGE_BYTES);
+    assert_eq!(all.len() as u64, bytes);
     f
 }
 
@@ -397,7 +410,70 @@ fn show(v: &[f64], unit: &str, prec: usize) -> String {
     format!("{med:>8.prec$} {unit} ({lo:.prec$}..{hi:.prec$})")
 }
 
+/// One notify of a full ring whose every entry is the largest chain the device accepts.
+fn worst_notify() {
+    let segs = SEG_MAX as usize;
+    let image = u64::from(SIZE_MAX) * segs as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let mut drv = FakeDriver::new(make_image_of(dir.path(), image), image);
+    let header = drv.alloc(16);
+    drv.mem
+        .write_obj(VIRTIO_BLK_T_IN, GuestAddress(header))
+        .unwrap();
+    drv.mem.write_obj(0u64, GuestAddress(header + 8)).unwrap();
+    let data = drv.alloc(SIZE_MAX);
+    let status = drv.alloc(1);
+    let mut parts = vec![(header, 16, false)];
+    parts.extend(std::iter::repeat_n((data, SIZE_MAX, true), segs));
+    parts.push((status, 1, true));
+    let head = drv.descriptors(&parts);
+    // n avail entries, all `head`, then one notify; its wall and CPU time.
+    let notify = |drv: &mut FakeDriver, n: u16| -> (Duration, Duration) {
+        for _ in 0..n {
+            let slot = AVAIL + 4 + 2 * u64::from(drv.avail_idx % QSIZE);
+            drv.mem.write_obj(head, GuestAddress(slot)).unwrap();
+            drv.avail_idx = drv.avail_idx.wrapping_add(1);
+        }
+        drv.mem
+            .write_obj(drv.avail_idx, GuestAddress(AVAIL + 2))
+            .unwrap();
+        let (cpu0, wall0) = (thread_cpu(), Instant::now());
+        drv.dev.queue_notify(0, &drv.mem, Instant::now());
+        (wall0.elapsed(), thread_cpu() - cpu0)
+    };
+    let (one_wall, one_cpu) = notify(&mut drv, 1);
+    let reads_before = drv.dev.counts.reads;
+    let (wall, cpu) = notify(&mut drv, QSIZE);
+    let k = &drv.dev.counts;
+    let st: u8 = drv.mem.read_obj(GuestAddress(status)).unwrap();
+    println!(
+        "virtio-blk, the most one notify can ask (no KVM): {QSIZE} avail entries naming one chain \
+         of {segs} x {} KiB data descriptors (a {} MiB read each), {} MiB image in the page cache",
+        SIZE_MAX >> 10,
+        image >> 20,
+        image >> 20
+    );
+    println!(
+        "one such request: {:.1} ms wall, {:.1} ms CPU",
+        one_wall.as_secs_f64() * 1e3,
+        one_cpu.as_secs_f64() * 1e3
+    );
+    println!(
+        "one notify of the full ring: {:.2} s wall, {:.2} s CPU: {} requests carried out ({} MiB \
+         read), status of the last {st}, device fault {:?}",
+        wall.as_secs_f64(),
+        cpu.as_secs_f64(),
+        k.reads - reads_before,
+        (k.reads - reads_before) * image >> 20,
+        drv.dev.fault()
+    );
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "worst-notify") {
+        worst_notify();
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let file = make_image(dir.path());
     let mut b = Bench::new(file.try_clone().unwrap());
