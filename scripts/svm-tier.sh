@@ -4,7 +4,8 @@
 # scripts/test.sh (VPMU_SVM_TIER=0 skips it, said loudly); runnable alone:
 #   scripts/svm-tier.sh [tiny|linux|all]      (default all)
 # - tiny: the vmm test binaries that boot tiny guests (tier 2), each run whole inside L1;
-# - linux: stock Linux on that host: linux_boot (the perf NMI watchdog on both vendors' models,
+# - linux: stock Linux and kvm-unit-tests on that host: x86/pmu on both models (cpu-switch),
+#   linux_boot (the perf NMI watchdog on both vendors' models,
 #   on 1 vCPU there, see below; the xz bzImage; the no-PCI kernel) and, with VPMU_SVM_PROFILERS=1, the
 #   guest-profiler tests (perf and OProfile in the guest in both modes, compare --profiler, the
 #   shell, the host-side profile; sized for kvm_pvm hosts so far: NOT CHECKED by default), over
@@ -179,6 +180,16 @@ EOF
     echo "export VPMU_TEST_KERNEL='$DEFAULT_BZIMAGE' VPMU_TEST_XZ_KERNEL='$DEFAULT_BZIMAGE_XZ'"
     echo "export VPMU_TEST_NOPCI_KERNEL='$NOPCI_BZIMAGE' VPMU_TEST_INITRD='$INITRAMFS_TINY'"
     echo "export VPMU_TEST_LINUX_CPUS=$linux_cpus"
+    # kvm-unit-tests' x86/pmu, both models, cpu-switch, soft backend (seconds of guest time
+    # here, where its CPL 0 code runs at the emulator's speed), before linux_boot so that a
+    # stall there does not cost it; compared with pmu.MODEL.cpu-switch.soft.amd-svm-host.expected
+    # (NOT CHECKED, said so, where none is recorded). What each run observed is kept in the
+    # share, in the expected file's format.
+    : "${KUT_PMU_FLAT:?guest-image/build.sh paths did not name KUT_PMU_FLAT: build the images first}"
+    for model in amd intel; do
+      echo "export VPMU_TEST_KUT_PMU='$KUT_PMU_FLAT' VPMU_TEST_KUT_MODEL=$model VPMU_TEST_KUT_VPMU=cpu-switch VPMU_TEST_KUT_BACKEND=soft VPMU_TEST_KUT_OUT='$out/kut-$model.observed'"
+      echo "one kvm_unit_tests_$model ${VPMU_SVM_KUT_LIMIT:-600} '$(bin kvm_unit_tests)' --ignored --test-threads 1 --nocapture"
+    done
     echo "one linux_boot ${VPMU_SVM_LINUX_LIMIT:-1200} '$(bin linux_boot)' --ignored --test-threads 1 --nocapture$(skips_for linux_boot)"
     if [ "${VPMU_GUEST_PROFILERS:-1}" = 0 ]; then
       printf '[SVM host] [svm-tier] %s\n' "the guest-profiler tests: VPMU_GUEST_PROFILERS=0" >>"$VPMU_NOT_CHECKED_LOG"

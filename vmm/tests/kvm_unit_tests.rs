@@ -7,9 +7,11 @@
 //! Environment: VPMU_TEST_KUT_MODEL (amd|intel, default: the host's vendor), VPMU_TEST_KUT_VPMU
 //! (cpu-switch|domain-switch, default cpu-switch), VPMU_TEST_KUT_BACKEND (soft|hw, default soft),
 //! VPMU_TEST_KUT_EXPECTED (default guest-image/kvm-unit-tests/
-//! pmu.MODEL.VPMU.BACKEND.HOST-host.expected, HOST = the host's CPU vendor, amd or intel: the
-//! guest's CPUID vendor is the host's unless `--pmu-model intel` on a non-Intel host gives it an
-//! Intel identity, and kvm-unit-tests picks its Intel or AMD tests by that vendor),
+//! pmu.MODEL.VPMU.BACKEND.HOST-host.expected, HOST = the host's CPU vendor, amd or intel, on
+//! hosts that emulate guest kernel code (kvm_pvm), and amd-svm or intel-vmx elsewhere (tier 4's
+//! nested kvm_amd is amd-svm; `host_label`): the guest's CPUID vendor is the host's unless
+//! `--pmu-model intel` on a non-Intel host gives it an Intel identity, and kvm-unit-tests picks
+//! its Intel or AMD tests by that vendor),
 //! VPMU_TEST_KUT_OUT (where to write what this run observed, in the expected file's format).
 //!
 //! The comparison: every line of the file names a result (PASS, FAIL, SKIP, ...) or
@@ -186,6 +188,21 @@ fn host_vendor() -> &'static str {
     }
 }
 
+/// The kind of host the results are recorded for: the CPU vendor where /dev/kvm emulates guest
+/// kernel code (kvm_pvm: `amd`, `intel`), with the virtualization added where it does not
+/// (`amd-svm`: tier 4's kvm_amd nested under QEMU's emulator; `intel-vmx`): CPL 0 code runs at
+/// the hardware's (or the emulator's) speed there and the RDPMC trap is a port write, so the
+/// same configuration prints other results.
+fn host_label() -> String {
+    let emulated = runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto)
+        .quirks();
+    match (emulated, host_vendor()) {
+        (true, vendor) => vendor.to_string(),
+        (false, "intel") => "intel-vmx".to_string(),
+        (false, vendor) => format!("{vendor}-svm"),
+    }
+}
+
 fn expected_path(model: &str, vpmu: &str, backend: &str) -> PathBuf {
     match std::env::var("VPMU_TEST_KUT_EXPECTED") {
         Ok(p) => PathBuf::from(p),
@@ -193,7 +210,7 @@ fn expected_path(model: &str, vpmu: &str, backend: &str) -> PathBuf {
             .join("../guest-image/kvm-unit-tests")
             .join(format!(
                 "pmu.{model}.{vpmu}.{backend}.{}-host.expected",
-                host_vendor()
+                host_label()
             )),
     }
 }
@@ -219,7 +236,7 @@ fn kvm_unit_tests_pmu_matches_its_expected_results() {
             &format!(
                 "no expected results recorded for this {} host ({} is missing); record them with \
                  scripts/kvm-unit-tests.sh (docs/kvm-unit-tests.md)",
-                host_vendor(),
+                host_label(),
                 expected_file.display()
             ),
         );
