@@ -30,7 +30,9 @@
 //! no race for this), and that chain is the largest the device accepts: a header, SEG_MAX (254)
 //! data descriptors of SIZE_MAX (1 MiB) each, a status byte -- 256 reads of 254 MiB, from a
 //! 254 MiB image in the page cache into one 1 MiB guest buffer. Printed: the time of that one
-//! notify (wall and this thread's CPU), of one such request, and the requests it carried out.
+//! notify (wall and this thread's CPU), of one such request, and the requests it carried out
+//! (2026-11-29: 12.28 s for 256 requests before a pass took each head once, 0.05 s for 1 after;
+//! docs/virtio-blk.md, "The most one notify can cost").
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};

@@ -194,8 +194,8 @@ fn host_vendor() -> &'static str {
 /// the hardware's (or the emulator's) speed there and the RDPMC trap is a port write, so the
 /// same configuration prints other results.
 fn host_label() -> String {
-    let emulated = runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto)
-        .quirks();
+    let emulated =
+        runtime::host_quirks::HostKind::decide(runtime::host_quirks::QuirkSetting::Auto).quirks();
     match (emulated, host_vendor()) {
         (true, vendor) => vendor.to_string(),
         (false, "intel") => "intel-vmx".to_string(),
@@ -379,6 +379,19 @@ fn the_recorded_runs_match_their_checked_in_files() {
             include_str!("fixtures/kut-pmu.amd.domain-switch.sim.intel-host.console"),
             15,
             1,
+        ),
+        // Tier 4's SVM host (kvm_amd nested under QEMU's emulator), recorded 2026-11-29.
+        (
+            "pmu.amd.cpu-switch.soft.amd-svm-host.expected",
+            include_str!("fixtures/kut-pmu.amd.cpu-switch.soft.amd-svm-host.console"),
+            0,
+            63,
+        ),
+        (
+            "pmu.intel.cpu-switch.soft.amd-svm-host.expected",
+            include_str!("fixtures/kut-pmu.intel.cpu-switch.soft.amd-svm-host.console"),
+            0,
+            63,
         ),
     ];
     for (file, console, varies, exit) in runs {
