@@ -466,7 +466,7 @@ fn worst_notify() {
         wall.as_secs_f64(),
         cpu.as_secs_f64(),
         k.reads - reads_before,
-        (k.reads - reads_before) * image >> 20,
+        ((k.reads - reads_before) * image) >> 20,
         drv.dev.fault()
     );
 }
