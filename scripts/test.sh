@@ -173,7 +173,7 @@ run_test() {
 }
 
 # Two lanes side by side (this host has few cores; each lane keeps about one busy): lane A, in
-# this shell, boots stock Linux on /dev/kvm (linux_boot, linux_compare, the guest profilers);
+# this shell, boots stock Linux on /dev/kvm (the guest profilers, linux_boot, linux_compare);
 # lane B, in the background, runs tier 4 (QEMU's emulator: one thread) and then kvm-unit-tests'
 # x86/pmu (one vCPU). Lane B's lines are marked "[lane B]".
 lane_b() {
@@ -193,6 +193,36 @@ say "lane B starts: tier 4, then kvm-unit-tests (its lines are marked [lane B])"
 (lane_b 2>&1 | sed -u 's/^/[lane B] /') &
 lane_b_pid=$!
 
+# Lane A. Stock perf and OProfile inside the guest (both modes in one boot: the longest boot of
+# the run, so it starts first, in the background, its lines marked "[experiments]"), and beside
+# it one after the other: `compare --profiler perf` on the Intel model, the console shell, the
+# host-side profile, then linux_boot and linux_compare. On hosts whose KVM emulates guest kernel
+# code (kvm_pvm) guest user space runs through the VMM's SYSCALL relay, and these boots are the
+# longest part of the run (docs/guest.md, "Sizes and periods"). `compare --profiler oprofile`
+# is one more such boot (25-30 min there): VPMU_COMPARE_OPROFILE=1 runs it; OProfile in the
+# guest is checked by the experiments boot. VPMU_GUEST_PROFILERS=0 skips them all, loudly.
+# VPMU_TEST_TIMEOUT (default 4500 s) bounds each of those boots: a hang detector, not a speed
+# check.
+experiments=stock_perf_and_oprofile_in_the_guest_in_both_modes
+experiments_pid=''
+if [ "$profilers" = 0 ]; then
+  not_checked "tier 3: stock perf/OProfile in the guest (guest_profilers): VPMU_GUEST_PROFILERS=0"
+else
+  profile_env=(VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_ROOTFS="$ROOTFS" VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}")
+  say "tier 3: stock perf and OProfile in the guest, both modes, one boot from the root filesystem image, read-only (its lines are marked [experiments])"
+  (step "tier 3: guest_profilers::$experiments" run_test guest_profilers "${profile_env[@]}" -- \
+    --ignored --nocapture --exact "$experiments" 2>&1 | sed -u 's/^/[experiments] /') &
+  experiments_pid=$!
+  skip=(--skip "$experiments")
+  if [ "${VPMU_COMPARE_OPROFILE:-0}" != 1 ]; then
+    not_checked "tier 3: compare --profiler oprofile (guest_profilers::compare_with_the_guests_oprofile, one more 25-30 min boot where guest kernel code is emulated): VPMU_COMPARE_OPROFILE=1 runs it; operf/opreport/ocount in the guest are checked in both modes by the experiments boot"
+    skip+=(--skip compare_with_the_guests_oprofile)
+  fi
+  say "tier 3: compare --profiler perf; the console shell; the host-side profile (one at a time)"
+  step "tier 3: guest_profilers" run_test guest_profilers "${profile_env[@]}" -- --ignored --nocapture \
+    --test-threads 1 "${skip[@]}"
+fi
+
 say "tier 3: booting the default kernel on 2 vCPUs (a few minutes on hosts that emulate guest kernel code), its xz bzImage and the no-PCI kernel to user space"
 step "tier 3: linux_boot" run_test linux_boot VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_XZ_KERNEL="$DEFAULT_BZIMAGE_XZ" \
   VPMU_TEST_NOPCI_KERNEL="$NOPCI_BZIMAGE" VPMU_TEST_INITRD="$INITRAMFS_TINY" -- --ignored --nocapture
@@ -201,28 +231,10 @@ say "tier 3: packet receive compared in both accounting modes (vpmu-vmm compare 
 step "tier 3: linux_compare" run_test linux_compare VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" \
   VPMU_TEST_SPIN_INITRD="$SPIN_INITRAMFS" -- --ignored --nocapture
 
-# Stock perf and OProfile inside the guest (both modes in one boot), `compare --profiler perf`
-# on the Intel model, the console shell and the host-side profile: four boots, two at a time.
-# On hosts whose KVM emulates guest kernel code (kvm_pvm) guest user space runs through the
-# VMM's SYSCALL relay, and this is the longest part of the run (docs/guest.md, "Sizes and
-# periods"). `compare --profiler oprofile` is one more such boot (25-30 min there):
-# VPMU_COMPARE_OPROFILE=1 runs it; OProfile in the guest is checked by the experiments boot.
-# VPMU_GUEST_PROFILERS=0 skips them all, loudly.
-# VPMU_TEST_TIMEOUT (default 4500 s) bounds each of those boots: a hang detector, not a speed
-# check.
-if [ "$profilers" = 0 ]; then
-  not_checked "tier 3: stock perf/OProfile in the guest (guest_profilers): VPMU_GUEST_PROFILERS=0"
-else
-  skip=()
-  if [ "${VPMU_COMPARE_OPROFILE:-0}" != 1 ]; then
-    not_checked "tier 3: compare --profiler oprofile (guest_profilers::compare_with_the_guests_oprofile, one more 25-30 min boot where guest kernel code is emulated): VPMU_COMPARE_OPROFILE=1 runs it; operf/opreport/ocount in the guest are checked in both modes by the experiments boot"
-    skip=(--skip compare_with_the_guests_oprofile)
-  fi
-  say "tier 3: stock perf and OProfile in the guest, both modes; compare --profiler perf; the console shell; the host-side profile (two boots at a time, from the root filesystem image, read-only)"
-  step "tier 3: guest_profilers" run_test guest_profilers VPMU_TEST_KERNEL="$DEFAULT_BZIMAGE" VPMU_TEST_ROOTFS="$ROOTFS" \
-    VPMU_TEST_TIMEOUT="${VPMU_TEST_TIMEOUT:-4500}" -- --ignored --nocapture --test-threads 2 "${skip[@]}"
+if [ -n "$experiments_pid" ]; then
+  say "waiting for the experiments boot"
+  wait "$experiments_pid" || true
 fi
-
 t_wait=$SECONDS
 say "lane A done; waiting for lane B (tier 4, kvm-unit-tests)"
 wait "$lane_b_pid" || true
