@@ -90,17 +90,7 @@ python3 scripts/svm-stall.py --self-test >&2
 
 # The test executables, built here (L1 runs them from the shared tree).
 say "building the test binaries (cargo test --release -p vmm --no-run)"
-cargo test --release -p vmm --no-run --message-format=json 2>/dev/null |
-  python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["target"]["name"], m["executable"])
-' >"$out/binaries"
+scripts/test-bins.sh >"$out/binaries"
 bin() { awk -v n="$1" '$1 == n { print $2 }' "$out/binaries"; }
 
 runner=$out/run-in-l1.sh
