@@ -166,11 +166,12 @@ pub(crate) fn main_ioctls() -> Vec<(&'static str, u64)> {
     vec![("TCGETS", libc::TCGETS), ("FIONBIO", libc::FIONBIO)]
 }
 
+fn condition(arg: u8, len: Len, op: Op, value: u64) -> Cond {
+    Cond::new(arg, len, op, value).expect("argument index < 6")
+}
+
 fn cond(arg: u8, len: Len, op: Op, value: u64) -> SeccompRule {
-    SeccompRule::new(vec![
-        Cond::new(arg, len, op, value).expect("argument index < 6")
-    ])
-    .expect("one condition")
+    SeccompRule::new(vec![condition(arg, len, op, value)]).expect("one condition")
 }
 
 /// ioctl(fd, request, ...) with request in `allowed` (compared as the kernel does: 32 bits).
@@ -182,14 +183,16 @@ fn ioctl_rules(allowed: &[(&'static str, u64)]) -> Vec<SeccompRule> {
 }
 
 /// ioctl(fd, request, ...) with fd one of `fds` and request in `allowed` (both compared as the
-/// kernel does: 32 bits).
+/// kernel does: 32 bits). Request-major, in `allowed`'s order: the filter runs on every
+/// KVM_RUN, which comes first, so any vCPU's KVM_RUN matches within as many rules as there are
+/// vCPUs (fd-major, the last vCPU's would pass every other vCPU's whole list first).
 fn ioctl_on_fds_rules(fds: &[RawFd], allowed: &[(&'static str, u64)]) -> Vec<SeccompRule> {
     let mut rules = Vec::new();
-    for &fd in fds {
-        for &(_, r) in allowed {
+    for &(_, r) in allowed {
+        for &fd in fds {
             let conds = vec![
-                Cond::new(0, Len::Dword, Op::Eq, fd as u32 as u64).expect("argument index < 6"),
-                Cond::new(1, Len::Dword, Op::Eq, r).expect("argument index < 6"),
+                condition(0, Len::Dword, Op::Eq, fd as u32 as u64),
+                condition(1, Len::Dword, Op::Eq, r),
             ];
             rules.push(SeccompRule::new(conds).expect("two conditions"));
         }
