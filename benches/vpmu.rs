@@ -214,8 +214,12 @@ fn pmi_run() -> (f64, f64, Vec<f64>) {
     let msrs: Vec<f64> = msr_cycles.iter().map(|&c| c as f64).collect();
     if lat.is_empty() || inject.is_empty() || msrs.is_empty() {
         println!(
-            "PMI guest: no samples ({} NMIs delivered, guest saw {})",
-            r.pmu.pmis_nmi, w[0]
+            "PMI guest: no samples ({} NMIs delivered, guest saw {}; first TSCs: host signal {:?}, host NMI queued {:?}, guest handler {:?})",
+            r.pmu.pmis_nmi,
+            w[0],
+            &host[..host.len().min(3)],
+            &r.pmu.pmi_inject_tsc[..r.pmu.pmi_inject_tsc.len().min(3)],
+            &guest_tscs[..n.min(3)]
         );
         std::process::exit(1);
     }

@@ -1,5 +1,5 @@
 // load: 0x100000
-// Benchmark guest: AMD counter 0 counts cycles with INT set and a period; the NMI handler reads
+// Benchmark guest: AMD counter 0 counts cycles with INT set and a period, for 128 PMIs; the NMI handler reads
 // the TSC first thing, keeps up to 256 of those, acks (PerfMonV2 STATUS_CLR) and re-arms, and
 // keeps the TSC cycles its two PMU MSR writes took (each timed alone, net of the instructions
 // around it). Sends the count, the entry TSCs, then the MSR-write cycles over COM2; the VMM records
@@ -7,6 +7,8 @@
 #define PERIOD 5000000
 #define CTR_MAX 0x1000000000000
 #define MAXS 256
+#define TARGET 128
+#define CAP (1 << 35)
 #include "msr.inc"
 
 // \reg <- TSC
@@ -35,9 +37,17 @@ start:
     mov $(0x76 | (1 << 16) | (1 << 17) | (1 << 20) | (1 << 22)), %eax
     xor %edx, %edx
     wrmsr
-    mov $300000, %ecx
-1:  dec %ecx
-    jnz 1b
+    // Sized by PMIs, not iterations: TARGET of them, or CAP TSC cycles if they stop coming (a
+    // fixed loop sized for a host that emulates guest kernel code ends before the first PMI
+    // where CPL 0 runs at hardware or emulator speed).
+    TSC_TO %r12
+1:  cmpq $TARGET, count(%rip)
+    jae 9f
+    TSC_SINCE %r12, %rax
+    movabs $CAP, %rdx
+    cmp %rdx, %rax
+    jb 1b
+9:
     mov $0xc0010200, %ecx
     xor %eax, %eax
     xor %edx, %edx

@@ -99,6 +99,9 @@ pub struct VcpuPmu {
     /// The VM's accounting mode, and the one this vCPU counts in now.
     pub mode_switch: Arc<mode::ModeSwitch>,
     pub mode: vpmu::AccountingMode,
+    /// Guest TSC = host TSC + this ([`crate::vcpu_access::guest_tsc_offset`]; 0 where KVM does
+    /// not say): puts the PMI timestamps in `stats` on the guest's TSC.
+    pub guest_tsc_offset: i64,
 }
 
 /// Host time on the vCPU thread that the guest's counters of `mode` counted for a host-side
@@ -193,8 +196,9 @@ pub struct PmuStats {
     /// Signals (counter overflows from perf, kick timers, stop and mode-switch kicks) that
     /// arrived on the vCPU thread: the host-side interrupt load the guest caused.
     pub signals: u64,
-    /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered
-    /// (with the guest's handler-entry TSC this gives the PMI latency; benches/).
+    /// TSC at the overflow signal behind each of the first [`MAX_PMI_TSCS`] NMIs delivered, on
+    /// the guest's TSC (the host's plus the vCPU's offset; 0: no signal behind it); with the
+    /// guest's handler-entry TSC this gives the PMI latency (benches/).
     pub pmi_signal_tsc: Vec<u64>,
     /// Counter programmings the `--pmu-event-filter` refused ([`vpmu::Pmu::filter_blocked`]):
     /// this vCPU's, or the sum.
@@ -206,7 +210,8 @@ pub struct PmuStats {
     /// counter stayed still, so the guest read 0 for them. Each once (the sum: across vCPUs).
     pub uncounted: Distinct<(vpmu::UncountedEvent, Option<vpmu::ArchEvent>)>,
     /// TSC right after each of those NMIs was queued (KVM_NMI returned, or `nmi.pending` was
-    /// set in kvm_run's events for the next KVM_RUN): with `pmi_signal_tsc`, the VMM's cost per
+    /// set in kvm_run's events for the next KVM_RUN), on the guest's TSC as `pmi_signal_tsc`:
+    /// with `pmi_signal_tsc`, the VMM's cost per
     /// delivered sample (benches/).
     pub pmi_inject_tsc: Vec<u64>,
 }
@@ -275,6 +280,7 @@ impl VcpuPmu {
             rdpmc,
             mode_switch,
             mode,
+            guest_tsc_offset: 0,
         }
     }
 

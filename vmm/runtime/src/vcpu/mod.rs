@@ -244,8 +244,14 @@ impl VcpuRunner {
                 }
                 p.stats.pmis_nmi += 1;
                 if p.stats.pmi_signal_tsc.len() < crate::pmu::MAX_PMI_TSCS {
-                    p.stats.pmi_signal_tsc.push(kick::last_signal_tsc());
-                    p.stats.pmi_inject_tsc.push(crate::tsc::now());
+                    let on_guest_tsc = |t: u64| match t {
+                        0 => 0,
+                        t => t.wrapping_add_signed(p.guest_tsc_offset),
+                    };
+                    let signal = on_guest_tsc(kick::last_signal_tsc());
+                    let queued = on_guest_tsc(crate::tsc::now());
+                    p.stats.pmi_signal_tsc.push(signal);
+                    p.stats.pmi_inject_tsc.push(queued);
                 }
             }
             pmi::Route::Vector(v) => {

@@ -52,8 +52,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::{self, NonNull};
 
 use kvm_bindings::{
-    kvm_fpu, kvm_msr_entry, kvm_msrs, kvm_regs, kvm_run, kvm_sregs, kvm_sync_regs, kvm_vcpu_events,
-    Msrs, KVM_SYNC_X86_EVENTS, KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS,
+    kvm_device_attr, kvm_fpu, kvm_msr_entry, kvm_msrs, kvm_regs, kvm_run, kvm_sregs, kvm_sync_regs,
+    kvm_vcpu_events, Msrs, KVM_SYNC_X86_EVENTS, KVM_SYNC_X86_REGS, KVM_SYNC_X86_SREGS,
     KVM_VCPUEVENT_VALID_NMI_PENDING,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -210,6 +210,7 @@ ioctl_iow_nr!(KVM_SET_FPU, KVMIO, 0x8d, kvm_fpu);
 ioctl_ior_nr!(KVM_GET_VCPU_EVENTS, KVMIO, 0x9f, kvm_vcpu_events);
 ioctl_iow_nr!(KVM_SET_VCPU_EVENTS, KVMIO, 0xa0, kvm_vcpu_events);
 ioctl_io_nr!(KVM_NMI, KVMIO, 0x9a);
+ioctl_iow_nr!(KVM_GET_DEVICE_ATTR, KVMIO, 0xe2, kvm_device_attr);
 
 /// A vCPU's raw descriptor (valid as long as its `VcpuFd` lives).
 #[derive(Clone, Copy)]
@@ -355,6 +356,24 @@ impl<'a> KvmVcpu<'a> {
         check(rc, err)?;
         Ok(())
     }
+}
+
+/// The vCPU's TSC offset (guest TSC = host TSC + this, wrapping), as KVM keeps it
+/// (KVM_GET_DEVICE_ATTR, KVM_VCPU_TSC_CTRL / KVM_VCPU_TSC_OFFSET; Linux 5.16+). `None` where KVM
+/// does not say. On VT-x/SVM hosts KVM starts each guest's TSC near 0, so a host TSC (an overflow
+/// signal's) and a guest one (its NMI handler's) compare only through this.
+pub(crate) fn guest_tsc_offset(fd: &impl AsRawFd) -> Option<i64> {
+    let mut offset = 0u64;
+    let attr = kvm_device_attr {
+        flags: 0,
+        group: kvm_bindings::KVM_VCPU_TSC_CTRL,
+        attr: u64::from(kvm_bindings::KVM_VCPU_TSC_OFFSET),
+        addr: ptr::addr_of_mut!(offset) as u64,
+    };
+    // SAFETY: KVM_GET_DEVICE_ATTR reads one kvm_device_attr, which `attr` is, and writes the
+    // attribute's one u64 to `addr`, which points to `offset`, alive until the call returns.
+    let rc = unsafe { ioctl_with_ref(fd, KVM_GET_DEVICE_ATTR(), &attr) };
+    (rc == 0).then_some(offset as i64)
 }
 
 /// The vCPU events to hand KVM through sync registers: `new` as the caller wrote it, except

@@ -968,13 +968,16 @@ fn make_vcpus(plan: &VcpuPlan<'_>, shared: &VcpuShared) -> Result<Vec<VcpuRunner
             .map_err(KvmSetupError::CreateVcpu)?;
         let mut table = cpuid::for_vcpu(plan.guest_cpuid, id, cfg.vcpus, policy);
         pmu::setup::apply_cpuid(&mut table, &pmu_edits);
-        let pmu = match plan.vpmu {
+        let mut pmu = match plan.vpmu {
             Some(v) => Some(vcpu_pmu(cfg, v, &fd, plan.mode_switch)?),
             None => None,
         };
         let table = CpuId::from_entries(&table).map_err(VmError::CpuidTable)?;
         fd.set_cpuid2(&table).map_err(KvmSetupError::SetCpuid2)?;
         regs::setup_common(&fd)?;
+        if let Some(p) = pmu.as_mut() {
+            p.guest_tsc_offset = crate::vcpu_access::guest_tsc_offset(&fd).unwrap_or(0);
+        }
         if id == 0 {
             regs::setup_boot_entry(&fd, &shared.mem, plan.entry)?;
         }
