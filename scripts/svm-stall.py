@@ -8,8 +8,10 @@ SAMPLES holds QEMU's `info registers` answers, taken from outside L1 while a tes
 (scripts/svm-host.sh writes them on request of scripts/svm-tier.sh). The known stall, seen in
 every hang of a stock-Linux boot on that host so far (scripts/svm-tier.sh, notes): the nested
 guest's vCPU spinning at CPL 0 with interrupts off (RFLAGS.IF = 0) in the kernel's spinlock slow
-path (`native_queued_spin_lock_slowpath`, `__pv_queued_spin_lock_slowpath`), minutes at the
-same place, on one vCPU too: an interrupt taken inside an interrupts-off section of the guest.
+path (`native_queued_spin_lock_slowpath`, `__pv_queued_spin_lock_slowpath`) or rwlock slow path
+(`queued_write_lock_slowpath`), minutes at the same place, on one vCPU too. The same guest on 2
+vCPUs stalls the same way under QEMU -accel kvm in the same L1 (scripts/svm-stall-control.sh):
+the nested host stalls such guests whatever their VMM.
 The verdict needs at least half of the samples (and 4) at CPL 0, IF = 0, in such a function of
 one of the guest kernels' System.map files. Anything else is not it, and the hang stays a
 failure. One line on stdout says what the samples showed.
@@ -18,7 +20,9 @@ import bisect
 import re
 import sys
 
-SPIN = re.compile(r"spin_lock_slowpath")
+# Spinlock and rwlock slow paths: the stall has shown both (a 2-vCPU guest forking processes spun
+# in queued_write_lock_slowpath on tasklist_lock, beside __pv_queued_spin_lock_slowpath).
+SPIN = re.compile(r"spin_lock_slowpath|queued_(read|write)_lock_slowpath")
 IF = 1 << 9
 
 
@@ -59,7 +63,7 @@ def verdict(text, tables):
     hits = [(rip, name) for rip, name in hits if name]
     where = sorted({name for _, name in hits})
     line = (
-        f"{len(hits)} of {len(s)} register samples at CPL 0 with IF=0 in the spinlock slow path"
+        f"{len(hits)} of {len(s)} register samples at CPL 0 with IF=0 in a lock slow path"
         + (f" ({', '.join(where)})" if where else "")
     )
     return len(s) > 0 and len(hits) >= max(4, (len(s) + 1) // 2), line
@@ -82,6 +86,9 @@ def self_test():
     # Too few samples in it.
     assert not verdict(stall.replace("ffffffff813fd26c", "ffffffff81000000", 3), [table])[0]
     assert not verdict("", [table])[0]
+    # The rwlock slow path counts too (tasklist_lock: fork and exit on 2 vCPUs).
+    rw = ([0xFFFFFFFF813FD210, 0xFFFFFFFF813FD400], ["queued_write_lock_slowpath", "x"])
+    assert verdict(stall, [rw])[0]
     print("svm-stall.py: self-test passed")
 
 
