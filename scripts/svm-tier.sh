@@ -60,7 +60,7 @@ SKIP_TESTS=(
 # the xz boot hung so in a rehearsal (2026-11-29, at native_queued_spin_lock_slowpath+0x5c,
 # RFLAGS 0x2), hence the monitor readings and scripts/svm-stall.py at a hang (above).
 # Not the VMM's alone: 2-vCPU boots under QEMU -accel kvm in the same L1 stalled the same way
-# (2 of 3, vpmu-vmm 3 of 3; scripts/svm-stall-control.sh, 2026-11-29; docs/guest.md).
+# (3 of 4, vpmu-vmm 3 of 4; scripts/svm-stall-control.sh, 2026-11-29; docs/guest.md).
 if [ "${VPMU_SVM_TWO_VCPUS:-0}" = 1 ]; then
   linux_cpus=2
 else
