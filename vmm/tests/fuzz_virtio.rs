@@ -982,11 +982,10 @@ mod blk {
                 false => self.used_after_a_pass(before, all),
                 true => all, // where the pass started is not known
             };
-            prop_assert!(
-                used == expected || used == all,
-                "every chain offered is used, each head once a pass: used {}, expected {} (all: {})",
+            prop_assert_eq!(
                 used,
                 expected,
+                "every chain offered is used, each head once a pass (offered: {})",
                 all
             );
             if used != idx.wrapping_add(1) {
