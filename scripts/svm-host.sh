@@ -34,7 +34,7 @@
 #   emulator's clock is the host's wall clock), a host busy with two spinning loops preempts
 #   QEMU for milliseconds at a time and L1 charges that time to whatever it was running (guest
 #   counters, the VMM's exit handling, timers), and the hw-over-sim test got 1 sample of ~120
-#   and trace_gating measured 1.06x against its 0.05 tolerance. With icount, four runs beside
+#   and trace_gating (then a ratio of boots) measured 1.06x against its 0.05 tolerance. With icount, four runs beside
 #   the same loops counted the same (117 samples each, tracing 1.0000x). Its price: one
 #   emulator thread (no multi-threaded TCG), and L1 time runs ~5-8x slower than the wall clock
 #   when L1 is busy. Its exits cost what KVM's and the VMM's instructions cost, not the

@@ -1,47 +1,63 @@
-//! Tier 2 (issue 20 item 5): in cpu-switch nothing of the VMM's tracing is charged to the
-//! guest. The recorder's work around KVM_RUN (TSC and clock reads, records into the writer's
-//! buffers: run_loop.rs steps 2 and 8) sits outside the gate, so a guest that counts its own
-//! cycles in cpu-switch over a fixed amount of work with many exits reads the same with and
-//! without `--trace`.
+//! Tier 2 (issue 20 item 5): in cpu-switch the gate charges the guest no more than the trace
+//! saw the vCPU spend in KVM_RUN. The recorder reads its TSCs outside the accounting gate
+//! (run_loop.rs: step 2 before the gate opens, step 8 after it closes), so each KVM_RUN
+//! interval the gate charges lies inside the interval the trace records for it (entry TSC to
+//! exit TSC), and what the guest counts over a stretch of exits can never exceed what the trace
+//! says those exits spent in KVM_RUN.
 //!
-//! The guest (`gating_pair_amd64`) counts cycles around 2 x 2000 unclaimed port writes, 20
-//! rounds of 100 in each mode (switching through the vPMU control port). Boots with and
-//! without `--trace` alternate in BOOTS back-to-back pairs (A/B, then B/A). A boot's speed is
-//! set for its whole life and differs from the next boot's by up to 2x on the build machines (a
-//! pool machine, pinned to one CPU, read 22M to 46M cycles for the same work from boot to
-//! boot), which defeats any one estimate now and then: the median of 5 pair ratios failed 6
-//! runs of 7 there (on the commit before this test changed as after), the fastest boot of each
-//! side failed 2 runs of 9 (one stray fast boot on one side). So two estimates of the same
-//! ratio are taken from 16 pairs, the median of the pairs' cpu-switch ratios and the fastest
-//! boot with over the fastest without, and the test passes if either lies within TOLERANCE of
-//! 1: tracing work charged inside the gate shifts both. domain-switch, which charges the VMM's
-//! work, is printed beside it.
+//! One traced boot of `gating_pair_amd64`: 20 rounds, each counting the cycles of 100
+//! unclaimed port writes in cpu-switch and then in domain-switch, read with RDMSR (a VM exit
+//! the trace records, so a round's count covers exactly the KVM_RUN intervals between its two
+//! RDMSR exits). The soft backend's cycles are thread CPU time at the TSC rate, the trace's
+//! TSC ticks, so the two are in one unit. Every cpu-switch round must count at most the
+//! trace's in-KVM_RUN time (plus [`TOLERANCE`] for task-clock reads after a switch, converted
+//! at the rounded kHz); the domain-switch rounds of the same boot, which charge the VMM's work
+//! between the exits too, must count more than it (in at least one round: a round the host
+//! preempted inside KVM_RUN may count less CPU time than wall time passed), so the comparison
+//! tells the two modes apart. Deterministic: no boot-to-boot speed enters (the version before
+//! compared 16 pairs of boots with and without `--trace` and still flaked under load).
 //!
-//! What it can and cannot catch (measured on this project's build machine, 2 shared cores):
-//! the recorder's per-exit work is well under 1 % of a ~8 us exit here, below the boot-to-boot
-//! noise (medians of 5 least-disturbed rounds still land 0-3 % apart). Moving the whole
-//! recorder and `reprogram_dirty` inside the gate (run_loop.rs) gave 0.9997x: this test did
-//! NOT fail then. It bounds what tracing may charge in cpu-switch at TOLERANCE (5 %, not the
-//! issue's 2 %, which flakes here): it fails if tracing work of about half a microsecond per
-//! exit or more (a system call per exit, say) lands inside the gate. The 2 % figure belongs in
-//! a bench on a quiet machine.
+//! What it catches and what it cannot (this project's Intel build machine, kvm_pvm): with the
+//! loop as it is, cpu-switch rounds count 0.95-0.976 of their KVM_RUN time (the ~2.5 % left is
+//! the work between the trace's TSC reads and the gate's: backend reprogramming, the gate's
+//! own toggles, the exit's classification) and domain-switch rounds 1.037-1.054. The gate
+//! closed after the exit's handling (step 11: MSRs, devices, the host-profile sample's work
+//! in step 12 before it) counts 1.013-1.018 and fails 19 of 20 rounds. The recorder's own
+//! record-keeping moved inside the gate does NOT fail it (0.993 with step 2 inside, 0.998 with
+//! step 8 inside): a record costs tens of nanoseconds per exit, less than that 2.5 % margin
+//! and below what comparing boots resolves here; its place outside the gate is kept by the
+//! loop's one order (run_loop.rs), and what tracing costs the guest as a ratio of boots is
+//! benches/trace.rs T3 (goal 2 %).
 
 mod common;
 
 use std::time::Duration;
 
+use analysis::exit_reason::Reason;
+use analysis::trace::format::{Record, Trace};
 use runtime::end::VmEnd;
 use runtime::pmu::{BackendChoice, ModelChoice};
 use runtime::vm::VpmuSetting;
 
-const BOOTS: usize = 16;
-/// How far the cpu-switch ratio with/without may lie from 1.
-const TOLERANCE: f64 = 0.05;
+/// The guest's counter (AMD PerfCtrExtCore counter 0), read with RDMSR around each round.
+const CTR0: u32 = 0xc001_0201;
+const ROUNDS: usize = 20;
+/// How far a cpu-switch round may count past the trace's in-KVM_RUN time (relative).
+const TOLERANCE: f64 = 1e-3;
 
-/// (cpu-switch, domain-switch) cycles the guest counted in its least disturbed round of 100
-/// exits (the fastest: load on the shared machine only adds), x 20: the 2000 exits' cost
-/// without the noise the sums carry.
-fn one_boot(trace: bool) -> (u64, u64) {
+/// One exit as the trace recorded it.
+struct TracedExit {
+    reason: Reason,
+    /// MSR index or port.
+    detail: u32,
+    exit_tsc: u64,
+    /// 0: never re-entered.
+    entry_tsc: u64,
+}
+
+/// One traced cpu-switch boot: the guest's (cpu-switch, domain-switch) counts per round and
+/// the trace's exits.
+fn traced_boot() -> (Vec<(u64, u64)>, Vec<TracedExit>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("trace");
     let r = common::run_tiny_with(
@@ -52,79 +68,102 @@ fn one_boot(trace: bool) -> (u64, u64) {
             cfg.pmu_model = ModelChoice::Amd;
             cfg.pmu_backend = BackendChoice::Soft;
             cfg.io_delay_us = 0;
-            // Whole KVM_RUN intervals: with KVM's exit path left out (vm::exit_cost) the guest
-            // counts next to nothing between these exits, and a ratio of near-zero counts
-            // bounds nothing; charged whole, tracing work inside the gate would show.
+            // Whole KVM_RUN intervals: nothing of them left out as KVM's exit path
+            // (vm::exit_cost), so the gate's intervals and the trace's differ only by what
+            // lies between their TSC reads.
             cfg.exit_cost_ns = Some(0);
-            if trace {
-                cfg.record.trace = Some(path.clone());
-            }
+            cfg.record.trace = Some(path.clone());
         },
     );
     assert_eq!(r.report.end, VmEnd::PowerOff, "console {}", r.console);
     let w = r.words();
-    assert_eq!(w.len(), 41, "guest report incomplete");
-    if trace {
-        let t = analysis::trace::format::Trace::read_file(&path).unwrap();
-        let n: usize = t
-            .vcpus
-            .iter()
-            .map(|v| v.records.len() + v.dropped as usize)
-            .sum();
-        assert!(n >= 4000, "the trace recorded the exits: {n} records");
-    }
-    let rounds = w[1..].chunks(2);
-    let min = |i: usize| rounds.clone().map(|p| p[i]).min().unwrap() * 20;
-    (min(0), min(1))
+    assert_eq!(w.len(), 1 + 2 * ROUNDS, "guest report incomplete: {w:?}");
+    let rounds = w[1..].chunks(2).map(|p| (p[0], p[1])).collect();
+    let t = Trace::read_file(&path).unwrap();
+    assert_eq!(t.vcpus.len(), 1, "one vCPU");
+    let v = &t.vcpus[0];
+    assert_eq!(
+        v.dropped, 0,
+        "the trace dropped records: rounds cannot be aligned"
+    );
+    let exits = v
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Exit {
+                event,
+                exit_tsc,
+                entry_tsc,
+            } => Some(TracedExit {
+                reason: event.reason,
+                detail: event.detail,
+                exit_tsc: *exit_tsc,
+                entry_tsc: *entry_tsc,
+            }),
+            _ => None,
+        })
+        .collect();
+    (rounds, exits)
+}
+
+/// TSC ticks the trace says the vCPU spent in KVM_RUN from the re-entry after exit `a` to the
+/// exit `b` (the intervals a counter read at exit `a` and again at exit `b` covers).
+fn in_run_ticks(exits: &[TracedExit], a: usize, b: usize) -> u64 {
+    (a..b)
+        .map(|k| {
+            let entry = exits[k].entry_tsc;
+            let exit = exits[k + 1].exit_tsc;
+            assert!(entry != 0 && exit >= entry, "exit {k}: TSCs out of order");
+            exit - entry
+        })
+        .sum()
 }
 
 #[test]
-fn tracing_is_not_charged_to_the_guest_in_cpu_switch() {
+fn cpu_switch_charges_no_more_than_the_traced_kvm_run_time() {
     if !common::kvm_available() {
         return;
     }
-    // (with, without) of each pair, a few seconds apart.
-    let mut pairs = Vec::new();
-    for i in 0..BOOTS {
-        // A/B, then B/A: drift within a pair falls on both sides in turn.
-        let first_traced = i % 2 == 0;
-        let a = one_boot(first_traced);
-        let b = one_boot(!first_traced);
-        pairs.push(if first_traced { (a, b) } else { (b, a) });
+    let (rounds, exits) = traced_boot();
+    // The guest reads CTR0 twice per loop, two loops per round (cpu-switch, domain-switch).
+    let reads: Vec<usize> = (0..exits.len())
+        .filter(|&k| exits[k].reason == Reason::MsrRead && exits[k].detail == CTR0)
+        .collect();
+    assert_eq!(
+        reads.len(),
+        4 * ROUNDS,
+        "RDMSR exits of the counter in the trace"
+    );
+    let mut lines = Vec::new();
+    let mut over = Vec::new();
+    let mut domain_above = 0;
+    for (i, &(cpu, dom)) in rounds.iter().enumerate() {
+        let (a, b) = (reads[4 * i], reads[4 * i + 1]);
+        assert_eq!(b - a, 101, "round {i}: 100 port writes between the reads");
+        let cpu_run = in_run_ticks(&exits, a, b);
+        let dom_run = in_run_ticks(&exits, reads[4 * i + 2], reads[4 * i + 3]);
+        lines.push(format!(
+            "round {i:2}: cpu-switch {cpu} of {cpu_run} in KVM_RUN ({:.4}); domain-switch {dom} \
+             of {dom_run} ({:.4})",
+            cpu as f64 / cpu_run.max(1) as f64,
+            dom as f64 / dom_run.max(1) as f64
+        ));
+        if cpu as f64 > cpu_run as f64 * (1.0 + TOLERANCE) {
+            over.push(i);
+        }
+        assert!(cpu > 0, "round {i}: cpu-switch counted nothing");
+        domain_above += usize::from(dom > dom_run);
     }
-    type Pair = ((u64, u64), (u64, u64));
-    let median_ratio = |mode: fn((u64, u64)) -> u64| {
-        let mut v: Vec<f64> = pairs
-            .iter()
-            .map(|(w, wo)| mode(*w) as f64 / mode(*wo).max(1) as f64)
-            .collect();
-        v.sort_unstable_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let fastest = |side: fn(&Pair) -> (u64, u64), mode: fn((u64, u64)) -> u64| {
-        pairs
-            .iter()
-            .map(|p| mode(side(p)))
-            .min()
-            .unwrap_or(0)
-            .max(1) as f64
-    };
-    let fastest_ratio =
-        |mode: fn((u64, u64)) -> u64| fastest(|p| p.0, mode) / fastest(|p| p.1, mode);
-    let (cpu_median, cpu_fastest) = (median_ratio(|v| v.0), fastest_ratio(|v| v.0));
-    let (dom_median, dom_fastest) = (median_ratio(|v| v.1), fastest_ratio(|v| v.1));
-    eprintln!(
-        "cycles over 2000 exits with/without --trace, {BOOTS} pairs: cpu-switch {cpu_median:.4}x \
-         (median of pairs), {cpu_fastest:.4}x (fastest boots); domain-switch {dom_median:.4}x, \
-         {dom_fastest:.4}x\n(with, without) per pair, as (cpu-switch, domain-switch): {pairs:?}"
+    let report = lines.join("\n");
+    eprintln!("guest cycles against the trace's TSC ticks in KVM_RUN, per round:\n{report}");
+    assert!(
+        over.is_empty(),
+        "cpu-switch charged the guest more than the trace's KVM_RUN time in rounds {over:?} \
+         (tolerance {TOLERANCE}): VMM work lies inside the gate\n{report}"
     );
     assert!(
-        pairs.iter().all(|(_, wo)| wo.0 > 0),
-        "cpu-switch counted nothing"
-    );
-    assert!(
-        (cpu_median - 1.0).abs() <= TOLERANCE || (cpu_fastest - 1.0).abs() <= TOLERANCE,
-        "tracing changed what cpu-switch charges the guest: {cpu_median:.4}x (median of pairs), \
-         {cpu_fastest:.4}x (fastest boots); allowed {TOLERANCE}"
+        domain_above > 0,
+        "no domain-switch round counted more than its KVM_RUN time: the comparison cannot tell \
+         the modes apart\n{report}"
     );
 }
