@@ -45,6 +45,9 @@
 #   CPU spinning, and its address says in what.
 #   With --share, CMD may ask for the same: it writes a name to DIR/sample-request, and ten
 #   readings a second apart land in DIR/cpu-samples.NAME (scripts/svm-tier.sh, on a hang).
+# - With --share, DIR/wall holds the host's wall clock (seconds since the epoch), rewritten each
+#   second while L1 runs: limits inside L1 should read it, since L1's own clock (the emulator's
+#   instruction count) crawls while L1 is busy, most of all while a nested guest spins.
 # - Exit codes: CMD's own; 124 on timeout; 125 when L1 fails (boot, kvm_amd, mounts); 130/143
 #   when interrupted (QEMU is killed, $X removed).
 # - Cache: ${VPMU_CACHE:-~/.cache/vpmu}/svm-host/<package>_<version>_<hash of this script>/
@@ -241,8 +244,13 @@ run() {
   tail -c +1 -f --pid="$qpid" "$X/err" >&2 & tails+=($!)
   # Progress: each marker of L1's init, once, with the time since QEMU started.
   local -A shown=()
-  local m line dumped=''
+  local m line dumped='' wall_at=''
   while kill -0 "$qpid" 2>/dev/null; do
+    # The host's wall clock for CMD's limits (see the header), once a second.
+    if [ -n "$share" ] && [ "$EPOCHSECONDS" != "$wall_at" ]; then
+      wall_at=$EPOCHSECONDS
+      printf '%s\n' "$wall_at" >"$share/wall.new" && mv -f "$share/wall.new" "$share/wall"
+    fi
     # Just before the timeout: where L1's CPU is, from QEMU's monitor, three times a second
     # apart (a RIP that does not move, IF=0 in a spin loop of a nested guest: see the svm-tier
     # notes in scripts/svm-tier.sh).

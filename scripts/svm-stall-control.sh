@@ -20,8 +20,9 @@ cargo build --release --quiet -p vmm --bin vpmu-vmm
 out=$(mktemp -d "${TMPDIR:-/tmp}/svm-stall-control.XXXXXX")
 say "results in $out"
 
-# The in-L1 runner. The host's wall clock ($out/wall) is the limit's: L1's own clock crawls
-# while a nested vCPU spins (every PAUSE leaves the emulator's translated code).
+# The in-L1 runner. The host's wall clock ($out/wall, which svm-host.sh writes) is the
+# limit's: L1's own clock crawls while a nested vCPU spins (every PAUSE leaves the emulator's
+# translated code).
 cat >"$out/run.sh" <<'EOF'
 D=$1; ROUNDS=$2; LIMIT=$3; K=$4; I=$5
 W='for j in 1 2 3 4; do (i=0; while [ $i -lt 150 ]; do cat /proc/interrupts /proc/stat >/dev/null; i=$((i+1)); done) & done; wait; echo WORKDONE'
@@ -54,9 +55,6 @@ for r in $(seq 1 "$ROUNDS"); do
     --vpmu off --cmdline "$CL"
 done
 EOF
-(while :; do date +%s >"$out/wall.new" && mv -f "$out/wall.new" "$out/wall"; sleep 1; done) &
-clock=$!
-trap 'kill "$clock" 2>/dev/null || true' EXIT
 # A stalled boot is seen late: L1's own clock crawls while a nested vCPU spins (a 90-s limit
 # took 406 s of wall time to act on).
 budget=$((rounds * 2 * (limit + 420) + 300))

@@ -102,8 +102,8 @@ runner=$out/run-in-l1.sh
   echo 'rc=0'
   # one NAME LIMIT BIN ARGS...: a test binary, its output kept, its summary shown; LIMIT s at most.
   cat <<'EOF'
-# The host's wall clock, which the host writes into the share each second: L1's own clock is
-# the emulator's (scripts/svm-host.sh --clock), which runs slower than the wall clock.
+# The host's wall clock, which scripts/svm-host.sh writes into the share each second: L1's own
+# clock is the emulator's (its --clock), which runs slower than the wall clock.
 wall() { cat "$OUT/wall" 2>/dev/null || date +%s; }
 # PID and its descendants (a test binary runs the VMM as a child process).
 tree() { echo "$1"; for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do tree "$c"; done; }
@@ -213,13 +213,8 @@ rc=0
 # in 2 of 3 runs of the tiny tier, within a minute of a tiny guest's first busy loop; with one,
 # three rounds of the same binaries passed (an emulator problem of nested SVM under QEMU's
 # multi-threaded TCG, not chased further). The guests' own vCPUs are threads and share it.
-# The wall clock for the runner's limits (above), while L1 runs.
-(while :; do date +%s >"$out/wall.new" && mv -f "$out/wall.new" "$out/wall"; sleep 1; done) &
-clock_pid=$!
-trap 'kill "$clock_pid" 2>/dev/null || true' EXIT
 scripts/svm-host.sh run --cpus "${VPMU_SVM_CPUS:-1}" --timeout "${VPMU_SVM_TIMEOUT:-3000}" \
   --clock "${VPMU_SVM_CLOCK:-icount}" --share "$out" -- sh "$runner" || rc=$?
-kill "$clock_pid" 2>/dev/null || true
 # A hang of linux_boot is the known stall of the nested guest (issue 32) only when QEMU's
 # monitor, read while it hung, shows the guest's vCPU spinning with IF=0 in the kernel's
 # spinlock slow path (scripts/svm-stall.py): then it is listed as NOT CHECKED with that
