@@ -232,3 +232,53 @@ fn draw_row(s: &mut Svg, l: &Layout, i: usize, r: &Row, label: &str, total: bool
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::table::tests::{many_rows, packet_rx};
+    use crate::compare::table::Profile;
+
+    #[test]
+    fn the_chart_carries_every_row_of_a_short_table() {
+        let c = packet_rx();
+        let svg = svg(&c);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        // Background, two legend boxes, two bars per row.
+        assert_eq!(svg.matches("<rect").count(), 3 + 2 * c.rows.len());
+        assert!(svg.contains("all 5 rows"), "{svg}");
+        assert!(svg.contains("13.33x") && svg.contains(">new<"), "{svg}");
+        let empty = Comparison::new("w", &Profile::default(), &Profile::default());
+        assert!(super::svg(&empty).trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn chart_height_does_not_grow_with_the_number_of_functions() {
+        let small = svg(&many_rows(0));
+        let huge = svg(&many_rows(20_000));
+        let height = |svg: &str| -> usize {
+            let h = svg.split("height=\"").nth(1).unwrap();
+            h[..h.find('"').unwrap()].parse().unwrap()
+        };
+        assert_eq!(height(&small), height(&huge));
+        assert!(height(&huge) < 1200, "{}", height(&huge));
+        assert_eq!(huge.matches("<rect").count(), 3 + 2 * (1 + CHART_TOP + 1));
+        assert!(huge.contains("other 20013 functions"), "{huge}");
+        assert!(huge.contains("21 of 20034 rows charted"), "{huge}");
+    }
+
+    #[test]
+    fn chart_cuts_long_names_but_keeps_them_whole_in_a_title() {
+        let long = format!("[vmm] {}", "x".repeat(200));
+        let p = Profile::from_pairs([(long.as_str(), 2), ("f", 1)]);
+        let svg = svg(&Comparison::new("w", &p, &p));
+        assert!(svg.contains(&format!("<title>{long}</title>")));
+        assert!(svg.contains(&format!("{}\u{2026}</text>", &long[..63])));
+    }
+
+    #[test]
+    fn awkward_names_are_escaped() {
+        let p = Profile::from_pairs([("[vmm] pio 0x510 out, delay", 3), ("<lambda>", 1)]);
+        assert!(svg(&Comparison::new("w", &p, &p)).contains("&lt;lambda&gt;"));
+    }
+}

@@ -646,7 +646,7 @@ pub fn write_outputs(
 ) -> Result<(PathBuf, PathBuf), CompareError> {
     let csv = out.join(format!("{}.csv", c.workload));
     let svg = out.join(format!("{}.svg", c.workload));
-    for (path, text) in [(&csv, c.to_csv()), (&svg, c.to_svg())] {
+    for (path, text) in [(&csv, c.to_csv()), (&svg, chart::svg(c))] {
         write_whole(path, text.as_bytes()).map_err(|source| CompareError::Io {
             path: path.clone(),
             source,

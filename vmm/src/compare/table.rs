@@ -338,13 +338,6 @@ impl Comparison {
         }
         out
     }
-
-    /// A horizontal bar chart of [`chart_rows`](Self::chart_rows)`(CHART_TOP)`: per row, its
-    /// share in each mode and the ratio of the two, on a labelled percent axis
-    /// ([`super::chart`]).
-    pub fn to_svg(&self) -> String {
-        super::chart::svg(self)
-    }
 }
 
 /// One comparison in the JSON document.
@@ -487,7 +480,7 @@ fn csv_field(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -576,7 +569,7 @@ mod tests {
         assert!(xmit["ratio_domain_cpu"].is_null());
     }
 
-    fn packet_rx() -> Comparison {
+    pub(in crate::compare) fn packet_rx() -> Comparison {
         // Shaped like the published packet-receive table: the NIC functions go from tens of
         // samples to thousands once the VMM's work is charged.
         let cpu = Profile::from_pairs([
@@ -625,7 +618,7 @@ mod tests {
     }
 
     #[test]
-    fn table_csv_and_svg_carry_every_row() {
+    fn table_and_csv_carry_every_row() {
         let c = packet_rx();
         let t = c.to_table();
         assert!(t.contains("e1000_intr"), "{t}");
@@ -641,17 +634,11 @@ mod tests {
         assert!(lines.iter().any(|l| l
             .starts_with("packet-rx,e1000_xmit_frame,symbol,0,0.0000,1000,")
             && l.ends_with(',')));
-        let svg = c.to_svg();
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        // Background, two legend boxes, two bars per row.
-        assert_eq!(svg.matches("<rect").count(), 3 + 2 * c.rows.len());
-        assert!(svg.contains("all 5 rows"), "{svg}");
-        assert!(svg.contains("13.33x") && svg.contains(">new<"), "{svg}");
     }
 
     /// A packet-rx-shaped comparison: a path total over `n` virtio functions, a few big
     /// functions whose share moves between the modes, and a long tail of one-sample functions.
-    fn many_rows(tail: usize) -> Comparison {
+    pub(in crate::compare) fn many_rows(tail: usize) -> Comparison {
         let mut cpu = vec![
             ("default_idle".to_string(), 5000),
             ("vp_notify".to_string(), 40),
@@ -740,31 +727,6 @@ mod tests {
         assert_eq!(c.chart_rows(4), c.rows);
         let empty = Comparison::new("w", &Profile::default(), &Profile::default());
         assert!(empty.chart_rows(CHART_TOP).is_empty());
-        assert!(empty.to_svg().trim_end().ends_with("</svg>"));
-    }
-
-    #[test]
-    fn chart_height_does_not_grow_with_the_number_of_functions() {
-        let small = many_rows(0).to_svg();
-        let huge = many_rows(20_000).to_svg();
-        let height = |svg: &str| -> usize {
-            let h = svg.split("height=\"").nth(1).unwrap();
-            h[..h.find('"').unwrap()].parse().unwrap()
-        };
-        assert_eq!(height(&small), height(&huge));
-        assert!(height(&huge) < 1200, "{}", height(&huge));
-        assert_eq!(huge.matches("<rect").count(), 3 + 2 * (1 + CHART_TOP + 1));
-        assert!(huge.contains("other 20013 functions"), "{huge}");
-        assert!(huge.contains("21 of 20034 rows charted"), "{huge}");
-    }
-
-    #[test]
-    fn chart_cuts_long_names_but_keeps_them_whole_in_a_title() {
-        let long = format!("[vmm] {}", "x".repeat(200));
-        let p = Profile::from_pairs([(long.as_str(), 2), ("f", 1)]);
-        let svg = Comparison::new("w", &p, &p).to_svg();
-        assert!(svg.contains(&format!("<title>{long}</title>")));
-        assert!(svg.contains(&format!("{}\u{2026}</text>", &long[..63])));
     }
 
     #[test]
@@ -787,7 +749,6 @@ mod tests {
         let p = Profile::from_pairs([("[vmm] pio 0x510 out, delay", 3), ("<lambda>", 1)]);
         let c = Comparison::new("w", &p, &p);
         assert!(c.to_csv().contains("\"[vmm] pio 0x510 out, delay\""));
-        assert!(c.to_svg().contains("&lt;lambda&gt;"));
         assert_eq!(c.row("<lambda>").unwrap().ratio(), 1.0);
     }
 
