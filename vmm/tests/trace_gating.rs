@@ -139,7 +139,8 @@ fn cpu_switch_charges_no_more_than_the_traced_kvm_run_time() {
     let mut domain_above = 0;
     for (i, &(cpu, dom)) in rounds.iter().enumerate() {
         let (a, b) = (reads[4 * i], reads[4 * i + 1]);
-        assert_eq!(b - a, 101, "round {i}: 100 port writes between the reads");
+        // 100 port writes between the reads, and any exit a kick adds (the sums cover them).
+        assert!(b - a > 100, "round {i}: {} exits between the reads", b - a);
         let cpu_run = in_run_ticks(&exits, a, b);
         let dom_run = in_run_ticks(&exits, reads[4 * i + 2], reads[4 * i + 3]);
         lines.push(format!(
