@@ -242,14 +242,14 @@ mod tests {
     #[test]
     fn the_chart_carries_every_row_of_a_short_table() {
         let c = packet_rx();
-        let svg = svg(&c);
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        let out = svg(&c);
+        assert!(out.starts_with("<svg") && out.trim_end().ends_with("</svg>"));
         // Background, two legend boxes, two bars per row.
-        assert_eq!(svg.matches("<rect").count(), 3 + 2 * c.rows.len());
-        assert!(svg.contains("all 5 rows"), "{svg}");
-        assert!(svg.contains("13.33x") && svg.contains(">new<"), "{svg}");
+        assert_eq!(out.matches("<rect").count(), 3 + 2 * c.rows.len());
+        assert!(out.contains("all 5 rows"), "{out}");
+        assert!(out.contains("13.33x") && out.contains(">new<"), "{out}");
         let empty = Comparison::new("w", &Profile::default(), &Profile::default());
-        assert!(super::svg(&empty).trim_end().ends_with("</svg>"));
+        assert!(svg(&empty).trim_end().ends_with("</svg>"));
     }
 
     #[test]
@@ -271,9 +271,9 @@ mod tests {
     fn chart_cuts_long_names_but_keeps_them_whole_in_a_title() {
         let long = format!("[vmm] {}", "x".repeat(200));
         let p = Profile::from_pairs([(long.as_str(), 2), ("f", 1)]);
-        let svg = svg(&Comparison::new("w", &p, &p));
-        assert!(svg.contains(&format!("<title>{long}</title>")));
-        assert!(svg.contains(&format!("{}\u{2026}</text>", &long[..63])));
+        let out = svg(&Comparison::new("w", &p, &p));
+        assert!(out.contains(&format!("<title>{long}</title>")));
+        assert!(out.contains(&format!("{}\u{2026}</text>", &long[..63])));
     }
 
     #[test]
